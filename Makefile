@@ -1,0 +1,60 @@
+# vipgate — see README.md. Targets that touch the network need root and only ever touch network
+# namespaces they create.
+GO      ?= go
+BIN     := bin
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+APT_PKGS := nftables iproute2 conntrack iperf3 arping tcpdump bird2 frr etcd-server
+# Bounded fuzzing in `make test` (seconds per target).
+FUZZTIME ?= 10s
+
+.PHONY: all build deps test unit e2e fuzz demo bench clean apiserver
+
+all: build
+
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/vipgate ./cmd/vipgate
+	$(GO) build -o $(BIN)/labserver ./test/labserver
+
+# deps installs the Debian packages the lab needs (only what is missing).
+deps:
+	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+# test: everything CI runs. Unit tests need no root; the netns end-to-end tests need root.
+test: deps build
+	$(GO) vet ./...
+	VIPGATE_BIN=$(CURDIR)/$(BIN)/vipgate VIPGATE_LABSERVER=$(CURDIR)/$(BIN)/labserver \
+		$(GO) test -count=1 -timeout 20m ./...
+	$(MAKE) fuzz
+
+unit:
+	$(GO) test -count=1 -short ./...
+
+e2e: deps build
+	VIPGATE_BIN=$(CURDIR)/$(BIN)/vipgate VIPGATE_LABSERVER=$(CURDIR)/$(BIN)/labserver \
+		$(GO) test -count=1 -timeout 20m -v ./test/e2e/
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzFileDocument$$' -fuzztime $(FUZZTIME) ./cluster/
+
+# demo: a two-node lab in network namespaces, vipgate node on each, a tour of the Service types.
+demo: deps build
+	$(GO) run ./test/demo --vipgate $(CURDIR)/$(BIN)/vipgate --labserver $(CURDIR)/$(BIN)/labserver
+
+# bench: dataplane benchmarks in a throwaway network namespace.
+bench: deps build
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 3x -timeout 30m ./dataplane/
+
+# apiserver builds the real kube-apiserver for the Kubernetes integration tests (about 7 minutes the
+# first time, cached afterwards).
+apiserver:
+	@mkdir -p $(BIN)
+	cd test/tools && GOFLAGS=-mod=mod $(GO) build -o $(CURDIR)/$(BIN)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,596 @@
+package cluster
+
+import (
+	"bytes"
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/yaml"
+)
+
+// ConfigAPIVersion is the apiVersion of vipgate's own configuration files.
+const ConfigAPIVersion = "vipgate.io/v1alpha1"
+
+// The kinds of configuration file.
+const (
+	KindNodeConfig    = "NodeConfig"
+	KindGatewayConfig = "GatewayConfig"
+)
+
+// Configuration defaults.
+const (
+	DefaultMasqueradeBit       = 14 // mark 0x4000, kube-proxy's default
+	DefaultHealthzBindAddress  = "127.0.0.1:10256"
+	DefaultMetricsBindAddress  = "127.0.0.1:10249"
+	DefaultTableName           = "vipgate"
+	DefaultHealthCheckInterval = 5 * time.Second
+)
+
+// maxConfigSize bounds a configuration file; a config is a few hundred bytes.
+const maxConfigSize = 1 << 20
+
+// tableNameRE is what vipgate accepts as an nftables table name: short, and safe to print in any
+// nft command line.
+var tableNameRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]{0,63}$`)
+
+// Logging is the logging configuration shared by both kinds.
+type Logging struct {
+	// Level is the minimum level written (logLevel: trace, debug, info, warn, error; default info).
+	Level hclog.Level
+	// JSON selects JSON lines (logFormat: json) rather than text (logFormat: text, the default).
+	JSON bool
+}
+
+// NewLogger builds the root logger this configuration describes, writing to w (os.Stderr if nil).
+func (l Logging) NewLogger(name string, w io.Writer) hclog.Logger {
+	if w == nil {
+		w = os.Stderr
+	}
+	return hclog.New(&hclog.LoggerOptions{Name: name, Level: l.Level, JSONFormat: l.JSON, Output: w})
+}
+
+// NodeConfig configures vipgate on a Kubernetes node (the kube-proxy replacement and the speaker).
+// Every address is parsed; see docs/configuration.md for the file format.
+type NodeConfig struct {
+	// NodeName is this node's name as Kubernetes knows it (default: the host name, lower-cased).
+	NodeName string
+	// NodeIPs are the node's addresses, at most one per family.
+	NodeIPs []netip.Addr
+	// ClusterCIDRs are the pod networks: traffic from them is pod traffic.
+	ClusterCIDRs []netip.Prefix
+	// ServiceCIDRs are the cluster-IP ranges.
+	ServiceCIDRs []netip.Prefix
+	// NodePortAddresses are the local addresses NodePorts answer on (default: NodeIPs as /32 and /128).
+	NodePortAddresses []netip.Prefix
+	// MasqueradeAll masquerades all traffic to cluster IPs, not only traffic from outside ClusterCIDRs.
+	MasqueradeAll bool
+	// MasqueradeBit is the packet-mark bit that flags packets for masquerading (default 14).
+	MasqueradeBit int
+	// NodeZone is this node's zone, for topology hints (default: the topology.kubernetes.io/zone node
+	// label from NodeLabels).
+	NodeZone string
+	// NodeLabels are this node's labels (for the speaker's node selectors).
+	NodeLabels map[string]string
+	// HealthzBindAddress serves vipgate's own /healthz (default 127.0.0.1:10256).
+	HealthzBindAddress netip.AddrPort
+	// MetricsBindAddress serves /metrics (default 127.0.0.1:10249).
+	MetricsBindAddress netip.AddrPort
+	// HealthCheckAddresses are where the per-Service healthCheckNodePort servers listen (default:
+	// NodeIPs).
+	HealthCheckAddresses []netip.Addr
+	// TableName is the nftables table vipgate owns (default "vipgate"), in both the ip and ip6
+	// families.
+	TableName string
+	// Logging is logLevel and logFormat.
+	Logging Logging
+}
+
+// MasqueradeMark is the packet mark value of MasqueradeBit (0x4000 by default).
+func (c *NodeConfig) MasqueradeMark() uint32 { return 1 << c.MasqueradeBit }
+
+// NodeIP returns the node IP of family f.
+func (c *NodeConfig) NodeIP(f Family) (netip.Addr, bool) {
+	for _, a := range c.NodeIPs {
+		if FamilyOf(a) == f {
+			return a, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// nodeConfigFile is the on-disk form of NodeConfig; its field names are the file format.
+type nodeConfigFile struct {
+	APIVersion           string            `json:"apiVersion"`
+	Kind                 string            `json:"kind"`
+	NodeName             string            `json:"nodeName"`
+	NodeIPs              []string          `json:"nodeIPs"`
+	ClusterCIDRs         []string          `json:"clusterCIDRs"`
+	ServiceCIDRs         []string          `json:"serviceCIDRs"`
+	NodePortAddresses    []string          `json:"nodePortAddresses"`
+	MasqueradeAll        bool              `json:"masqueradeAll"`
+	MasqueradeBit        *int              `json:"masqueradeBit"`
+	NodeZone             string            `json:"nodeZone"`
+	NodeLabels           map[string]string `json:"nodeLabels"`
+	HealthzBindAddress   string            `json:"healthzBindAddress"`
+	MetricsBindAddress   string            `json:"metricsBindAddress"`
+	HealthCheckAddresses []string          `json:"healthCheckAddresses"`
+	TableName            string            `json:"tableName"`
+	LogLevel             string            `json:"logLevel"`
+	LogFormat            string            `json:"logFormat"`
+}
+
+// Forwarding is how the gateway sends Service traffic into the cluster.
+type Forwarding string
+
+// Forwarding modes.
+const (
+	// ForwardDirect routes to the pod IPs themselves (the gateway needs routes to the pod networks).
+	ForwardDirect Forwarding = "direct"
+	// ForwardNodePort sends to a node's NodePort (works with any CNI).
+	ForwardNodePort Forwarding = "nodePort"
+)
+
+// SNATMode says when the gateway rewrites the client's source address to its own.
+type SNATMode string
+
+// SNAT modes.
+const (
+	// SNATAuto masquerades only when the reply would otherwise not come back through the gateway
+	// (nodePort forwarding, or a Service without externalTrafficPolicy Local).
+	SNATAuto SNATMode = "auto"
+	// SNATAlways always masquerades.
+	SNATAlways SNATMode = "always"
+	// SNATNever never masquerades (the cluster must route replies back through the gateway).
+	SNATNever SNATMode = "never"
+)
+
+// GatewayConfig configures vipgate as a gateway outside the cluster that receives VIP traffic and
+// forwards it to the nodes or pods.
+type GatewayConfig struct {
+	// GatewayIPs are the gateway's own addresses, at most one per family.
+	GatewayIPs []netip.Addr
+	// Forwarding is direct or nodePort (default nodePort).
+	Forwarding Forwarding
+	// SNAT is auto, always or never (default auto).
+	SNAT SNATMode
+	// HealthCheckInterval is how often backends are probed (default 5s).
+	HealthCheckInterval time.Duration
+	// ClusterCIDRs are the pod networks, ServiceCIDRs the cluster-IP ranges.
+	ClusterCIDRs []netip.Prefix
+	ServiceCIDRs []netip.Prefix
+	// TableName is the nftables table vipgate owns (default "vipgate").
+	TableName string
+	// Logging is logLevel and logFormat.
+	Logging Logging
+}
+
+// gatewayConfigFile is the on-disk form of GatewayConfig.
+type gatewayConfigFile struct {
+	APIVersion          string   `json:"apiVersion"`
+	Kind                string   `json:"kind"`
+	GatewayIPs          []string `json:"gatewayIPs"`
+	Forwarding          string   `json:"forwarding"`
+	SNAT                string   `json:"snat"`
+	HealthCheckInterval string   `json:"healthCheckInterval"`
+	ClusterCIDRs        []string `json:"clusterCIDRs"`
+	ServiceCIDRs        []string `json:"serviceCIDRs"`
+	TableName           string   `json:"tableName"`
+	LogLevel            string   `json:"logLevel"`
+	LogFormat           string   `json:"logFormat"`
+}
+
+// readConfigFile reads a configuration file, bounded in size.
+func readConfigFile(path string) ([]byte, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading config: %w", err)
+	}
+	defer fh.Close()
+	data, err := io.ReadAll(io.LimitReader(fh, maxConfigSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading config %s: %w", path, err)
+	}
+	if len(data) > maxConfigSize {
+		return nil, fmt.Errorf("config %s is larger than %d bytes", path, maxConfigSize)
+	}
+	return data, nil
+}
+
+// configKind reads apiVersion and kind, and checks apiVersion.
+func configKind(data []byte) (string, error) {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return "", errors.New("empty config")
+	}
+	var tm struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+	}
+	if err := yaml.Unmarshal(data, &tm); err != nil {
+		return "", fmt.Errorf("malformed config: %w", err)
+	}
+	if tm.APIVersion != ConfigAPIVersion {
+		return "", fmt.Errorf("apiVersion: %q is not supported (want %s)", tm.APIVersion, ConfigAPIVersion)
+	}
+	if tm.Kind != KindNodeConfig && tm.Kind != KindGatewayConfig {
+		return "", fmt.Errorf("kind: %q is not supported (want %s or %s)", tm.Kind, KindNodeConfig, KindGatewayConfig)
+	}
+	return tm.Kind, nil
+}
+
+// LoadConfig reads a configuration file of either kind and returns *NodeConfig or *GatewayConfig.
+func LoadConfig(path string) (any, error) {
+	data, err := readConfigFile(path)
+	if err != nil {
+		return nil, err
+	}
+	kind, err := configKind(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	var cfg any
+	if kind == KindNodeConfig {
+		cfg, err = ParseNodeConfig(data)
+	} else {
+		cfg, err = ParseGatewayConfig(data)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// LoadNodeConfig reads, defaults and validates a NodeConfig file.
+func LoadNodeConfig(path string) (*NodeConfig, error) {
+	data, err := readConfigFile(path)
+	if err != nil {
+		return nil, err
+	}
+	c, err := ParseNodeConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// LoadGatewayConfig reads, defaults and validates a GatewayConfig file.
+func LoadGatewayConfig(path string) (*GatewayConfig, error) {
+	data, err := readConfigFile(path)
+	if err != nil {
+		return nil, err
+	}
+	c, err := ParseGatewayConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// hostname is os.Hostname, replaceable in tests.
+var hostname = os.Hostname
+
+// ParseNodeConfig decodes a NodeConfig strictly (unknown or duplicate fields are errors), applies the
+// defaults and validates it.
+func ParseNodeConfig(data []byte) (*NodeConfig, error) {
+	kind, err := configKind(data)
+	if err != nil {
+		return nil, err
+	}
+	if kind != KindNodeConfig {
+		return nil, fmt.Errorf("kind: %q, want %s", kind, KindNodeConfig)
+	}
+	var f nodeConfigFile
+	if err := strict(data, &f); err != nil {
+		return nil, fmt.Errorf("%s: %w", KindNodeConfig, err)
+	}
+	c := &NodeConfig{
+		NodeName:      f.NodeName,
+		MasqueradeAll: f.MasqueradeAll,
+		MasqueradeBit: DefaultMasqueradeBit,
+		NodeZone:      f.NodeZone,
+		NodeLabels:    f.NodeLabels,
+		TableName:     cmp.Or(f.TableName, DefaultTableName),
+	}
+	if c.NodeName == "" {
+		// Like kube-proxy without --hostname-override.
+		h, err := hostname()
+		if err != nil {
+			return nil, fmt.Errorf("nodeName: not set and the host name is unknown: %w", err)
+		}
+		c.NodeName = strings.ToLower(h)
+	}
+	if f.MasqueradeBit != nil {
+		c.MasqueradeBit = *f.MasqueradeBit
+	}
+	if c.NodeZone == "" {
+		c.NodeZone = c.NodeLabels[ZoneLabel]
+	}
+	if c.NodeIPs, err = parseAddrList("nodeIPs", f.NodeIPs); err != nil {
+		return nil, err
+	}
+	if c.ClusterCIDRs, err = parsePrefixList("clusterCIDRs", f.ClusterCIDRs); err != nil {
+		return nil, err
+	}
+	if c.ServiceCIDRs, err = parsePrefixList("serviceCIDRs", f.ServiceCIDRs); err != nil {
+		return nil, err
+	}
+	if c.NodePortAddresses, err = parsePrefixList("nodePortAddresses", f.NodePortAddresses); err != nil {
+		return nil, err
+	}
+	if len(f.NodePortAddresses) == 0 {
+		for _, a := range c.NodeIPs {
+			c.NodePortAddresses = append(c.NodePortAddresses, netip.PrefixFrom(a, a.BitLen()))
+		}
+	}
+	if c.HealthCheckAddresses, err = parseAddrList("healthCheckAddresses", f.HealthCheckAddresses); err != nil {
+		return nil, err
+	}
+	if len(f.HealthCheckAddresses) == 0 {
+		c.HealthCheckAddresses = slices.Clone(c.NodeIPs)
+	}
+	if c.HealthzBindAddress, err = parseAddrPort("healthzBindAddress", cmp.Or(f.HealthzBindAddress, DefaultHealthzBindAddress)); err != nil {
+		return nil, err
+	}
+	if c.MetricsBindAddress, err = parseAddrPort("metricsBindAddress", cmp.Or(f.MetricsBindAddress, DefaultMetricsBindAddress)); err != nil {
+		return nil, err
+	}
+	if c.Logging, err = parseLogging(f.LogLevel, f.LogFormat); err != nil {
+		return nil, err
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Validate checks a NodeConfig's values and their consistency; the error names the field and value.
+func (c *NodeConfig) Validate() error {
+	if err := checkName("nodeName", c.NodeName, validation.IsDNS1123Subdomain); err != nil {
+		return err
+	}
+	if len(c.NodeIPs) == 0 {
+		return errors.New("nodeIPs: at least one node IP is required")
+	}
+	if err := checkHostAddrs("nodeIPs", c.NodeIPs, true); err != nil {
+		return err
+	}
+	families := familiesOf(c.NodeIPs)
+	for _, l := range []struct {
+		field    string
+		prefixes []netip.Prefix
+	}{{"clusterCIDRs", c.ClusterCIDRs}, {"serviceCIDRs", c.ServiceCIDRs}} {
+		if err := checkPrefixes(l.field, l.prefixes, families, "nodeIPs"); err != nil {
+			return err
+		}
+	}
+	if err := checkPrefixes("nodePortAddresses", c.NodePortAddresses, nil, ""); err != nil {
+		return err
+	}
+	if c.MasqueradeBit < 0 || c.MasqueradeBit > 31 {
+		return fmt.Errorf("masqueradeBit: %d is out of range 0-31", c.MasqueradeBit)
+	}
+	for k, v := range c.NodeLabels {
+		if msgs := validation.IsQualifiedName(k); len(msgs) > 0 {
+			return fmt.Errorf("nodeLabels: key %q is invalid: %s", k, strings.Join(msgs, "; "))
+		}
+		if msgs := validation.IsValidLabelValue(v); len(msgs) > 0 {
+			return fmt.Errorf("nodeLabels[%s]: value %q is invalid: %s", k, v, strings.Join(msgs, "; "))
+		}
+	}
+	if err := checkBind("healthzBindAddress", c.HealthzBindAddress); err != nil {
+		return err
+	}
+	if err := checkBind("metricsBindAddress", c.MetricsBindAddress); err != nil {
+		return err
+	}
+	if c.HealthzBindAddress == c.MetricsBindAddress {
+		return fmt.Errorf("metricsBindAddress: %s is the same as healthzBindAddress", c.MetricsBindAddress)
+	}
+	if err := checkHostAddrs("healthCheckAddresses", c.HealthCheckAddresses, false); err != nil {
+		return err
+	}
+	return checkTableName(c.TableName)
+}
+
+// ParseGatewayConfig decodes a GatewayConfig strictly, applies the defaults and validates it.
+func ParseGatewayConfig(data []byte) (*GatewayConfig, error) {
+	kind, err := configKind(data)
+	if err != nil {
+		return nil, err
+	}
+	if kind != KindGatewayConfig {
+		return nil, fmt.Errorf("kind: %q, want %s", kind, KindGatewayConfig)
+	}
+	var f gatewayConfigFile
+	if err := strict(data, &f); err != nil {
+		return nil, fmt.Errorf("%s: %w", KindGatewayConfig, err)
+	}
+	c := &GatewayConfig{
+		Forwarding:          Forwarding(cmp.Or(f.Forwarding, string(ForwardNodePort))),
+		SNAT:                SNATMode(cmp.Or(f.SNAT, string(SNATAuto))),
+		HealthCheckInterval: DefaultHealthCheckInterval,
+		TableName:           cmp.Or(f.TableName, DefaultTableName),
+	}
+	if f.HealthCheckInterval != "" {
+		if c.HealthCheckInterval, err = time.ParseDuration(f.HealthCheckInterval); err != nil {
+			return nil, fmt.Errorf("healthCheckInterval: %q is not a duration (like 5s or 500ms)", f.HealthCheckInterval)
+		}
+	}
+	if c.GatewayIPs, err = parseAddrList("gatewayIPs", f.GatewayIPs); err != nil {
+		return nil, err
+	}
+	if c.ClusterCIDRs, err = parsePrefixList("clusterCIDRs", f.ClusterCIDRs); err != nil {
+		return nil, err
+	}
+	if c.ServiceCIDRs, err = parsePrefixList("serviceCIDRs", f.ServiceCIDRs); err != nil {
+		return nil, err
+	}
+	if c.Logging, err = parseLogging(f.LogLevel, f.LogFormat); err != nil {
+		return nil, err
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Validate checks a GatewayConfig's values and their consistency.
+func (c *GatewayConfig) Validate() error {
+	if len(c.GatewayIPs) == 0 {
+		return errors.New("gatewayIPs: at least one gateway IP is required")
+	}
+	if err := checkHostAddrs("gatewayIPs", c.GatewayIPs, true); err != nil {
+		return err
+	}
+	switch c.Forwarding {
+	case ForwardDirect, ForwardNodePort:
+	default:
+		return fmt.Errorf("forwarding: %q is not supported (want %s or %s)", c.Forwarding, ForwardDirect, ForwardNodePort)
+	}
+	switch c.SNAT {
+	case SNATAuto, SNATAlways, SNATNever:
+	default:
+		return fmt.Errorf("snat: %q is not supported (want auto, always or never)", c.SNAT)
+	}
+	if c.HealthCheckInterval < 100*time.Millisecond || c.HealthCheckInterval > time.Hour {
+		return fmt.Errorf("healthCheckInterval: %s is out of range 100ms-1h", c.HealthCheckInterval)
+	}
+	families := familiesOf(c.GatewayIPs)
+	if err := checkPrefixes("clusterCIDRs", c.ClusterCIDRs, families, "gatewayIPs"); err != nil {
+		return err
+	}
+	if c.Forwarding == ForwardDirect && len(c.ClusterCIDRs) == 0 {
+		return errors.New("clusterCIDRs: required with forwarding: direct (the gateway routes to pod IPs)")
+	}
+	if err := checkPrefixes("serviceCIDRs", c.ServiceCIDRs, families, "gatewayIPs"); err != nil {
+		return err
+	}
+	return checkTableName(c.TableName)
+}
+
+func parseAddrList(field string, in []string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for i, s := range in {
+		a, err := parseIP(fmt.Sprintf("%s[%d]", field, i), s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+// parsePrefixList parses CIDRs keeping host bits, so that Validate can refuse them by name.
+func parsePrefixList(field string, in []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for i, s := range in {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fieldErr(f, "%q is not a valid CIDR", s)
+		}
+		if p.Addr().Zone() != "" || p.Addr().Is4In6() {
+			return nil, fieldErr(f, "%q: zones and IPv4-mapped IPv6 prefixes are not allowed", s)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func parseAddrPort(field, s string) (netip.AddrPort, error) {
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return netip.AddrPort{}, fieldErr(field, "%q is not an IP:port (IPv6 as [addr]:port)", s)
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
+}
+
+func parseLogging(level, format string) (Logging, error) {
+	var l Logging
+	l.Level = hclog.Info
+	if level != "" {
+		l.Level = hclog.LevelFromString(level)
+		if l.Level == hclog.NoLevel || l.Level == hclog.Off {
+			return l, fmt.Errorf("logLevel: %q is not a level (want trace, debug, info, warn or error)", level)
+		}
+	}
+	switch format {
+	case "", "text":
+	case "json":
+		l.JSON = true
+	default:
+		return l, fmt.Errorf("logFormat: %q is not supported (want text or json)", format)
+	}
+	return l, nil
+}
+
+// checkHostAddrs checks a list of own addresses: usable unicast, no duplicates, and (if onePerFamily)
+// at most one per family.
+func checkHostAddrs(field string, addrs []netip.Addr, onePerFamily bool) error {
+	seen := map[Family]netip.Addr{}
+	for i, a := range addrs {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() {
+			return fieldErr(f, "%s is not a usable unicast address", a)
+		}
+		if slices.Contains(addrs[:i], a) {
+			return fieldErr(f, "%s is listed twice", a)
+		}
+		if prev, ok := seen[FamilyOf(a)]; ok && onePerFamily {
+			return fieldErr(f, "%s: only one %s address allowed (already have %s)", a, familyName(FamilyOf(a)), prev)
+		}
+		seen[FamilyOf(a)] = a
+	}
+	return nil
+}
+
+// checkPrefixes checks that CIDRs have no host bits and, when families is not nil, that each is of a
+// family the host has an address in (otherwise the host could not serve it).
+func checkPrefixes(field string, prefixes []netip.Prefix, families []Family, familiesField string) error {
+	for i, p := range prefixes {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		if p != p.Masked() {
+			return fieldErr(f, "%s has host bits set (did you mean %s?)", p, p.Masked())
+		}
+		if slices.Contains(prefixes[:i], p) {
+			return fieldErr(f, "%s is listed twice", p)
+		}
+		if families != nil && !slices.Contains(families, FamilyOf(p.Addr())) {
+			return fieldErr(f, "%s is %s but %s has no %s address", p, familyName(FamilyOf(p.Addr())), familiesField, familyName(FamilyOf(p.Addr())))
+		}
+	}
+	return nil
+}
+
+func checkBind(field string, ap netip.AddrPort) error {
+	if !ap.IsValid() || ap.Port() == 0 {
+		return fieldErr(field, "%s needs an address and a non-zero port", ap)
+	}
+	return nil
+}
+
+func checkTableName(name string) error {
+	if !tableNameRE.MatchString(name) {
+		return fmt.Errorf("tableName: %q is invalid (a letter, then up to 63 letters, digits, _ or -)", name)
+	}
+	return nil
+}
+
+func familiesOf(addrs []netip.Addr) []Family {
+	var fs []Family
+	for _, a := range addrs {
+		if !slices.Contains(fs, FamilyOf(a)) {
+			fs = append(fs, FamilyOf(a))
+		}
+	}
+	return fs
+}

@@ -1,0 +1,600 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// PortRange is an inclusive range of L4 ports.
+type PortRange struct {
+	Min, Max uint16
+}
+
+// Contains reports whether port lies in the range.
+func (r PortRange) Contains(port int32) bool {
+	return port >= int32(r.Min) && port <= int32(r.Max)
+}
+
+// String formats the range as kube-apiserver's --service-node-port-range flag does ("30000-32767").
+func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.Min, r.Max) }
+
+// NodePortRange is the range every nodePort and healthCheckNodePort must lie in. vipgate uses the
+// Kubernetes default range; it is a variable so that a cluster with a different
+// --service-node-port-range can be supported by setting it before any conversion runs.
+var NodePortRange = PortRange{Min: 30000, Max: 32767}
+
+// MaxAffinityTimeout is the longest ClientIP session-affinity timeout Kubernetes accepts (one day).
+const MaxAffinityTimeout = 86400 * time.Second
+
+// DefaultAffinityTimeout is the ClientIP session-affinity timeout when the Service gives none (3 hours).
+const DefaultAffinityTimeout = time.Duration(corev1.DefaultClientIPServiceAffinitySeconds) * time.Second
+
+// ServiceNameLabel is the EndpointSlice label that names the owning Service.
+const ServiceNameLabel = discoveryv1.LabelServiceName
+
+// ZoneLabel is the well-known node label holding the node's zone.
+const ZoneLabel = corev1.LabelTopologyZone
+
+// fieldErr builds an error that names the offending field first, so a log line or a Rejection tells
+// the user exactly what to fix.
+func fieldErr(field string, format string, args ...any) error {
+	return fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...))
+}
+
+// parseIP parses one textual IP strictly (no zones, no leading zeros) and unmaps IPv4-in-IPv6 so that
+// the family is unambiguous.
+func parseIP(field, s string) (netip.Addr, error) {
+	a, err := netip.ParseAddr(strings.TrimSpace(s))
+	if err != nil {
+		return netip.Addr{}, fieldErr(field, "%q is not a valid IP address", s)
+	}
+	if a.Zone() != "" {
+		return netip.Addr{}, fieldErr(field, "%q: IPv6 zones are not allowed", s)
+	}
+	return a.Unmap(), nil
+}
+
+// parsePrefix parses one CIDR. Like kube-proxy it tolerates surrounding whitespace (the API's
+// validation lets it through) and host bits (the API lets "10.0.0.1/8" through too); the prefix is
+// masked so that consumers see the network.
+func parsePrefix(field, s string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(strings.TrimSpace(s))
+	if err != nil {
+		return netip.Prefix{}, fieldErr(field, "%q is not a valid CIDR", s)
+	}
+	if p.Addr().Zone() != "" {
+		return netip.Prefix{}, fieldErr(field, "%q: IPv6 zones are not allowed", s)
+	}
+	if p.Addr().Is4In6() {
+		return netip.Prefix{}, fieldErr(field, "%q: IPv4-mapped IPv6 prefixes are not allowed", s)
+	}
+	return p.Masked(), nil
+}
+
+// checkName validates an object name with the given Kubernetes name rule.
+func checkName(field, value string, rule func(string) []string) error {
+	if value == "" {
+		return fieldErr(field, "required")
+	}
+	if msgs := rule(value); len(msgs) > 0 {
+		return fieldErr(field, "%q is invalid: %s", value, strings.Join(msgs, "; "))
+	}
+	return nil
+}
+
+// checkMeta validates a namespaced object's name and namespace. Names end up in nftables comments and
+// chain names, so they are held to the API's own rules even when they come from a file.
+func checkMeta(namespace, name string, nameRule func(string) []string) error {
+	if err := checkName("metadata.name", name, nameRule); err != nil {
+		return err
+	}
+	return checkName("metadata.namespace", namespace, validation.IsDNS1123Label)
+}
+
+// protocolOf resolves a port's protocol. Kubernetes defaults an empty protocol to TCP; anything it
+// does not know is an error rather than being silently proxied as TCP.
+func protocolOf(field string, p corev1.Protocol) (Protocol, error) {
+	switch p {
+	case "", corev1.ProtocolTCP:
+		return TCP, nil
+	case corev1.ProtocolUDP:
+		return UDP, nil
+	case corev1.ProtocolSCTP:
+		return SCTP, nil
+	}
+	return "", fieldErr(field, "unsupported protocol %q (want TCP, UDP or SCTP)", p)
+}
+
+// checkPort validates a port number in 1-65535.
+func checkPort(field string, port int32) error {
+	if port < 1 || port > 65535 {
+		return fieldErr(field, "%d is out of range 1-65535", port)
+	}
+	return nil
+}
+
+// familyOfAPI maps an API IP family name.
+func familyOfAPI(field string, f corev1.IPFamily) (Family, error) {
+	switch f {
+	case corev1.IPv4Protocol:
+		return IPv4, nil
+	case corev1.IPv6Protocol:
+		return IPv6, nil
+	}
+	return 0, fieldErr(field, "unknown IP family %q (want IPv4 or IPv6)", f)
+}
+
+// familyName spells a Family as the API does.
+func familyName(f Family) string {
+	if f == IPv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// ServiceFromAPI converts and validates a v1 Service. It reads the Service the way kube-proxy does
+// (defaults, policies, which load-balancer ingress entries count) and rejects, with an error naming the
+// field, anything the dataplane could not program faithfully. svc is not modified.
+func ServiceFromAPI(svc *corev1.Service) (*Service, error) {
+	if svc == nil {
+		return nil, errors.New("nil Service")
+	}
+	if err := checkMeta(svc.Namespace, svc.Name, validation.IsDNS1035Label); err != nil {
+		return nil, err
+	}
+	spec := &svc.Spec
+	out := &Service{
+		Key:         ServiceKey{Namespace: svc.Namespace, Name: svc.Name},
+		Type:        TypeClusterIP,
+		Labels:      maps.Clone(svc.Labels),
+		Annotations: maps.Clone(svc.Annotations),
+	}
+	switch spec.Type {
+	case "", corev1.ServiceTypeClusterIP:
+	case corev1.ServiceTypeNodePort:
+		out.Type = TypeNodePort
+	case corev1.ServiceTypeLoadBalancer:
+		out.Type = TypeLoadBalancer
+	case corev1.ServiceTypeExternalName:
+		out.Type = TypeExternalName
+	default:
+		return nil, fieldErr("spec.type", "unknown Service type %q", spec.Type)
+	}
+	if spec.LoadBalancerClass != nil {
+		out.LoadBalancerClass = *spec.LoadBalancerClass
+	}
+
+	if err := serviceFamilies(spec, out); err != nil {
+		return nil, err
+	}
+	if err := servicePorts(spec, out); err != nil {
+		return nil, err
+	}
+	if err := servicePolicies(svc, out); err != nil {
+		return nil, err
+	}
+	if err := serviceExternalAddrs(svc, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// serviceFamilies resolves ClusterIPs, Headless and IPFamilies.
+func serviceFamilies(spec *corev1.ServiceSpec, out *Service) error {
+	for i, f := range spec.IPFamilies {
+		fam, err := familyOfAPI(fmt.Sprintf("spec.ipFamilies[%d]", i), f)
+		if err != nil {
+			return err
+		}
+		if slices.Contains(out.IPFamilies, fam) {
+			return fieldErr(fmt.Sprintf("spec.ipFamilies[%d]", i), "duplicate family %s", f)
+		}
+		out.IPFamilies = append(out.IPFamilies, fam)
+	}
+
+	ips := spec.ClusterIPs
+	field := "spec.clusterIPs"
+	if len(ips) == 0 && spec.ClusterIP != "" {
+		ips, field = []string{spec.ClusterIP}, "spec.clusterIP"
+	} else if spec.ClusterIP != "" && len(ips) > 0 && spec.ClusterIP != ips[0] {
+		return fieldErr("spec.clusterIP", "%q differs from spec.clusterIPs[0] %q", spec.ClusterIP, ips[0])
+	}
+
+	// ExternalName Services are never proxied (kube-proxy skips them even if a cluster IP is set).
+	if out.Type == TypeExternalName {
+		if spec.ExternalName == "" {
+			return fieldErr("spec.externalName", "required for type ExternalName")
+		}
+		return nil
+	}
+	if len(ips) > 0 && ips[0] == corev1.ClusterIPNone {
+		if len(ips) > 1 {
+			return fieldErr(field, "\"None\" must be the only value")
+		}
+		if out.Type != TypeClusterIP {
+			return fieldErr(field, "\"None\" (headless) is only valid for type ClusterIP, not %s", out.Type)
+		}
+		out.Headless = true
+		return nil
+	}
+	if len(ips) == 0 {
+		// The API server allocates cluster IPs; a file has nobody to do it, and kube-proxy skips a
+		// Service without one. Say so instead of silently ignoring the Service.
+		return fieldErr("spec.clusterIP", "required (vipgate does not allocate cluster IPs; use \"None\" for a headless Service)")
+	}
+	if len(ips) > 2 {
+		return fieldErr(field, "at most two cluster IPs (one per family), got %d", len(ips))
+	}
+	for i, s := range ips {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		if field == "spec.clusterIP" {
+			f = field
+		}
+		a, err := parseIP(f, s)
+		if err != nil {
+			return err
+		}
+		if a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() {
+			return fieldErr(f, "%s is not usable as a cluster IP", a)
+		}
+		fam := FamilyOf(a)
+		if i < len(out.IPFamilies) && out.IPFamilies[i] != fam {
+			return fieldErr(f, "%s is %s but spec.ipFamilies[%d] is %s", a, familyName(fam), i, familyName(out.IPFamilies[i]))
+		}
+		if i == 1 && FamilyOf(out.ClusterIPs[0]) == fam {
+			return fieldErr(f, "%s has the same family as %s (dual-stack needs one IPv4 and one IPv6)", a, out.ClusterIPs[0])
+		}
+		out.ClusterIPs = append(out.ClusterIPs, a)
+	}
+	if len(out.IPFamilies) > len(out.ClusterIPs) {
+		return fieldErr("spec.ipFamilies", "lists %d families but there are %d cluster IPs", len(out.IPFamilies), len(out.ClusterIPs))
+	}
+	if len(out.IPFamilies) == 0 {
+		// Files rarely spell out ipFamilies; the API server derives them from the cluster IPs.
+		for _, a := range out.ClusterIPs {
+			out.IPFamilies = append(out.IPFamilies, FamilyOf(a))
+		}
+	}
+	return nil
+}
+
+// servicePorts converts and checks spec.ports.
+func servicePorts(spec *corev1.ServiceSpec, out *Service) error {
+	if len(spec.Ports) == 0 && !out.Headless && out.Type != TypeExternalName {
+		return fieldErr("spec.ports", "required for a Service that is not headless")
+	}
+	type protoPort struct {
+		proto Protocol
+		port  int32
+	}
+	seenPort := map[protoPort]int{}
+	seenNodePort := map[protoPort]int{}
+	seenName := map[string]int{}
+	for i, p := range spec.Ports {
+		f := fmt.Sprintf("spec.ports[%d]", i)
+		proto, err := protocolOf(f+".protocol", p.Protocol)
+		if err != nil {
+			return err
+		}
+		if err := checkPort(f+".port", p.Port); err != nil {
+			return err
+		}
+		if j, dup := seenPort[protoPort{proto, p.Port}]; dup {
+			return fieldErr(f+".port", "%s/%d duplicates spec.ports[%d]", proto, p.Port, j)
+		}
+		seenPort[protoPort{proto, p.Port}] = i
+		// Endpoint ports are matched to Service ports by name, so names must tell ports apart.
+		if p.Name == "" && len(spec.Ports) > 1 {
+			return fieldErr(f+".name", "required when a Service has more than one port")
+		}
+		if p.Name != "" {
+			if msgs := validation.IsValidPortName(p.Name); len(msgs) > 0 {
+				return fieldErr(f+".name", "%q is invalid: %s", p.Name, strings.Join(msgs, "; "))
+			}
+		}
+		if j, dup := seenName[p.Name]; dup {
+			return fieldErr(f+".name", "%q duplicates spec.ports[%d]", p.Name, j)
+		}
+		seenName[p.Name] = i
+
+		sp := ServicePort{Name: p.Name, Protocol: proto, Port: uint16(p.Port)}
+		if p.NodePort != 0 {
+			if out.Type != TypeNodePort && out.Type != TypeLoadBalancer {
+				return fieldErr(f+".nodePort", "only valid for types NodePort and LoadBalancer, not %s", out.Type)
+			}
+			if !NodePortRange.Contains(p.NodePort) {
+				return fieldErr(f+".nodePort", "%d is outside the NodePort range %s", p.NodePort, NodePortRange)
+			}
+			if j, dup := seenNodePort[protoPort{proto, p.NodePort}]; dup {
+				return fieldErr(f+".nodePort", "%s/%d duplicates spec.ports[%d].nodePort", proto, p.NodePort, j)
+			}
+			seenNodePort[protoPort{proto, p.NodePort}] = i
+			sp.NodePort = uint16(p.NodePort)
+		} else if out.Type == TypeNodePort {
+			// The API server allocates node ports; a file must give them.
+			return fieldErr(f+".nodePort", "required for type NodePort (vipgate does not allocate node ports)")
+		}
+		out.Ports = append(out.Ports, sp)
+	}
+	return nil
+}
+
+// servicePolicies resolves traffic policies, health-check node port, session affinity and traffic
+// distribution.
+func servicePolicies(svc *corev1.Service, out *Service) error {
+	spec := &svc.Spec
+	switch spec.ExternalTrafficPolicy {
+	case "", corev1.ServiceExternalTrafficPolicyCluster:
+	case corev1.ServiceExternalTrafficPolicyLocal:
+		// As kube-proxy's apiservice.ExternalPolicyLocal: the policy only means something for traffic
+		// that arrives from outside, i.e. Services reachable from outside.
+		out.ExternalPolicyLocal = out.Type == TypeNodePort || out.Type == TypeLoadBalancer || len(spec.ExternalIPs) > 0
+	default:
+		return fieldErr("spec.externalTrafficPolicy", "unknown policy %q (want Cluster or Local)", spec.ExternalTrafficPolicy)
+	}
+	if spec.InternalTrafficPolicy != nil {
+		switch *spec.InternalTrafficPolicy {
+		case "", corev1.ServiceInternalTrafficPolicyCluster:
+		case corev1.ServiceInternalTrafficPolicyLocal:
+			out.InternalPolicyLocal = true
+		default:
+			return fieldErr("spec.internalTrafficPolicy", "unknown policy %q (want Cluster or Local)", *spec.InternalTrafficPolicy)
+		}
+	}
+
+	if hc := spec.HealthCheckNodePort; hc != 0 {
+		if out.Type != TypeLoadBalancer || !out.ExternalPolicyLocal {
+			return fieldErr("spec.healthCheckNodePort", "only valid for type LoadBalancer with externalTrafficPolicy Local")
+		}
+		if !NodePortRange.Contains(hc) {
+			return fieldErr("spec.healthCheckNodePort", "%d is outside the NodePort range %s", hc, NodePortRange)
+		}
+		for i, p := range out.Ports {
+			if p.NodePort == uint16(hc) && p.Protocol == TCP {
+				return fieldErr("spec.healthCheckNodePort", "%d collides with spec.ports[%d].nodePort", hc, i)
+			}
+		}
+		out.HealthCheckNodePort = uint16(hc)
+	}
+
+	switch spec.SessionAffinity {
+	case "", corev1.ServiceAffinityNone:
+		if spec.SessionAffinityConfig != nil && spec.SessionAffinityConfig.ClientIP != nil {
+			return fieldErr("spec.sessionAffinityConfig", "set but spec.sessionAffinity is not ClientIP")
+		}
+	case corev1.ServiceAffinityClientIP:
+		out.AffinityTimeout = DefaultAffinityTimeout
+		if c := spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			secs := *c.ClientIP.TimeoutSeconds
+			if secs < 1 || time.Duration(secs)*time.Second > MaxAffinityTimeout {
+				return fieldErr("spec.sessionAffinityConfig.clientIP.timeoutSeconds", "%d is out of range 1-%d", secs, int(MaxAffinityTimeout/time.Second))
+			}
+			out.AffinityTimeout = time.Duration(secs) * time.Second
+		}
+	default:
+		return fieldErr("spec.sessionAffinity", "unknown affinity %q (want None or ClientIP)", spec.SessionAffinity)
+	}
+
+	if td := spec.TrafficDistribution; td != nil {
+		switch *td {
+		case corev1.ServiceTrafficDistributionPreferClose, corev1.ServiceTrafficDistributionPreferSameZone,
+			corev1.ServiceTrafficDistributionPreferSameNode:
+			out.TrafficDistribution = *td
+		default:
+			// kube-proxy ignores values it does not know (newer API servers may add some); so do we,
+			// rather than refusing a Service the API server accepted.
+		}
+	}
+	return nil
+}
+
+// serviceExternalAddrs converts externalIPs, load-balancer ingress IPs and source ranges.
+func serviceExternalAddrs(svc *corev1.Service, out *Service) error {
+	spec := &svc.Spec
+	served := func(a netip.Addr) bool { return slices.Contains(out.IPFamilies, FamilyOf(a)) }
+	for i, s := range spec.ExternalIPs {
+		a, err := parseIP(fmt.Sprintf("spec.externalIPs[%d]", i), s)
+		if err != nil {
+			return err
+		}
+		// kube-proxy programs an external IP only for the families the Service has cluster IPs in.
+		if served(a) && !slices.Contains(out.ExternalIPs, a) {
+			out.ExternalIPs = append(out.ExternalIPs, a)
+		}
+	}
+
+	if out.Type == TypeLoadBalancer {
+		for i, ing := range svc.Status.LoadBalancer.Ingress {
+			if ing.IP == "" {
+				continue // hostname-only ingress (cloud load balancers): nothing for the node to do
+			}
+			a, err := parseIP(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP)
+			if err != nil {
+				return err
+			}
+			// ipMode Proxy means the load balancer delivers to the node with its own address as
+			// destination; kube-proxy does not capture such IPs, and neither do we.
+			if ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy {
+				continue
+			}
+			if served(a) && !slices.Contains(out.LoadBalancerIPs, a) {
+				out.LoadBalancerIPs = append(out.LoadBalancerIPs, a)
+			}
+		}
+	}
+
+	ranges, field := spec.LoadBalancerSourceRanges, "spec.loadBalancerSourceRanges"
+	if len(ranges) == 0 {
+		// The legacy annotation applies only when the field is empty (as the API server's
+		// GetLoadBalancerSourceRanges reads it).
+		if v := strings.TrimSpace(svc.Annotations[corev1.AnnotationLoadBalancerSourceRangesKey]); v != "" {
+			ranges, field = strings.Split(v, ","), "metadata.annotations["+corev1.AnnotationLoadBalancerSourceRangesKey+"]"
+		}
+	}
+	var prefixes []netip.Prefix
+	anyFamily := map[Family]bool{}
+	for i, s := range ranges {
+		p, err := parsePrefix(fmt.Sprintf("%s[%d]", field, i), s)
+		if err != nil {
+			return err
+		}
+		if p.Bits() == 0 {
+			// A zero-length CIDR allows everyone of that family, as an empty list does.
+			anyFamily[FamilyOf(p.Addr())] = true
+			continue
+		}
+		if !slices.Contains(prefixes, p) {
+			prefixes = append(prefixes, p)
+		}
+	}
+	// Ranges are per family (kube-proxy filters them by family): a family with no ranges left is
+	// open to everyone, which is what the consumers read from an absent family.
+	for _, p := range prefixes {
+		if !anyFamily[FamilyOf(p.Addr())] {
+			out.LoadBalancerSourceRanges = append(out.LoadBalancerSourceRanges, p)
+		}
+	}
+	return nil
+}
+
+// EndpointSliceFromAPI converts and validates a discovery.k8s.io/v1 EndpointSlice, reading conditions
+// and hints the way kube-proxy does. es is not modified.
+func EndpointSliceFromAPI(es *discoveryv1.EndpointSlice) (*EndpointSlice, error) {
+	if es == nil {
+		return nil, errors.New("nil EndpointSlice")
+	}
+	if err := checkMeta(es.Namespace, es.Name, validation.IsDNS1123Subdomain); err != nil {
+		return nil, err
+	}
+	svcName := es.Labels[ServiceNameLabel]
+	if err := checkName("metadata.labels["+ServiceNameLabel+"]", svcName, validation.IsDNS1035Label); err != nil {
+		return nil, err
+	}
+	out := &EndpointSlice{
+		Namespace: es.Namespace,
+		Name:      es.Name,
+		Service:   ServiceKey{Namespace: es.Namespace, Name: svcName},
+	}
+	switch es.AddressType {
+	case discoveryv1.AddressTypeIPv4:
+		out.Family = IPv4
+	case discoveryv1.AddressTypeIPv6:
+		out.Family = IPv6
+	case discoveryv1.AddressTypeFQDN:
+		return nil, fieldErr("addressType", "FQDN slices are not supported (kube-proxy ignores them too)")
+	default:
+		return nil, fieldErr("addressType", "unknown address type %q (want IPv4 or IPv6)", es.AddressType)
+	}
+
+	seenName := map[string]int{}
+	for i, p := range es.Ports {
+		f := fmt.Sprintf("ports[%d]", i)
+		var ep EndpointPort
+		// A nil name is "" for us: kube-proxy drops such ports, but hand-written slices omit the name of
+		// their single port all the time, and "" is what a single unnamed Service port matches.
+		if p.Name != nil {
+			ep.Name = *p.Name
+		}
+		if j, dup := seenName[ep.Name]; dup {
+			return nil, fieldErr(f+".name", "%q duplicates ports[%d]", ep.Name, j)
+		}
+		seenName[ep.Name] = i
+		var proto corev1.Protocol
+		if p.Protocol != nil {
+			proto = *p.Protocol
+		}
+		var err error
+		if ep.Protocol, err = protocolOf(f+".protocol", proto); err != nil {
+			return nil, err
+		}
+		if p.Port == nil {
+			return nil, fieldErr(f+".port", "required")
+		}
+		if err := checkPort(f+".port", *p.Port); err != nil {
+			return nil, err
+		}
+		ep.Port = uint16(*p.Port)
+		out.Ports = append(out.Ports, ep)
+	}
+
+	for i, e := range es.Endpoints {
+		f := fmt.Sprintf("endpoints[%d]", i)
+		if len(e.Addresses) == 0 {
+			return nil, fieldErr(f+".addresses", "at least one address is required")
+		}
+		var ep Endpoint
+		for j, s := range e.Addresses {
+			af := fmt.Sprintf("%s.addresses[%d]", f, j)
+			a, err := parseIP(af, s)
+			if err != nil {
+				return nil, err
+			}
+			if FamilyOf(a) != out.Family {
+				return nil, fieldErr(af, "%s is not %s as the slice's addressType says", a, familyName(out.Family))
+			}
+			if a.IsUnspecified() || a.IsMulticast() {
+				return nil, fieldErr(af, "%s is not usable as an endpoint address", a)
+			}
+			ep.Addresses = append(ep.Addresses, a)
+		}
+		c := e.Conditions
+		ep.Ready = c.Ready == nil || *c.Ready
+		ep.Serving = ep.Ready
+		if c.Serving != nil {
+			ep.Serving = *c.Serving
+		}
+		ep.Terminating = c.Terminating != nil && *c.Terminating
+		if e.NodeName != nil {
+			ep.NodeName = *e.NodeName
+		}
+		if e.Zone != nil {
+			ep.Zone = *e.Zone
+		}
+		if e.Hints != nil {
+			for _, z := range e.Hints.ForZones {
+				ep.ZoneHints = append(ep.ZoneHints, z.Name)
+			}
+			for _, n := range e.Hints.ForNodes {
+				ep.NodeHints = append(ep.NodeHints, n.Name)
+			}
+		}
+		out.Endpoints = append(out.Endpoints, ep)
+	}
+	return out, nil
+}
+
+// NodeFromAPI converts a v1 Node: its name, labels, zone label and InternalIP/ExternalIP addresses.
+func NodeFromAPI(n *corev1.Node) (*Node, error) {
+	if n == nil {
+		return nil, errors.New("nil Node")
+	}
+	if err := checkName("metadata.name", n.Name, validation.IsDNS1123Subdomain); err != nil {
+		return nil, err
+	}
+	out := &Node{Name: n.Name, Labels: maps.Clone(n.Labels), Zone: n.Labels[ZoneLabel]}
+	for i, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+			continue // hostnames and DNS names are not addresses vipgate can use
+		}
+		ip, err := parseIP(fmt.Sprintf("status.addresses[%d].address", i), a.Address)
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(out.Addresses, ip) {
+			out.Addresses = append(out.Addresses, ip)
+		}
+	}
+	return out, nil
+}
+
+// dns1123Subdomain is the name rule of most namespaced kinds.
+func dns1123Subdomain(s string) []string { return validation.IsDNS1123Subdomain(s) }

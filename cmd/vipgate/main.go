@@ -1,0 +1,49 @@
+// Command vipgate is a kube-proxy replacement and LoadBalancer speaker for bare-metal Kubernetes.
+//
+//	vipgate node    program this host's kernel for Services (the DaemonSet)
+//	vipgate render  print the ruleset vipgate would program, in nft syntax
+//	vipgate version print the version
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+const usage = `vipgate: LoadBalancer IPs and Services for bare-metal Kubernetes.
+
+Usage:
+  vipgate node    --config FILE (--manifests DIR | --kubeconfig FILE)   run on a node: program nftables
+  vipgate render  --config FILE --manifests DIR                         print the nftables ruleset (nft -f syntax)
+  vipgate version                                                       print the version
+
+Run "vipgate COMMAND --help" for a command's flags.
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "node":
+		err = runNode(os.Args[2:])
+	case "render":
+		err = runRender(os.Args[2:])
+	case "version", "--version":
+		fmt.Println("vipgate", version)
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+	default:
+		fmt.Fprintf(os.Stderr, "vipgate: unknown command %q\n\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "vipgate:", err)
+		os.Exit(1)
+	}
+}

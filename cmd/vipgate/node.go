@@ -1,0 +1,238 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
+)
+
+const nodeHelp = `Usage: vipgate node --config FILE (--manifests DIR | --kubeconfig FILE) [flags]
+
+Programs the network namespace it runs in so that Kubernetes Services work as with kube-proxy in
+nftables mode: ClusterIP, NodePort, LoadBalancer ingress IPs and externalIPs, traffic policies,
+session affinity, source ranges. Rules live in the nftables tables "ip vipgate" and "ip6 vipgate"
+(the config's tableName). Stopping vipgate leaves the rules in place, so traffic keeps flowing while
+it restarts; "--cleanup" removes them.
+
+kube-proxy flag             vipgate NodeConfig field
+  --hostname-override         nodeName
+  --cluster-cidr              clusterCIDRs
+  --nodeport-addresses        nodePortAddresses
+  --masquerade-all            masqueradeAll
+  --iptables-masquerade-bit   masqueradeBit
+  --healthz-bind-address      healthzBindAddress
+  --metrics-bind-address      metricsBindAddress
+
+Flags:
+`
+
+type nodeFlags struct {
+	config, manifests, kubeconfig, logLevel string
+	cleanup, allowWorldWritable             bool
+}
+
+func parseNodeFlags(name, help string, args []string) (*nodeFlags, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	f := &nodeFlags{}
+	fs.StringVar(&f.config, "config", "", "NodeConfig file (YAML, kind: NodeConfig)")
+	fs.StringVar(&f.manifests, "manifests", "", "directory of Kubernetes YAML (Services, EndpointSlices, MetalLB kinds); watched for changes")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the cluster to watch (instead of --manifests)")
+	fs.StringVar(&f.logLevel, "log-level", "", "override the config's logLevel (trace, debug, info, warn, error)")
+	fs.BoolVar(&f.cleanup, "cleanup", false, "delete vipgate's nftables tables and exit")
+	fs.BoolVar(&f.allowWorldWritable, "allow-world-writable-manifests", false, "accept a manifest directory anyone can write to (unsafe)")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), help)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if f.config == "" {
+		return nil, errors.New("--config is required")
+	}
+	return f, nil
+}
+
+func runNode(args []string) error {
+	nf, err := parseNodeFlags("node", nodeHelp, args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	cfg, err := cluster.LoadNodeConfig(nf.config)
+	if err != nil {
+		return err
+	}
+	if nf.logLevel != "" {
+		cfg.Logging.Level = hclog.LevelFromString(nf.logLevel)
+	}
+	log := cfg.Logging.NewLogger("vipgate", os.Stderr)
+	prog := &dataplane.NetlinkProgrammer{}
+	if nf.cleanup {
+		for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
+			if err := prog.DeleteTable(f, cfg.TableName); err != nil {
+				return fmt.Errorf("deleting table %s: %w", cfg.TableName, err)
+			}
+		}
+		log.Info("removed vipgate's nftables tables", "table", cfg.TableName)
+		return nil
+	}
+	if nf.manifests == "" {
+		if nf.kubeconfig != "" {
+			return errors.New("--kubeconfig: the Kubernetes source is not available in this build yet; use --manifests")
+		}
+		return errors.New("one of --manifests or --kubeconfig is required")
+	}
+
+	dpCfg := dataplaneConfig(cfg, log)
+	proxier := dataplane.NewProxier(log.Named("dataplane"), dpCfg, prog)
+
+	healthz := dataplane.NewProxyHealthServer(log.Named("healthz"), cfg.HealthzBindAddress.String(), 2*time.Minute)
+	if err := healthz.Start(); err != nil {
+		log.Warn("healthz server not started", "addr", cfg.HealthzBindAddress, "err", err)
+	} else {
+		defer healthz.Close()
+	}
+	hcAddrs := cfg.HealthCheckAddresses
+	if len(hcAddrs) == 0 {
+		hcAddrs = cfg.NodeIPs
+	}
+	hc := dataplane.NewHealthCheckServer(log.Named("healthcheck"), hcAddrs, healthz.IsHealthy)
+	defer hc.Close()
+	ct, err := dataplane.NewConntrackCleaner(log.Named("conntrack"))
+	if err != nil {
+		log.Warn("conntrack cleanup disabled", "err", err)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	states := make(chan *cluster.State, 1)
+	src := cluster.NewFileSource(nf.manifests, log.Named("manifests"))
+	src.AllowWorldWritable = nf.allowWorldWritable
+	srcErr := make(chan error, 1)
+	go func() {
+		srcErr <- src.Run(ctx, func(st *cluster.State) {
+			healthz.QueuedUpdate()
+			// Keep only the newest snapshot: a burst of changes becomes one sync.
+			select {
+			case <-states:
+			default:
+			}
+			states <- st
+		})
+	}()
+	log.Info("vipgate node started", "node", cfg.NodeName, "table", cfg.TableName, "manifests", nf.manifests, "version", version)
+
+	var pending *cluster.State
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("stopping; the nftables rules stay in place")
+			return nil
+		case err := <-srcErr:
+			if err != nil && ctx.Err() == nil {
+				return fmt.Errorf("manifest source: %w", err)
+			}
+			return nil
+		case st := <-states:
+			pending = st
+		case <-retry.C:
+		}
+		if pending == nil {
+			continue
+		}
+		rep, err := proxier.Sync(pending)
+		if err != nil {
+			log.Error("sync failed, retrying in 1s", "err", err)
+			retry.Reset(time.Second)
+			continue
+		}
+		pending = nil
+		healthz.Updated()
+		for _, c := range rep.Conflicts {
+			log.Warn("rejected", "object", c.Object, "reason", c.Reason)
+		}
+		if err := hc.SyncServices(rep.HealthChecks); err != nil {
+			log.Warn("health check servers", "err", err)
+		}
+		hc.SyncEndpoints(rep.LocalEndpoints)
+		if ct != nil && len(rep.StaleFlows) > 0 {
+			filters := make([]dataplane.StaleFlow, 0, len(rep.StaleFlows))
+			for _, f := range rep.StaleFlows {
+				filters = append(filters, dataplane.StaleFlow(f))
+			}
+			if n, err := ct.Delete(filters); err != nil {
+				log.Warn("conntrack cleanup", "err", err)
+			} else if n > 0 {
+				log.Debug("deleted stale conntrack entries", "count", n)
+			}
+		}
+		changes := 0
+		for _, tx := range rep.Txs {
+			changes += len(tx.AddElements) + len(tx.DelElements) + len(tx.AddChains) + len(tx.FlushChains) + len(tx.DelChains)
+		}
+		log.Info("synced", "full", rep.Full, "duration", rep.Duration, "changes", changes)
+	}
+}
+
+// dataplaneConfig turns the NodeConfig into the dataplane's view: NodePort addresses are the local
+// addresses inside nodePortAddresses (never loopback).
+func dataplaneConfig(cfg *cluster.NodeConfig, log hclog.Logger) dataplane.Config {
+	var npIPs []netip.Addr
+	seen := map[netip.Addr]bool{}
+	addIP := func(a netip.Addr) {
+		a = a.Unmap()
+		if a.IsLoopback() || seen[a] {
+			return
+		}
+		for _, p := range cfg.NodePortAddresses {
+			if p.Contains(a) {
+				seen[a] = true
+				npIPs = append(npIPs, a)
+				return
+			}
+		}
+	}
+	for _, a := range cfg.NodeIPs {
+		addIP(a)
+	}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(ipn.IP); ok {
+					addIP(ip)
+				}
+			}
+		}
+	} else {
+		log.Warn("listing local addresses for nodePortAddresses", "err", err)
+	}
+	return dataplane.Config{
+		Table:         cfg.TableName,
+		NodeName:      cfg.NodeName,
+		Zone:          cfg.NodeZone,
+		NodeIPs:       cfg.NodeIPs,
+		ClusterCIDRs:  cfg.ClusterCIDRs,
+		ServiceCIDRs:  cfg.ServiceCIDRs,
+		NodePortIPs:   npIPs,
+		MasqueradeAll: cfg.MasqueradeAll,
+		MasqueradeBit: cfg.MasqueradeBit,
+	}
+}

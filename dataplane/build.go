@@ -1,0 +1,367 @@
+package dataplane
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/vipgate/vipgate/cluster"
+)
+
+// NodeInfo is what the per-Service rules depend on besides the Service itself.
+type NodeInfo struct {
+	Family   cluster.Family
+	NodeName string
+	Zone     string
+	// NodeIPs are used for loadBalancerSourceRanges: a range that holds a node IP also admits the
+	// LoadBalancer IPs as sources (traffic from the node to its own VIP arrives with the VIP as source).
+	NodeIPs []netip.Addr
+	// PodTrafficKnown says whether cluster CIDRs are configured (pod traffic can be recognised).
+	PodTrafficKnown bool
+}
+
+// entry is one way into a Service port: an IP (ClusterIP, external IP, LoadBalancer IP) or the NodePort.
+type entry struct {
+	nodePort bool
+	addr     netip.Addr
+	port     uint16
+}
+
+// BuildService builds the part of one family's table that a Service owns: its map elements and the
+// few chains only it needs (externalTrafficPolicy=Local, source ranges, session affinity). A headless
+// or ExternalName Service, or one with no ClusterIP of this family, owns nothing.
+func BuildService(n NodeInfo, svc *cluster.Service, eps []*cluster.EndpointSlice) *Part {
+	p := &Part{}
+	if svc == nil || svc.Headless || svc.Type == cluster.TypeExternalName {
+		return p
+	}
+	var clusterIP netip.Addr
+	for _, ip := range svc.ClusterIPs {
+		if cluster.FamilyOf(ip) == n.Family {
+			clusterIP = ip.Unmap()
+			break
+		}
+	}
+	if !clusterIP.IsValid() {
+		return p
+	}
+	b := &serviceBuilder{n: n, svc: svc, p: p, uses: map[string]bool{}, chains: map[string]bool{}}
+	p.Elements = append(p.Elements, Element{Set: SetClusterIPs, Addr: clusterIP})
+	for _, sp := range svc.Ports {
+		b.port(sp, clusterIP, eps)
+	}
+	p.Uses = make([]string, 0, len(b.uses))
+	for u := range b.uses {
+		p.Uses = append(p.Uses, u)
+	}
+	slices.Sort(p.Uses)
+	return p
+}
+
+type serviceBuilder struct {
+	n      NodeInfo
+	svc    *cluster.Service
+	p      *Part
+	uses   map[string]bool
+	chains map[string]bool
+}
+
+func (b *serviceBuilder) familyAddrs(in []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range in {
+		if cluster.FamilyOf(a) == b.n.Family {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}
+
+func (b *serviceBuilder) addChain(c *Chain) {
+	if b.chains[c.Name] {
+		return
+	}
+	b.chains[c.Name] = true
+	b.p.Chains = append(b.p.Chains, c)
+}
+
+func (b *serviceBuilder) use(chain string) string {
+	for _, u := range sharedUses(chain) {
+		b.uses[u] = true
+	}
+	return chain
+}
+
+func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slices_ []*cluster.EndpointSlice) {
+	proto := ProtoNumber(sp.Protocol)
+	if proto == 0 || sp.Port == 0 {
+		return
+	}
+	svc := b.svc
+	name := servicePortName(svc.Key, proto, sp.Port)
+	externalIPs := b.familyAddrs(svc.ExternalIPs)
+	var lbIPs []netip.Addr
+	if svc.Type == cluster.TypeLoadBalancer {
+		lbIPs = b.familyAddrs(svc.LoadBalancerIPs)
+	}
+	nodePort := sp.NodePort
+	if svc.Type != cluster.TypeNodePort && svc.Type != cluster.TypeLoadBalancer {
+		nodePort = 0
+	}
+	external := len(externalIPs) > 0 || len(lbIPs) > 0 || nodePort != 0
+	all := PortEndpoints(sp, slices_, b.n.Family, b.n.NodeName)
+	cat := Categorize(all, svc, external, b.n.NodeName, b.n.Zone)
+	externalLocal := svc.ExternalPolicyLocal && external
+
+	internal := cat.Cluster
+	hasInternal := cat.HasAny
+	if svc.InternalPolicyLocal {
+		internal = cat.Local
+		hasInternal = len(cat.Local) > 0
+	}
+	externalSet := cat.Cluster
+	hasExternal := cat.HasAny
+	if externalLocal {
+		externalSet = cat.Local
+		hasExternal = len(cat.Local) > 0
+	}
+	// Verdict for traffic that found no endpoint: reject when the Service has none at all (the client
+	// learns at once), drop when only the local policy has none (as kube-proxy does).
+	noEndpoints := VerdictDrop
+	if !cat.HasAny {
+		noEndpoints = VerdictReject
+	}
+
+	// Hairpin: a local endpoint reaching its own Service lands on itself; masquerade so it answers.
+	hairpin := map[netip.AddrPort]bool{}
+	for _, set := range [][]Endpoint{cat.Cluster, cat.Local} {
+		for _, e := range set {
+			if e.Local && !hairpin[e.AddrPort()] {
+				hairpin[e.AddrPort()] = true
+				b.p.Elements = append(b.p.Elements, Element{Set: SetHairpin, Addr: e.Addr, Addr2: e.Addr, Proto: proto, Port: e.Port})
+			}
+		}
+	}
+
+	seenBackend := map[netip.AddrPort]bool{}
+	for _, set := range [][]Endpoint{cat.Cluster, cat.Local} {
+		for _, e := range set {
+			if !seenBackend[e.AddrPort()] {
+				seenBackend[e.AddrPort()] = true
+				b.p.Backends = append(b.p.Backends, Backend{Proto: proto, Endpoint: e.AddrPort()})
+			}
+		}
+	}
+	if len(cat.Local) > b.p.LocalEndpoints {
+		b.p.LocalEndpoints = len(cat.Local)
+	}
+
+	// ClusterIP.
+	ci := entry{addr: clusterIP, port: sp.Port}
+	b.p.Entries = append(b.p.Entries, EntryRef{Proto: proto, Addr: clusterIP, Port: sp.Port, HasEndpoints: hasInternal})
+	if hasInternal {
+		target := b.pick(ci, proto, internal, false, name, policyName(svc.InternalPolicyLocal))
+		b.vmap(ci, proto, target)
+	} else {
+		b.noEndpoint(ci, proto, noEndpoints)
+	}
+
+	// External entries.
+	entries := make([]entry, 0, len(externalIPs)+len(lbIPs)+1)
+	for _, a := range externalIPs {
+		entries = append(entries, entry{addr: a, port: sp.Port})
+	}
+	for _, a := range lbIPs {
+		entries = append(entries, entry{addr: a, port: sp.Port})
+	}
+	if nodePort != 0 {
+		entries = append(entries, entry{nodePort: true, port: nodePort})
+	}
+	for _, e := range entries {
+		b.p.Entries = append(b.p.Entries, EntryRef{Proto: proto, Addr: e.addr, Port: e.port, NodePort: e.nodePort, HasEndpoints: hasExternal})
+		if cat.HasAny {
+			b.vmap(e, proto, b.externalTarget(e, proto, name, externalLocal, cat, externalSet))
+		}
+		if !hasExternal {
+			b.noEndpoint(e, proto, noEndpoints)
+		}
+	}
+
+	// loadBalancerSourceRanges: checked before DNAT on the LoadBalancer IPs only (NodePorts are not
+	// subject to it, as in kube-proxy).
+	if len(lbIPs) > 0 && len(svc.LoadBalancerSourceRanges) > 0 {
+		fw := "fw-" + name
+		var rules []Rule
+		allowFromNode := false
+		for _, r := range svc.LoadBalancerSourceRanges {
+			if familyOfPrefix(r) != b.n.Family {
+				continue
+			}
+			rules = append(rules, Rule{Matches: []Match{{Kind: MatchSaddrInPrefix, Prefix: r.Masked()}}, Action: Action{Kind: ActReturn}})
+			for _, nip := range b.n.NodeIPs {
+				if r.Contains(nip) {
+					allowFromNode = true
+				}
+			}
+		}
+		if allowFromNode {
+			for _, a := range lbIPs {
+				rules = append(rules, Rule{Matches: []Match{{Kind: MatchSaddrInPrefix, Prefix: netip.PrefixFrom(a, a.BitLen())}}, Action: Action{Kind: ActReturn}})
+			}
+		}
+		rules = append(rules, Rule{Action: Action{Kind: ActDrop}, Comment: "not in loadBalancerSourceRanges"})
+		b.addChain(&Chain{Name: fw, Rules: rules})
+		for _, a := range lbIPs {
+			b.p.Elements = append(b.p.Elements, Element{Set: MapFirewallIPs, Addr: a, Proto: proto, Port: sp.Port, Verdict: VerdictGoto, Chain: fw})
+		}
+	}
+}
+
+func policyName(local bool) string {
+	if local {
+		return "local"
+	}
+	return "cluster"
+}
+
+func (b *serviceBuilder) vmap(e entry, proto uint8, chain string) {
+	if e.nodePort {
+		b.p.Elements = append(b.p.Elements, Element{Set: MapServiceNodePorts, Proto: proto, Port: e.port, Verdict: VerdictGoto, Chain: chain})
+		return
+	}
+	b.p.Elements = append(b.p.Elements, Element{Set: MapServiceIPs, Addr: e.addr, Proto: proto, Port: e.port, Verdict: VerdictGoto, Chain: chain})
+}
+
+func (b *serviceBuilder) noEndpoint(e entry, proto uint8, v VerdictKind) {
+	el := Element{Set: MapNoEndpointServices, Addr: e.addr, Proto: proto, Port: e.port, Verdict: v}
+	if e.nodePort {
+		el = Element{Set: MapNoEndpointNodePorts, Proto: proto, Port: e.port, Verdict: v}
+	}
+	if v == VerdictReject {
+		el.Verdict, el.Chain = VerdictReject, ChainReject
+	}
+	b.p.Elements = append(b.p.Elements, el)
+}
+
+// pick returns the chain that DNATs entry e to one of eps, and adds the elements that chain needs.
+// With session affinity it is the Service port's own affinity chain; otherwise the shared picker for
+// len(eps) endpoints, keyed by the entry in the endpoint map (the "-cluster" map when clusterMap).
+func (b *serviceBuilder) pick(e entry, proto uint8, eps []Endpoint, clusterMap bool, name, policy string) string {
+	if b.svc.AffinityTimeout > 0 {
+		return b.affinityChain(eps, name, policy)
+	}
+	m := endpointMap(e.nodePort, clusterMap)
+	for i, ep := range eps {
+		el := Element{Set: m, Proto: proto, Port: e.port, Index: uint32(i), DataAddr: ep.Addr, DataPort: ep.Port}
+		if !e.nodePort {
+			el.Addr = e.addr
+		}
+		b.p.Elements = append(b.p.Elements, el)
+	}
+	return b.use(PickChain(m, len(eps)))
+}
+
+func endpointMap(nodePort, clusterMap bool) string {
+	switch {
+	case nodePort && clusterMap:
+		return MapNodePortEndpointsCluster
+	case nodePort:
+		return MapNodePortEndpoints
+	case clusterMap:
+		return MapEndpointsCluster
+	}
+	return MapEndpoints
+}
+
+// externalTarget returns where traffic arriving at an external entry goes.
+func (b *serviceBuilder) externalTarget(e entry, proto uint8, name string, local bool, cat Categorized, externalSet []Endpoint) string {
+	if !local {
+		// externalTrafficPolicy Cluster: any endpoint, source NATed so replies come back through us.
+		if b.svc.AffinityTimeout == 0 {
+			b.pick(e, proto, externalSet, false, name, "cluster")
+			return b.use(MasqPickChain(endpointMap(e.nodePort, false), len(externalSet)))
+		}
+		ext := "ext-" + name
+		b.addChain(&Chain{Name: ext, Rules: []Rule{
+			{Action: Action{Kind: ActJump, Chain: ChainMarkForMasquerade}, Comment: "masquerade"},
+			{Action: Action{Kind: ActGoto, Chain: b.affinityChain(externalSet, name, "cluster")}},
+		}})
+		return ext
+	}
+	// externalTrafficPolicy Local: the client source is kept and only this node's endpoints serve.
+	// Pods and the host itself are not "external": they short-circuit to the cluster-wide endpoints,
+	// as if they had gone out to a load balancer and come back.
+	kind := "ip"
+	if e.nodePort {
+		kind = "np"
+	}
+	// One chain serves all IP entries of the port (the endpoint maps are keyed by the packet's own
+	// destination), and one the NodePort.
+	chain := "ext-" + kind + "-" + name
+	var rules []Rule
+	if len(cat.Cluster) > 0 {
+		clusterTarget := b.pick(e, proto, cat.Cluster, true, name, "cluster")
+		if b.n.PodTrafficKnown {
+			rules = append(rules, Rule{
+				Matches: []Match{{Kind: MatchSaddrInSet, Set: SetClusterCIDRs}},
+				Action:  Action{Kind: ActGoto, Chain: clusterTarget},
+				Comment: "short-circuit pod traffic",
+			})
+		}
+		rules = append(rules,
+			Rule{Matches: []Match{{Kind: MatchFibSaddrLocal}}, Action: Action{Kind: ActJump, Chain: ChainMarkForMasquerade}, Comment: "masquerade local traffic"},
+			Rule{Matches: []Match{{Kind: MatchFibSaddrLocal}}, Action: Action{Kind: ActGoto, Chain: clusterTarget}, Comment: "short-circuit local traffic"},
+		)
+	}
+	if len(externalSet) > 0 {
+		rules = append(rules, Rule{Action: Action{Kind: ActGoto, Chain: b.pick(e, proto, externalSet, false, name, "local")}})
+	}
+	b.addChain(&Chain{Name: chain, Rules: rules})
+	return chain
+}
+
+// affinityChain builds (once) the session-affinity chain of a Service port for one endpoint set: a
+// client seen recently goes to the endpoint it used before; a new client picks uniformly. Each
+// endpoint has its own chain that records the client in the endpoint's dynamic set and DNATs.
+func (b *serviceBuilder) affinityChain(eps []Endpoint, name, policy string) string {
+	chain := "aff-" + name + "-" + policy
+	if b.chains[chain] {
+		return chain
+	}
+	var rules []Rule
+	epChains := make([]string, len(eps))
+	for i, ep := range eps {
+		id := name + "/" + chainSafe(ep.Addr.String()) + "/" + itoa(int(ep.Port))
+		set := "aff-" + id
+		epChain := "affep-" + id
+		epChains[i] = epChain
+		if !b.chains[epChain] {
+			b.p.Sets = append(b.p.Sets, &Set{Name: set, Kind: KindAffinity, Timeout: b.svc.AffinityTimeout})
+			b.addChain(&Chain{Name: epChain, Rules: []Rule{{Action: Action{Kind: ActAffinityDNAT, Set: set, Addr: ep.Addr, Port: ep.Port}}}})
+		}
+		rules = append(rules, Rule{Matches: []Match{{Kind: MatchSaddrInSet, Set: set}}, Action: Action{Kind: ActGoto, Chain: epChain}})
+	}
+	// Uniform choice without a set: rule i takes 1/(n-i) of what reaches it.
+	for i := range epChains {
+		left := len(epChains) - i
+		r := Rule{Action: Action{Kind: ActGoto, Chain: epChains[i]}}
+		if left > 1 {
+			r.Matches = []Match{{Kind: MatchNumgenZero, Value: uint32(left)}}
+		}
+		rules = append(rules, r)
+	}
+	b.addChain(&Chain{Name: chain, Rules: rules})
+	return chain
+}
+
+func itoa(i int) string {
+	if i == 0 {
+		return "0"
+	}
+	var buf [20]byte
+	n := len(buf)
+	for i > 0 {
+		n--
+		buf[n] = byte('0' + i%10)
+		i /= 10
+	}
+	return string(buf[n:])
+}

@@ -1,0 +1,213 @@
+package dataplane
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/vipgate/vipgate/cluster"
+)
+
+// Tx is one atomic change to one family's table: what the netlink edge sends as a single batch. The
+// edge applies it in this order, which keeps every reference valid at every step:
+//
+//  1. (Full only) replace the whole table: add, delete and re-create it.
+//  2. Add sets; create new chains (empty); flush chains whose rules change.
+//  3. Add the rules of new and changed chains.
+//  4. Delete stale elements, then add new ones (a changed map value is a delete plus an add).
+//  5. Flush, then delete, chains that are gone; then delete sets that are gone.
+type Tx struct {
+	Family cluster.Family
+	Table  string
+	// Full replaces the table wholesale (first sync, or recovery after a failure).
+	Full        bool
+	AddSets     []*Set
+	AddChains   []*Chain
+	FlushChains []*Chain // existing chains whose rules are replaced by these
+	DelElements []Element
+	AddElements []Element
+	DelChains   []string
+	DelSets     []string
+	// Sets holds the kind of every set elements refer to (needed to encode them).
+	Sets map[string]*Set
+}
+
+// Empty says whether the transaction changes nothing.
+func (t *Tx) Empty() bool {
+	return !t.Full && len(t.AddSets) == 0 && len(t.AddChains) == 0 && len(t.FlushChains) == 0 &&
+		len(t.DelElements) == 0 && len(t.AddElements) == 0 && len(t.DelChains) == 0 && len(t.DelSets) == 0
+}
+
+// String summarises the transaction for logs.
+func (t *Tx) String() string {
+	return fmt.Sprintf("family=IPv%d full=%v +sets=%d +chains=%d ~chains=%d -elements=%d +elements=%d -chains=%d -sets=%d",
+		t.Family, t.Full, len(t.AddSets), len(t.AddChains), len(t.FlushChains), len(t.DelElements), len(t.AddElements), len(t.DelChains), len(t.DelSets))
+}
+
+// sharableSets are the sets in which two Services may legitimately hold the same element (a pod IP and
+// port in the hairpin set, a ClusterIP in two Services' ClusterIP set). Elements there are reference
+// counted; every other element has exactly one owner.
+var sharableSets = map[string]bool{SetHairpin: true, SetClusterIPs: true}
+
+func rulesEqual(a, b []Rule) bool {
+	return slices.EqualFunc(a, b, func(x, y Rule) bool {
+		return x.Action == y.Action && x.Comment == y.Comment && slices.Equal(x.Matches, y.Matches)
+	})
+}
+
+func chainEqual(a, b *Chain) bool {
+	return a.Name == b.Name && a.Type == b.Type && a.Hook == b.Hook && a.Priority == b.Priority && rulesEqual(a.Rules, b.Rules)
+}
+
+// diffState accumulates one sync's changes for one family.
+type diffState struct {
+	tx          *Tx
+	elemRefs    map[Element]int
+	sharedRefs  map[string]int
+	sharedDelta map[string]int
+	sets        map[string]*Set
+}
+
+// diffPart adds to the transaction what turns part old into part new. Either may be nil.
+func (d *diffState) diffPart(old, new *Part) {
+	if old == nil {
+		old = &Part{}
+	}
+	if new == nil {
+		new = &Part{}
+	}
+	oldChains := make(map[string]*Chain, len(old.Chains))
+	for _, c := range old.Chains {
+		oldChains[c.Name] = c
+	}
+	newChains := make(map[string]bool, len(new.Chains))
+	for _, c := range new.Chains {
+		newChains[c.Name] = true
+		if oc, ok := oldChains[c.Name]; !ok {
+			d.tx.AddChains = append(d.tx.AddChains, c)
+		} else if !chainEqual(oc, c) {
+			d.tx.FlushChains = append(d.tx.FlushChains, c)
+		}
+	}
+	for _, c := range old.Chains {
+		if !newChains[c.Name] {
+			d.tx.DelChains = append(d.tx.DelChains, c.Name)
+		}
+	}
+
+	oldSets := make(map[string]*Set, len(old.Sets))
+	for _, s := range old.Sets {
+		oldSets[s.Name] = s
+	}
+	newSets := make(map[string]bool, len(new.Sets))
+	for _, s := range new.Sets {
+		newSets[s.Name] = true
+		d.sets[s.Name] = s
+		if os, ok := oldSets[s.Name]; !ok {
+			d.tx.AddSets = append(d.tx.AddSets, s)
+		} else if *os != *s {
+			// A changed affinity timeout: the set is re-created (its clients are forgotten).
+			d.tx.DelSets = append(d.tx.DelSets, s.Name)
+			d.tx.AddSets = append(d.tx.AddSets, s)
+		}
+	}
+	for _, s := range old.Sets {
+		if !newSets[s.Name] {
+			d.tx.DelSets = append(d.tx.DelSets, s.Name)
+			delete(d.sets, s.Name)
+		}
+	}
+
+	oldEls := make(map[Element]struct{}, len(old.Elements))
+	for _, e := range old.Elements {
+		oldEls[e] = struct{}{}
+	}
+	newEls := make(map[Element]struct{}, len(new.Elements))
+	for _, e := range new.Elements {
+		newEls[e] = struct{}{}
+	}
+	for e := range oldEls {
+		if _, ok := newEls[e]; ok {
+			continue
+		}
+		if sharableSets[e.Set] {
+			d.elemRefs[e]--
+			if d.elemRefs[e] > 0 {
+				continue
+			}
+			delete(d.elemRefs, e)
+		}
+		d.tx.DelElements = append(d.tx.DelElements, e)
+	}
+	for e := range newEls {
+		if _, ok := oldEls[e]; ok {
+			continue
+		}
+		if sharableSets[e.Set] {
+			d.elemRefs[e]++
+			if d.elemRefs[e] > 1 {
+				continue
+			}
+		}
+		d.tx.AddElements = append(d.tx.AddElements, e)
+	}
+
+	for _, u := range old.Uses {
+		if !slices.Contains(new.Uses, u) {
+			d.sharedDelta[u]--
+		}
+	}
+	for _, u := range new.Uses {
+		if !slices.Contains(old.Uses, u) {
+			d.sharedDelta[u]++
+		}
+	}
+}
+
+// finish turns the shared-chain reference changes into chain additions and deletions, and removes
+// element changes that cancel out (an element deleted by one Service and added by another).
+func (d *diffState) finish() {
+	names := make([]string, 0, len(d.sharedDelta))
+	for n := range d.sharedDelta {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		delta := d.sharedDelta[n]
+		before := d.sharedRefs[n]
+		after := before + delta
+		switch {
+		case before == 0 && after > 0:
+			d.tx.AddChains = append(d.tx.AddChains, SharedChain(n))
+		}
+		// A picker that falls out of use stays (at reference count 0): adding it back would be a rule
+		// with a jump, which makes the kernel re-validate the whole table, and Services often move
+		// between the same few endpoint counts. A full sync drops the unused ones.
+		d.sharedRefs[n] = max(after, 0)
+	}
+	clear(d.sharedDelta)
+	if len(d.tx.DelElements) > 0 && len(d.tx.AddElements) > 0 {
+		adds := make(map[Element]int, len(d.tx.AddElements))
+		for i, e := range d.tx.AddElements {
+			adds[e] = i
+		}
+		drop := map[int]bool{}
+		dels := d.tx.DelElements[:0]
+		for _, e := range d.tx.DelElements {
+			if i, ok := adds[e]; ok && !drop[i] {
+				drop[i] = true
+				continue
+			}
+			dels = append(dels, e)
+		}
+		d.tx.DelElements = dels
+		if len(drop) > 0 {
+			out := d.tx.AddElements[:0]
+			for i, e := range d.tx.AddElements {
+				if !drop[i] {
+					out = append(out, e)
+				}
+			}
+			d.tx.AddElements = out
+		}
+	}
+}

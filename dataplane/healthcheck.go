@@ -1,0 +1,407 @@
+package dataplane
+
+// Health-check servers, as kube-proxy's pkg/proxy/healthcheck:
+//
+//   - HealthCheckServer answers a cloud or bare-metal load balancer's probe of a Service's
+//     healthCheckNodePort (externalTrafficPolicy: Local). The LB sends traffic for the Service only to
+//     nodes that answer 200, i.e. nodes with at least one local ready endpoint, so that traffic is never
+//     dropped for lack of a local endpoint and the client source IP survives.
+//   - ProxyHealthServer is the proxy's own /healthz and /livez (healthzBindAddress, 127.0.0.1:10256 by
+//     default), which kubelet probes and LBs use as a node-level check.
+//
+// Both copy kube-proxy's response bytes and status semantics, because existing LB health checks and
+// monitoring are written against them.
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/vipgate/vipgate/cluster"
+)
+
+// DefaultHealthzBindAddress is kube-proxy's default healthzBindAddress.
+const DefaultHealthzBindAddress = "127.0.0.1:10256"
+
+// HealthCheckServer serves one HTTP health check per Service with externalTrafficPolicy: Local on the
+// Service's healthCheckNodePort. It is safe for concurrent use; normally the sync loop calls
+// SyncServices and SyncEndpoints and the HTTP handlers only read.
+type HealthCheckServer struct {
+	logger       hclog.Logger
+	addrs        []netip.Addr
+	proxyHealthy func() bool
+
+	mu       sync.RWMutex
+	closed   bool
+	services map[cluster.ServiceKey]*hcService
+	// endpoints is the last SyncEndpoints input. It is kept apart from services so that a count set
+	// before the listener could be opened (or while it is failing) is right as soon as it opens.
+	endpoints map[cluster.ServiceKey]int
+	// failed remembers the Services whose port could not be bound, with that port, so each failure is
+	// logged once at error level and the retries on later syncs only at debug level.
+	failed map[cluster.ServiceKey]uint16
+}
+
+// hcService is one Service's open health check: its port and one HTTP server per listen address.
+type hcService struct {
+	port    uint16
+	servers []*http.Server
+}
+
+// NewHealthCheckServer returns a health-check server that listens on each of addrs (one listener per
+// address, so loopback is only used when addrs contains it). An unspecified address (0.0.0.0 or ::) in
+// addrs means every address of the node, as kube-proxy does when nodePortAddresses is unset; an empty
+// addrs means the same. proxyHealthy reports the proxy's own health (typically
+// ProxyHealthServer.IsHealthy); nil means always healthy. A Service answers 200 only when it has a local
+// endpoint and the proxy is healthy, 503 otherwise, so an LB moves away from a node whose proxy is stuck.
+func NewHealthCheckServer(logger hclog.Logger, addrs []netip.Addr, proxyHealthy func() bool) *HealthCheckServer {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	if proxyHealthy == nil {
+		proxyHealthy = func() bool { return true }
+	}
+	listen := make([]netip.Addr, 0, len(addrs))
+	for _, a := range addrs {
+		if a.IsUnspecified() {
+			// Go listens on both families for an unspecified address with network "tcp"; other
+			// entries would only collide with it.
+			listen = []netip.Addr{netip.IPv6Unspecified()}
+			break
+		}
+		listen = append(listen, a)
+	}
+	if len(listen) == 0 {
+		listen = []netip.Addr{netip.IPv6Unspecified()}
+	}
+	return &HealthCheckServer{
+		logger:       logger.Named("healthcheck"),
+		addrs:        listen,
+		proxyHealthy: proxyHealthy,
+		services:     map[cluster.ServiceKey]*hcService{},
+		endpoints:    map[cluster.ServiceKey]int{},
+		failed:       map[cluster.ServiceKey]uint16{},
+	}
+}
+
+// SyncServices makes ports the wanted set of health checks: Service -> healthCheckNodePort. Health
+// checks of Services no longer listed, or whose port changed, are closed; new ones are opened. A port
+// that cannot be bound on every address is logged (once per Service and port) and retried on the next
+// call; the other Services keep working. The error reports only invalid input (port 0) or a closed
+// server, never a bind failure, which the caller cannot act on.
+func (s *HealthCheckServer) SyncServices(ports map[cluster.ServiceKey]uint16) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("syncing health-check services: server is closed")
+	}
+
+	for key, svc := range s.services {
+		if port, ok := ports[key]; ok && port == svc.port {
+			continue
+		}
+		s.logger.Info("closing health check", "service", key, "port", svc.port)
+		svc.close()
+		delete(s.services, key)
+	}
+	for key := range s.failed {
+		if port, ok := ports[key]; !ok || port != s.failed[key] {
+			delete(s.failed, key)
+		}
+	}
+
+	var errs []error
+	for key, port := range ports {
+		if port == 0 {
+			errs = append(errs, fmt.Errorf("health check for service %s: port 0 is not a valid healthCheckNodePort", key))
+			continue
+		}
+		if s.services[key] != nil {
+			continue
+		}
+		svc, err := s.open(key, port)
+		if err != nil {
+			if s.failed[key] == port {
+				s.logger.Debug("health check port still cannot be bound", "service", key, "port", port, "err", err)
+			} else {
+				s.logger.Error("cannot open health check, will retry on next sync", "service", key, "port", port, "err", err)
+				s.failed[key] = port
+			}
+			continue
+		}
+		if _, ok := s.failed[key]; ok {
+			s.logger.Info("health check opened after earlier failure", "service", key, "port", port)
+			delete(s.failed, key)
+		} else {
+			s.logger.Info("opened health check", "service", key, "port", port)
+		}
+		s.services[key] = svc
+	}
+	return errors.Join(errs...)
+}
+
+// open listens on every configured address and serves key's health check there. On any failure it
+// closes what it had opened, so that a retry starts clean and a port is never half-served.
+func (s *HealthCheckServer) open(key cluster.ServiceKey, port uint16) (*hcService, error) {
+	svc := &hcService{port: port}
+	handler := hcHandler{server: s, service: key}
+	for _, addr := range s.addrs {
+		ap := netip.AddrPortFrom(addr, port).String()
+		ln, err := net.Listen("tcp", ap)
+		if err != nil {
+			svc.close()
+			return nil, fmt.Errorf("listening on %s: %w", ap, err)
+		}
+		srv := &http.Server{
+			Handler:           handler,
+			ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog:          s.logger.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
+		}
+		go func() {
+			// Serve returns ErrServerClosed after Close; anything else means the listener died.
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.logger.Error("health check server stopped", "service", key, "address", ap, "err", err)
+			}
+		}()
+		svc.servers = append(svc.servers, srv)
+	}
+	return svc, nil
+}
+
+// close stops every HTTP server of the health check, closing its listeners and open connections.
+func (svc *hcService) close() {
+	for _, srv := range svc.servers {
+		_ = srv.Close() // Close only reports listener close errors, which leave nothing to undo.
+	}
+	svc.servers = nil
+}
+
+// SyncEndpoints sets the number of local ready endpoints per Service. Services not in local have zero.
+func (s *HealthCheckServer) SyncEndpoints(local map[cluster.ServiceKey]int) {
+	counts := make(map[cluster.ServiceKey]int, len(local))
+	for k, n := range local {
+		counts[k] = n
+	}
+	s.mu.Lock()
+	s.endpoints = counts
+	s.mu.Unlock()
+}
+
+// Close stops every health check. The server cannot be used afterwards.
+func (s *HealthCheckServer) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for key, svc := range s.services {
+		svc.close()
+		delete(s.services, key)
+	}
+	s.closed = true
+	return nil
+}
+
+// localEndpoints returns the Service's local endpoint count and whether its health check is open.
+func (s *HealthCheckServer) localEndpoints(key cluster.ServiceKey) (int, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.services[key] == nil {
+		return 0, false
+	}
+	return s.endpoints[key], true
+}
+
+// hcHandler answers one Service's health check on any path and method, as kube-proxy does.
+type hcHandler struct {
+	server  *HealthCheckServer
+	service cluster.ServiceKey
+}
+
+func (h hcHandler) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	count, open := h.server.localEndpoints(h.service)
+	if !open {
+		// A request that raced with the health check being closed: say nothing, like kube-proxy.
+		return
+	}
+	proxyHealthy := h.server.proxyHealthy()
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if count > 0 && proxyHealthy {
+		w.WriteHeader(http.StatusOK)
+	} else {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	_, _ = w.Write(hcBody(h.service, count, proxyHealthy))
+}
+
+// hcBody renders the health-check body byte for byte as kube-proxy does (a tab-indented JSON object
+// without trailing newline), for anything that compares or parses it.
+func hcBody(key cluster.ServiceKey, count int, proxyHealthy bool) []byte {
+	return fmt.Appendf(nil, "{\n\t\"service\": {\n\t\t\"namespace\": %q,\n\t\t\"name\": %q\n\t},\n\t\"localEndpoints\": %d,\n\t\"serviceProxyHealthy\": %v\n}",
+		key.Namespace, key.Name, count, proxyHealthy)
+}
+
+// ProxyHealthServer serves the proxy's /healthz and /livez with kube-proxy's semantics: the proxy is
+// unhealthy when a change was queued (QueuedUpdate) more than staleAfter ago and has not been applied
+// (Updated) since. It is healthy while nothing is pending, including before the first sync. /healthz is
+// also unhealthy when the node is not eligible (being deleted), /livez is not.
+type ProxyHealthServer struct {
+	logger     hclog.Logger
+	bindAddr   string
+	staleAfter time.Duration
+	// now is time.Now, replaceable in tests so that staleness needs no sleeping.
+	now func() time.Time
+
+	mu            sync.RWMutex
+	lastUpdated   time.Time
+	oldestPending time.Time // zero when nothing is pending
+	nodeEligible  bool
+	server        *http.Server
+	addr          net.Addr
+}
+
+// NewProxyHealthServer returns a proxy health server for bindAddr ("host:port", e.g.
+// DefaultHealthzBindAddress). It does not listen until Start.
+func NewProxyHealthServer(logger hclog.Logger, bindAddr string, staleAfter time.Duration) *ProxyHealthServer {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	return &ProxyHealthServer{
+		logger:     logger.Named("healthz"),
+		bindAddr:   bindAddr,
+		staleAfter: staleAfter,
+		now:        time.Now,
+		// The node is eligible until we learn otherwise, as in kube-proxy.
+		nodeEligible: true,
+	}
+}
+
+// Start listens on the bind address and serves /healthz and /livez in the background.
+func (h *ProxyHealthServer) Start() error {
+	ln, err := net.Listen("tcp", h.bindAddr)
+	if err != nil {
+		return fmt.Errorf("starting proxy healthz on %s: %w", h.bindAddr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", h.serveHealthz)
+	mux.HandleFunc("/livez", h.serveLivez)
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          h.logger.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
+	}
+	h.mu.Lock()
+	h.server = srv
+	h.addr = ln.Addr()
+	h.mu.Unlock()
+	h.logger.Info("serving proxy healthz", "address", ln.Addr().String())
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			h.logger.Error("proxy healthz server stopped", "address", ln.Addr().String(), "err", err)
+		}
+	}()
+	return nil
+}
+
+// Addr returns the address Start listens on (useful with port 0), or nil before Start.
+func (h *ProxyHealthServer) Addr() net.Addr {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return h.addr
+}
+
+// Close stops serving.
+func (h *ProxyHealthServer) Close() error {
+	h.mu.Lock()
+	srv := h.server
+	h.server = nil
+	h.mu.Unlock()
+	if srv == nil {
+		return nil
+	}
+	if err := srv.Close(); err != nil {
+		return fmt.Errorf("closing proxy healthz: %w", err)
+	}
+	return nil
+}
+
+// Updated records that the dataplane was synced successfully: nothing is pending any more.
+func (h *ProxyHealthServer) Updated() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.oldestPending = time.Time{}
+	h.lastUpdated = h.now()
+}
+
+// QueuedUpdate records that a change arrived that is not yet applied. Only the oldest pending change
+// counts: a steady stream of changes must not keep postponing the deadline.
+func (h *ProxyHealthServer) QueuedUpdate() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.oldestPending.IsZero() {
+		h.oldestPending = h.now()
+	}
+}
+
+// SetNodeEligible records whether this node may receive LB traffic (false once it is being deleted or
+// tainted ToBeDeletedByClusterAutoscaler); it affects /healthz only.
+func (h *ProxyHealthServer) SetNodeEligible(eligible bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.nodeEligible = eligible
+}
+
+// IsHealthy reports the proxy's own health, ignoring node eligibility. It suits
+// NewHealthCheckServer's proxyHealthy.
+func (h *ProxyHealthServer) IsHealthy() bool {
+	healthy, _, _ := h.health()
+	return healthy
+}
+
+// health returns the proxy's health, the last successful sync and the current time.
+func (h *ProxyHealthServer) health() (healthy bool, lastUpdated, now time.Time) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	now = h.now()
+	// As in kube-proxy, a proxy that never synced is healthy (it is starting up).
+	healthy = h.lastUpdated.IsZero() || h.oldestPending.IsZero() || now.Sub(h.oldestPending) < h.staleAfter
+	return healthy, h.lastUpdated, now
+}
+
+func (h *ProxyHealthServer) serveHealthz(w http.ResponseWriter, _ *http.Request) {
+	healthy, lastUpdated, now := h.health()
+	h.mu.RLock()
+	eligible := h.nodeEligible
+	h.mu.RUnlock()
+	healthy = healthy && eligible
+	lastUpdated = hzWriteStatus(w, healthy, lastUpdated, now)
+	_, _ = fmt.Fprintf(w, `{"lastUpdated": %q,"currentTime": %q, "nodeEligible": %v}`,
+		hzTime(lastUpdated), hzTime(now), eligible)
+}
+
+func (h *ProxyHealthServer) serveLivez(w http.ResponseWriter, _ *http.Request) {
+	healthy, lastUpdated, now := h.health()
+	lastUpdated = hzWriteStatus(w, healthy, lastUpdated, now)
+	_, _ = fmt.Fprintf(w, `{"lastUpdated": %q,"currentTime": %q}`, hzTime(lastUpdated), hzTime(now))
+}
+
+// hzWriteStatus writes the headers and status and returns the lastUpdated to report: when healthy,
+// kube-proxy reports the current time, because older releases did and monitoring relies on "recent".
+func hzWriteStatus(w http.ResponseWriter, healthy bool, lastUpdated, now time.Time) time.Time {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if !healthy {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return lastUpdated
+	}
+	w.WriteHeader(http.StatusOK)
+	return now
+}
+
+// hzTime formats t as kube-proxy does (time.Time's String), without the monotonic clock reading that
+// kube-proxy leaks into its output.
+func hzTime(t time.Time) string { return t.Round(0).String() }

@@ -1,0 +1,616 @@
+package dataplane
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"syscall"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/vipgate/vipgate/cluster"
+)
+
+// NetlinkProgrammer is the netlink edge: it encodes a Tx into nftables netlink messages and sends them
+// as one batch (one atomic kernel transaction). It never execs the nft binary.
+//
+// Every Apply uses a fresh connection: google/nftables drops a failed message from its queue but
+// still sends the rest on the next Flush, so a connection that saw an error is never reused.
+type NetlinkProgrammer struct {
+	// NetNSFd, if non-zero, programs that network namespace instead of the current one.
+	NetNSFd int
+	// SocketBuffer is the send/receive buffer size forced on the socket (a full sync of 10,000
+	// Services is several MiB in one batch). Default 64 MiB.
+	SocketBuffer int
+}
+
+// Registers. nftables has four 16-byte registers (1-4) that are also addressable as sixteen 4-byte
+// ones (8-23). Concatenations are laid out field after field in 4-byte steps.
+const (
+	reg1   = 1 // 16-byte register 1 = reg32 0..3
+	reg2   = 2
+	reg32  = 8 // first 4-byte register (same storage as reg1)
+	regVer = 0
+)
+
+func (n *NetlinkProgrammer) conn() (*nftables.Conn, error) {
+	buf := n.SocketBuffer
+	if buf == 0 {
+		buf = 64 << 20
+	}
+	opts := []nftables.ConnOption{nftables.WithSockOptions(func(c *netlink.Conn) error {
+		// SO_*BUFFORCE lifts the sysctl caps (we are root); fall back to the capped ones.
+		raw, err := c.SyscallConn()
+		if err != nil {
+			return err
+		}
+		var serr error
+		err = raw.Control(func(fd uintptr) {
+			if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, buf); e != nil {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, buf)
+			}
+			if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, buf); e != nil && serr == nil {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, buf)
+			}
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	})}
+	if n.NetNSFd != 0 {
+		opts = append(opts, nftables.WithNetNSFd(n.NetNSFd))
+	}
+	return nftables.New(opts...)
+}
+
+func tableFamily(f cluster.Family) nftables.TableFamily {
+	if f == cluster.IPv6 {
+		return nftables.TableFamilyIPv6
+	}
+	return nftables.TableFamilyIPv4
+}
+
+// Apply sends tx as one batch.
+func (n *NetlinkProgrammer) Apply(tx *Tx) error {
+	c, err := n.conn()
+	if err != nil {
+		return fmt.Errorf("opening nftables netlink connection: %w", err)
+	}
+	e := &encoder{f: tx.Family, t: &nftables.Table{Name: tx.Table, Family: tableFamily(tx.Family)}, c: c, sets: map[string]*nftables.Set{}, kinds: tx.Sets, chains: map[string]*nftables.Chain{}}
+	if err := e.encode(tx); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		if errors.Is(err, syscall.ENOBUFS) {
+			return fmt.Errorf("nftables batch too large for the socket buffer: %w", err)
+		}
+		return err
+	}
+	return nil
+}
+
+// DeleteTable removes the table of family f if it exists (for `vipgate node --cleanup`).
+func (n *NetlinkProgrammer) DeleteTable(f cluster.Family, name string) error {
+	c, err := n.conn()
+	if err != nil {
+		return err
+	}
+	t := &nftables.Table{Name: name, Family: tableFamily(f)}
+	c.AddTable(t)
+	c.DelTable(t)
+	return c.Flush()
+}
+
+type encoder struct {
+	f      cluster.Family
+	t      *nftables.Table
+	c      *nftables.Conn
+	sets   map[string]*nftables.Set // created in this batch (carry IDs) or referenced
+	kinds  map[string]*Set
+	chains map[string]*nftables.Chain
+}
+
+func (e *encoder) chain(name string) *nftables.Chain {
+	if ch, ok := e.chains[name]; ok {
+		return ch
+	}
+	ch := &nftables.Chain{Name: name, Table: e.t}
+	e.chains[name] = ch
+	return ch
+}
+
+func (e *encoder) encode(tx *Tx) error {
+	if tx.Full {
+		// Add-then-delete makes the delete valid whether or not the table exists; the batch then
+		// re-creates it. The kernel applies all of it atomically: no packet sees an empty table.
+		e.c.AddTable(e.t)
+		e.c.DelTable(e.t)
+		e.c.AddTable(e.t)
+	}
+	for _, s := range tx.AddSets {
+		ns, err := e.nftSet(s)
+		if err != nil {
+			return err
+		}
+		if err := e.c.AddSet(ns, nil); err != nil {
+			return fmt.Errorf("adding set %s: %w", s.Name, err)
+		}
+		e.sets[s.Name] = ns
+	}
+	for _, ch := range tx.AddChains {
+		e.c.AddChain(e.nftChain(ch))
+	}
+	for _, ch := range tx.FlushChains {
+		e.c.FlushChain(e.chain(ch.Name))
+	}
+	for _, list := range [][]*Chain{tx.AddChains, tx.FlushChains} {
+		for _, ch := range list {
+			for i, r := range ch.Rules {
+				exprs, err := e.rule(r)
+				if err != nil {
+					return fmt.Errorf("chain %s rule %d: %w", ch.Name, i, err)
+				}
+				e.c.AddRule(&nftables.Rule{Table: e.t, Chain: e.chain(ch.Name), Exprs: exprs})
+			}
+		}
+	}
+	if err := e.elements(tx.DelElements, false); err != nil {
+		return err
+	}
+	if err := e.elements(tx.AddElements, true); err != nil {
+		return err
+	}
+	for _, name := range tx.DelChains {
+		e.c.FlushChain(e.chain(name))
+	}
+	for _, name := range tx.DelChains {
+		e.c.DelChain(e.chain(name))
+	}
+	for _, name := range tx.DelSets {
+		e.c.DelSet(&nftables.Set{Table: e.t, Name: name})
+	}
+	return nil
+}
+
+func (e *encoder) nftChain(c *Chain) *nftables.Chain {
+	ch := e.chain(c.Name)
+	if c.IsBase() {
+		var hook *nftables.ChainHook
+		switch c.Hook {
+		case HookPrerouting:
+			hook = nftables.ChainHookPrerouting
+		case HookInput:
+			hook = nftables.ChainHookInput
+		case HookForward:
+			hook = nftables.ChainHookForward
+		case HookOutput:
+			hook = nftables.ChainHookOutput
+		case HookPostrouting:
+			hook = nftables.ChainHookPostrouting
+		}
+		ch.Hooknum = hook
+		ch.Priority = nftables.ChainPriorityRef(nftables.ChainPriority(c.Priority))
+		if c.Type == NATType {
+			ch.Type = nftables.ChainTypeNAT
+		} else {
+			ch.Type = nftables.ChainTypeFilter
+		}
+		accept := nftables.ChainPolicyAccept
+		ch.Policy = &accept
+	}
+	return ch
+}
+
+func (e *encoder) addrType() nftables.SetDatatype {
+	if e.f == cluster.IPv6 {
+		return nftables.TypeIP6Addr
+	}
+	return nftables.TypeIPAddr
+}
+
+func (e *encoder) nftSet(s *Set) (*nftables.Set, error) {
+	a := e.addrType()
+	ns := &nftables.Set{Table: e.t, Name: s.Name, Comment: s.Comment}
+	switch s.Kind {
+	case KindAddr:
+		ns.KeyType = a
+	case KindPrefix:
+		ns.KeyType, ns.Interval = a, true
+	case KindTupleVmap:
+		ns.KeyType, ns.IsMap, ns.DataType = nftables.MustConcatSetType(a, nftables.TypeInetProto, nftables.TypeInetService), true, nftables.TypeVerdict
+	case KindProtoPortVmap:
+		ns.KeyType, ns.IsMap, ns.DataType = nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService), true, nftables.TypeVerdict
+	case KindTupleEndpoints:
+		ns.KeyType = nftables.MustConcatSetType(a, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark)
+		ns.IsMap, ns.DataType = true, nftables.MustConcatSetType(a, nftables.TypeInetService)
+	case KindProtoPortEndpoints:
+		ns.KeyType = nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark)
+		ns.IsMap, ns.DataType = true, nftables.MustConcatSetType(a, nftables.TypeInetService)
+	case KindHairpin:
+		ns.KeyType = nftables.MustConcatSetType(a, a, nftables.TypeInetProto, nftables.TypeInetService)
+	case KindAffinity:
+		ns.KeyType, ns.HasTimeout, ns.Timeout, ns.Dynamic = a, true, s.Timeout, true
+
+	default:
+		return nil, fmt.Errorf("set %s: unknown kind %d", s.Name, s.Kind)
+	}
+	return ns, nil
+}
+
+// setRef returns the set to reference by name (and ID when it is created in this batch).
+func (e *encoder) setRef(name string) (*nftables.Set, error) {
+	if s, ok := e.sets[name]; ok {
+		return s, nil
+	}
+	k, ok := e.kinds[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown set %q", name)
+	}
+	s, err := e.nftSet(k)
+	if err != nil {
+		return nil, err
+	}
+	e.sets[name] = s
+	return s, nil
+}
+
+// maxElementsPerMessage keeps each element list under the 64 KiB netlink attribute limit.
+const maxElementsPerMessage = 400
+
+func (e *encoder) elements(els []Element, add bool) error {
+	bySet := map[string][]nftables.SetElement{}
+	var order []string
+	for _, el := range els {
+		k, ok := e.kinds[el.Set]
+		if !ok {
+			return fmt.Errorf("element for unknown set %q", el.Set)
+		}
+		nes, err := e.encodeElement(k, el)
+		if err != nil {
+			return fmt.Errorf("set %s: %w", el.Set, err)
+		}
+		if _, seen := bySet[el.Set]; !seen {
+			order = append(order, el.Set)
+		}
+		bySet[el.Set] = append(bySet[el.Set], nes...)
+	}
+	for _, name := range order {
+		s, err := e.setRef(name)
+		if err != nil {
+			return err
+		}
+		list := bySet[name]
+		for len(list) > 0 {
+			n := min(len(list), maxElementsPerMessage)
+			chunk := list[:n]
+			list = list[n:]
+			if add {
+				err = e.c.SetAddElements(s, chunk)
+			} else {
+				err = e.c.SetDeleteElements(s, chunk)
+			}
+			if err != nil {
+				return fmt.Errorf("set %s: %w", name, err)
+			}
+		}
+	}
+	return nil
+}
+
+func addrBytes(a netip.Addr) []byte {
+	if a.Is4() {
+		b := a.As4()
+		return b[:]
+	}
+	b := a.As16()
+	return b[:]
+}
+
+func protoField(p uint8) []byte { return []byte{p, 0, 0, 0} }
+
+func portField(p uint16) []byte { return []byte{byte(p >> 8), byte(p), 0, 0} }
+
+func hostU32(v uint32) []byte {
+	b := make([]byte, 4)
+	binary.NativeEndian.PutUint32(b, v)
+	return b
+}
+
+func cat(parts ...[]byte) []byte {
+	var out []byte
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// encodeElement encodes one model element (an interval element becomes a start and an end element).
+func (e *encoder) encodeElement(s *Set, el Element) ([]nftables.SetElement, error) {
+	switch s.Kind {
+	case KindAddr, KindAffinity:
+		return []nftables.SetElement{{Key: addrBytes(el.Addr)}}, nil
+	case KindPrefix:
+		start := el.Prefix.Masked().Addr()
+		out := []nftables.SetElement{{Key: addrBytes(start)}}
+		if end, ok := prefixEnd(el.Prefix); ok {
+			out = append(out, nftables.SetElement{Key: addrBytes(end), IntervalEnd: true})
+		}
+		return out, nil
+	case KindTupleVmap:
+		return []nftables.SetElement{{Key: cat(addrBytes(el.Addr), protoField(el.Proto), portField(el.Port)), VerdictData: verdictData(el)}}, nil
+	case KindProtoPortVmap:
+		return []nftables.SetElement{{Key: cat(protoField(el.Proto), portField(el.Port)), VerdictData: verdictData(el)}}, nil
+	case KindTupleEndpoints:
+		return []nftables.SetElement{{Key: cat(addrBytes(el.Addr), protoField(el.Proto), portField(el.Port), hostU32(el.Index)),
+			Val: cat(addrBytes(el.DataAddr), portField(el.DataPort))}}, nil
+	case KindProtoPortEndpoints:
+		return []nftables.SetElement{{Key: cat(protoField(el.Proto), portField(el.Port), hostU32(el.Index)),
+			Val: cat(addrBytes(el.DataAddr), portField(el.DataPort))}}, nil
+	case KindHairpin:
+		return []nftables.SetElement{{Key: cat(addrBytes(el.Addr), addrBytes(el.Addr2), protoField(el.Proto), portField(el.Port))}}, nil
+	}
+	return nil, fmt.Errorf("unknown set kind %d", s.Kind)
+}
+
+// prefixEnd returns the first address after p (the exclusive end of an interval), if there is one.
+func prefixEnd(p netip.Prefix) (netip.Addr, bool) {
+	p = p.Masked()
+	b := addrBytes(p.Addr())
+	bits := p.Bits()
+	// Set all host bits, then add one.
+	for i := bits; i < len(b)*8; i++ {
+		b[i/8] |= 1 << (7 - uint(i%8))
+	}
+	for i := len(b) - 1; i >= 0; i-- {
+		b[i]++
+		if b[i] != 0 {
+			a, _ := netip.AddrFromSlice(b)
+			return a, true
+		}
+	}
+	return netip.Addr{}, false // the prefix runs to the end of the address space
+}
+
+func verdictData(el Element) *expr.Verdict {
+	switch el.Verdict {
+	case VerdictGoto, VerdictReject:
+		return &expr.Verdict{Kind: expr.VerdictGoto, Chain: el.Chain}
+	case VerdictDrop:
+		return &expr.Verdict{Kind: expr.VerdictDrop}
+	}
+	return &expr.Verdict{Kind: expr.VerdictAccept}
+}
+
+// Payload offsets of the IP source and destination addresses.
+func (e *encoder) addrOffsets() (saddr, daddr, length uint32) {
+	if e.f == cluster.IPv6 {
+		return 8, 24, 16
+	}
+	return 12, 16, 4
+}
+
+func (e *encoder) loadSaddr(reg uint32) expr.Any {
+	s, _, l := e.addrOffsets()
+	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: s, Len: l}
+}
+
+func (e *encoder) loadDaddr(reg uint32) expr.Any {
+	_, d, l := e.addrOffsets()
+	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: d, Len: l}
+}
+
+func (e *encoder) addrRegs() uint32 {
+	if e.f == cluster.IPv6 {
+		return 4
+	}
+	return 1
+}
+
+func loadL4Proto(reg uint32) expr.Any { return &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg} }
+
+func loadDport(reg uint32) expr.Any {
+	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
+}
+
+func (e *encoder) lookup(set string, sreg uint32, invert bool) (expr.Any, error) {
+	s, err := e.setRef(set)
+	if err != nil {
+		return nil, err
+	}
+	return &expr.Lookup{SourceRegister: sreg, SetName: s.Name, SetID: s.ID, Invert: invert}, nil
+}
+
+func (e *encoder) mapLookup(set string, sreg, dreg uint32) (expr.Any, error) {
+	s, err := e.setRef(set)
+	if err != nil {
+		return nil, err
+	}
+	return &expr.Lookup{SourceRegister: sreg, DestRegister: dreg, IsDestRegSet: true, SetName: s.Name, SetID: s.ID}, nil
+}
+
+// tupleKey loads daddr . l4proto . dport into consecutive 4-byte registers from reg32 and returns the
+// next free one.
+func (e *encoder) tupleKey() ([]expr.Any, uint32) {
+	r := uint32(reg32)
+	out := []expr.Any{e.loadDaddr(r)}
+	r += e.addrRegs()
+	out = append(out, loadL4Proto(r), loadDport(r+1))
+	return out, r + 2
+}
+
+func (e *encoder) natFamily() uint32 {
+	if e.f == cluster.IPv6 {
+		return unix.NFPROTO_IPV6
+	}
+	return unix.NFPROTO_IPV4
+}
+
+// dnatFromMap DNATs to the addr . port a map lookup left in reg1 and the registers after it.
+func (e *encoder) dnatFromMap() expr.Any {
+	return &expr.NAT{Type: expr.NATTypeDestNAT, Family: e.natFamily(), RegAddrMin: reg1, RegProtoMin: reg32 + e.addrRegs()}
+}
+
+func (e *encoder) rule(r Rule) ([]expr.Any, error) {
+	var out []expr.Any
+	for _, m := range r.Matches {
+		x, err := e.match(m)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, x...)
+	}
+	x, err := e.action(r.Action)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, x...), nil
+}
+
+func (e *encoder) match(m Match) ([]expr.Any, error) {
+	switch m.Kind {
+	case MatchCtStateNew:
+		return []expr.Any{
+			&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: hostU32(expr.CtStateBitNEW), Xor: hostU32(0)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: hostU32(0)},
+		}, nil
+	case MatchCtStatusDNAT:
+		return []expr.Any{
+			&expr.Ct{Register: reg1, Key: expr.CtKeySTATUS},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: hostU32(ipsDstNAT), Xor: hostU32(0)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: hostU32(0)},
+		}, nil
+	case MatchDaddrInSet, MatchSaddrInSet, MatchSaddrNotInSet:
+		load := e.loadDaddr(reg1)
+		if m.Kind != MatchDaddrInSet {
+			load = e.loadSaddr(reg1)
+		}
+		l, err := e.lookup(m.Set, reg1, m.Kind == MatchSaddrNotInSet)
+		if err != nil {
+			return nil, err
+		}
+		return []expr.Any{load, l}, nil
+	case MatchSaddrInPrefix:
+		p := m.Prefix.Masked()
+		mask := make([]byte, p.Addr().BitLen()/8)
+		for i := 0; i < p.Bits(); i++ {
+			mask[i/8] |= 1 << (7 - uint(i%8))
+		}
+		return []expr.Any{
+			e.loadSaddr(reg1),
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: uint32(len(mask)), Mask: mask, Xor: make([]byte, len(mask))},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addrBytes(p.Addr())},
+		}, nil
+	case MatchFibSaddrLocal:
+		return []expr.Any{
+			&expr.Fib{Register: reg1, FlagSADDR: true, ResultADDRTYPE: true},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: hostU32(unix.RTN_LOCAL)},
+		}, nil
+	case MatchMarkAny:
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: hostU32(m.Value), Xor: hostU32(0)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: hostU32(0)},
+		}, nil
+	case MatchHairpin:
+		r := uint32(reg32)
+		out := []expr.Any{e.loadSaddr(r)}
+		r += e.addrRegs()
+		out = append(out, e.loadDaddr(r))
+		r += e.addrRegs()
+		out = append(out, loadL4Proto(r), loadDport(r+1))
+		l, err := e.lookup(m.Set, reg32, false)
+		if err != nil {
+			return nil, err
+		}
+		return append(out, l), nil
+	case MatchNumgenZero:
+		return []expr.Any{
+			&expr.Numgen{Register: reg1, Modulus: m.Value, Type: unix.NFT_NG_RANDOM},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: hostU32(0)},
+		}, nil
+	}
+	return nil, fmt.Errorf("unknown match kind %d", m.Kind)
+}
+
+func (e *encoder) action(a Action) ([]expr.Any, error) {
+	switch a.Kind {
+	case ActJump:
+		return []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: a.Chain}}, nil
+	case ActGoto:
+		return []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: a.Chain}}, nil
+	case ActReturn:
+		return []expr.Any{&expr.Verdict{Kind: expr.VerdictReturn}}, nil
+	case ActDrop:
+		return []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}, nil
+	case ActReject:
+		code := uint8(3) // ICMP port unreachable
+		if e.f == cluster.IPv6 {
+			code = 4 // ICMPv6 port unreachable
+		}
+		return []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: code}}, nil
+	case ActMarkSet:
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: hostU32(^a.Value), Xor: hostU32(a.Value)},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
+		}, nil
+	case ActMasqClearMark:
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: hostU32(0xffffffff), Xor: hostU32(a.Value)},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
+			&expr.Masq{FullyRandom: true},
+		}, nil
+	case ActMasquerade:
+		return []expr.Any{&expr.Masq{FullyRandom: true}}, nil
+	case ActVmapTuple:
+		key, _ := e.tupleKey()
+		l, err := e.mapLookup(a.Map, reg32, regVer)
+		if err != nil {
+			return nil, err
+		}
+		return append(key, l), nil
+	case ActVmapProtoPort:
+		l, err := e.mapLookup(a.Map, reg32, regVer)
+		if err != nil {
+			return nil, err
+		}
+		return []expr.Any{loadL4Proto(reg32), loadDport(reg32 + 1), l}, nil
+	case ActDNATTupleMap:
+		key, next := e.tupleKey()
+		key = append(key, &expr.Numgen{Register: next, Modulus: a.Value, Type: unix.NFT_NG_RANDOM})
+		l, err := e.mapLookup(a.Map, reg32, reg1)
+		if err != nil {
+			return nil, err
+		}
+		return append(key, l, e.dnatFromMap()), nil
+	case ActDNATProtoPortMap:
+		l, err := e.mapLookup(a.Map, reg32, reg1)
+		if err != nil {
+			return nil, err
+		}
+		return []expr.Any{loadL4Proto(reg32), loadDport(reg32 + 1), &expr.Numgen{Register: reg32 + 2, Modulus: a.Value, Type: unix.NFT_NG_RANDOM}, l, e.dnatFromMap()}, nil
+	case ActAffinityDNAT:
+		s, err := e.setRef(a.Set)
+		if err != nil {
+			return nil, err
+		}
+		return []expr.Any{
+			e.loadSaddr(reg1),
+			&expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID, Operation: uint32(unix.NFT_DYNSET_OP_UPDATE)},
+			&expr.Immediate{Register: reg1, Data: addrBytes(a.Addr)},
+			&expr.Immediate{Register: reg2, Data: []byte{byte(a.Port >> 8), byte(a.Port)}},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: e.natFamily(), RegAddrMin: reg1, RegProtoMin: reg2},
+		}, nil
+	}
+	return nil, fmt.Errorf("unknown action kind %d", a.Kind)
+}
+
+// ipsDstNAT is IPS_DST_NAT from the kernel's nf_conntrack_common.h: the connection was DNATed.
+const ipsDstNAT = 1 << 5

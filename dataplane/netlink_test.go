@@ -1,0 +1,145 @@
+package dataplane
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/vipgate/vipgate/cluster"
+)
+
+// testNetns creates a throwaway network namespace and returns its name and an open fd to it.
+func testNetns(t testing.TB) (string, int) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (creates a network namespace)")
+	}
+	name := fmt.Sprintf("vgt%d-dp%d", os.Getpid(), time.Now().UnixNano()%100000)
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	f, err := os.Open("/run/netns/" + name)
+	if err != nil {
+		exec.Command("ip", "netns", "del", name).Run()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		f.Close()
+		exec.Command("ip", "netns", "del", name).Run()
+	})
+	return name, int(f.Fd())
+}
+
+func nftList(t testing.TB, ns string) string {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "ruleset").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list ruleset: %v: %s", err, out)
+	}
+	return string(out)
+}
+
+// SyntheticState builds n Services with m endpoints each (used by tests and benchmarks).
+func SyntheticState(n, m int) *cluster.State {
+	st := &cluster.State{Services: map[cluster.ServiceKey]*cluster.Service{}, EndpointSlices: map[cluster.ServiceKey][]*cluster.EndpointSlice{}}
+	for i := 0; i < n; i++ {
+		key := cluster.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%05d", i)}
+		svc := &cluster.Service{Key: key, Type: cluster.TypeClusterIP,
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
+			Ports:      []cluster.ServicePort{{Protocol: cluster.TCP, Port: 80}}}
+		switch {
+		case i%20 == 10:
+			svc.Type = cluster.TypeLoadBalancer
+			svc.Ports[0].NodePort = uint16(30000 + i%2768)
+			svc.LoadBalancerIPs = []netip.Addr{netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)})}
+			if i%100 == 10 {
+				svc.ExternalPolicyLocal = true
+				svc.HealthCheckNodePort = uint16(32000 + i%700)
+			}
+		case i%10 == 5:
+			svc.Type = cluster.TypeNodePort
+			svc.Ports[0].NodePort = uint16(30000 + i%2768)
+		}
+		if i%50 == 7 {
+			svc.AffinityTimeout = 10800 * time.Second
+		}
+		es := &cluster.EndpointSlice{Namespace: "bench", Name: key.Name + "-1", Service: key, Family: cluster.IPv4,
+			Ports: []cluster.EndpointPort{{Protocol: cluster.TCP, Port: 8080}}}
+		for j := 0; j < m; j++ {
+			k := i*m + j
+			node := "node2"
+			if j == 0 {
+				node = "node1"
+			}
+			es.Endpoints = append(es.Endpoints, cluster.Endpoint{
+				Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, 244, byte(k >> 8), byte(k)})},
+				Ready:     true, Serving: true, NodeName: node})
+		}
+		st.Services[key] = svc
+		st.EndpointSlices[key] = []*cluster.EndpointSlice{es}
+	}
+	return st
+}
+
+func testConfig() Config {
+	return Config{
+		NodeName:     "node1",
+		NodeIPs:      []netip.Addr{netip.MustParseAddr("192.0.2.11"), netip.MustParseAddr("2001:db8:1::11")},
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("2001:db8:244::/48")},
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("2001:db8:96::/108")},
+		NodePortIPs:  []netip.Addr{netip.MustParseAddr("192.0.2.11"), netip.MustParseAddr("2001:db8:1::11")},
+	}
+}
+
+func TestNetlinkSyncInNetns(t *testing.T) {
+	ns, fd := testNetns(t)
+	p := NewProxier(hclog.NewNullLogger(), testConfig(), &NetlinkProgrammer{NetNSFd: fd})
+	st := SyntheticState(100, 3)
+	rep, err := p.Sync(st)
+	if err != nil {
+		t.Fatalf("first sync: %v", err)
+	}
+	t.Logf("full sync of 100 Services: %v, %d txs", rep.Duration, len(rep.Txs))
+	out := nftList(t, ns)
+	for _, want := range []string{"table ip vipgate", "table ip6 vipgate", "service-ips", "pick-endpoints-3", "10.96.0.1 . tcp . 80"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("ruleset lacks %q", want)
+		}
+	}
+	// One endpoint removed from one Service: a small incremental transaction.
+	key := cluster.ServiceKey{Namespace: "bench", Name: "svc-00001"}
+	st2 := *st
+	st2.EndpointSlices = map[cluster.ServiceKey][]*cluster.EndpointSlice{}
+	for k, v := range st.EndpointSlices {
+		st2.EndpointSlices[k] = v
+	}
+	es := *st.EndpointSlices[key][0]
+	es.Endpoints = es.Endpoints[:2]
+	st2.EndpointSlices[key] = []*cluster.EndpointSlice{&es}
+	rep, err = p.Sync(&st2)
+	if err != nil {
+		t.Fatalf("incremental sync: %v", err)
+	}
+	if len(rep.Txs) != 1 || rep.Txs[0].Full {
+		t.Fatalf("want one incremental tx, got %v", rep.Txs)
+	}
+	t.Logf("incremental: %s in %v", rep.Txs[0], rep.Duration)
+	out = nftList(t, ns)
+	if !strings.Contains(out, "pick-endpoints-2") {
+		t.Errorf("pick-endpoints-2 missing after shrinking a Service to 2 endpoints")
+	}
+	// Delete everything: no Service is left in the dispatch map.
+	if _, err = p.Sync(&cluster.State{}); err != nil {
+		t.Fatalf("deleting all: %v", err)
+	}
+	out = nftList(t, ns)
+	if strings.Contains(out, "10.96.0.1 . tcp . 80") {
+		t.Errorf("Service elements left after deleting all Services:\n%s", out)
+	}
+}

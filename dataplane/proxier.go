@@ -1,0 +1,425 @@
+package dataplane
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/vipgate/vipgate/cluster"
+)
+
+// Programmer applies a transaction to the kernel atomically: all of it or nothing. The netlink edge
+// (NetlinkProgrammer) is the real one; tests may record instead.
+type Programmer interface {
+	Apply(tx *Tx) error
+}
+
+// Config is what the dataplane needs to know about the node it programs.
+type Config struct {
+	Table         string
+	NodeName      string
+	Zone          string
+	NodeIPs       []netip.Addr
+	ClusterCIDRs  []netip.Prefix
+	ServiceCIDRs  []netip.Prefix
+	NodePortIPs   []netip.Addr
+	MasqueradeAll bool
+	MasqueradeBit int
+	// Families lists the families to program (default: IPv4 and IPv6).
+	Families []cluster.Family
+}
+
+// SyncReport tells the caller what a sync did and what follows from it.
+type SyncReport struct {
+	Duration time.Duration
+	Full     bool
+	Txs      []*Tx
+	// StaleFlows are conntrack entries to delete (UDP/SCTP endpoints that went away, entries that
+	// gained their first endpoint).
+	StaleFlows []StaleFlowFilter
+	// HealthChecks is the healthCheckNodePort of every eTP=Local Service, and LocalEndpoints their local
+	// endpoint counts (both complete, not just the changes).
+	HealthChecks   map[cluster.ServiceKey]uint16
+	LocalEndpoints map[cluster.ServiceKey]int
+	// Conflicts lists entries refused because another Service already owns them.
+	Conflicts []cluster.Rejection
+}
+
+// StaleFlowFilter selects conntrack entries to delete. Unset fields match anything.
+type StaleFlowFilter struct {
+	Proto        uint8
+	OrigDst      netip.Addr
+	OrigDstPort  uint16
+	ReplySrc     netip.Addr
+	ReplySrcPort uint16
+}
+
+// entryKey identifies one way into a Service across Services, for ownership.
+type entryKey struct {
+	nodePort bool
+	addr     netip.Addr
+	proto    uint8
+	port     uint16
+}
+
+type familyState struct {
+	rs         *Ruleset
+	elemRefs   map[Element]int
+	sharedRefs map[string]int
+	owner      map[entryKey]cluster.ServiceKey
+	// sets indexes every set of the table by name (the netlink edge needs their kinds).
+	sets map[string]*Set
+}
+
+// Proxier owns the dataplane state: it turns snapshots of the desired state into the smallest
+// transactions that bring the kernel there. One goroutine calls Sync; Flatten may be called from any.
+type Proxier struct {
+	log  hclog.Logger
+	cfg  Config
+	prog Programmer
+
+	mu       sync.Mutex
+	fams     map[cluster.Family]*familyState
+	needFull bool
+	// What the last successful sync saw, to find changed Services by pointer.
+	seenSvc    map[cluster.ServiceKey]*cluster.Service
+	seenSlices map[cluster.ServiceKey][]*cluster.EndpointSlice
+	// contested Services lost an entry to another Service; they are rebuilt on every sync so they get
+	// it as soon as it is free.
+	contested map[cluster.ServiceKey]bool
+	healthChk map[cluster.ServiceKey]uint16
+	localEps  map[cluster.ServiceKey]int
+	lastSync  time.Time
+}
+
+// NewProxier returns a Proxier that programs through prog. The first Sync replaces the table.
+func NewProxier(log hclog.Logger, cfg Config, prog Programmer) *Proxier {
+	if cfg.Table == "" {
+		cfg.Table = "vipgate"
+	}
+	if len(cfg.Families) == 0 {
+		cfg.Families = []cluster.Family{cluster.IPv4, cluster.IPv6}
+	}
+	if cfg.MasqueradeBit == 0 {
+		cfg.MasqueradeBit = 14
+	}
+	return &Proxier{log: log, cfg: cfg, prog: prog, needFull: true}
+}
+
+func (p *Proxier) nodeInfo(f cluster.Family) NodeInfo {
+	known := false
+	for _, c := range p.cfg.ClusterCIDRs {
+		known = known || familyOfPrefix(c) == f
+	}
+	return NodeInfo{Family: f, NodeName: p.cfg.NodeName, Zone: p.cfg.Zone, NodeIPs: p.cfg.NodeIPs, PodTrafficKnown: known}
+}
+
+func (p *Proxier) baseConfig(f cluster.Family) BaseConfig {
+	return BaseConfig{
+		Family: f, MasqueradeAll: p.cfg.MasqueradeAll, MasqueradeBit: p.cfg.MasqueradeBit,
+		ClusterCIDRs: p.cfg.ClusterCIDRs, ServiceCIDRs: p.cfg.ServiceCIDRs, NodePortIPs: p.cfg.NodePortIPs,
+	}
+}
+
+// Sync brings the kernel to the desired state st. On error the kernel keeps its previous ruleset
+// (every transaction is atomic) and the next Sync replaces the table wholesale.
+func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	start := time.Now()
+	rep := &SyncReport{Full: p.needFull}
+
+	changed := p.changedServices(st)
+	newFams := make(map[cluster.Family]*familyState, len(p.cfg.Families))
+	for _, f := range p.cfg.Families {
+		var fs *familyState
+		if !p.needFull {
+			fs = p.fams[f]
+		}
+		if fs == nil {
+			fs = &familyState{
+				rs:         &Ruleset{Family: f, Table: p.cfg.Table, Services: map[cluster.ServiceKey]*Part{}, Shared: map[string]*Chain{}},
+				elemRefs:   map[Element]int{},
+				sharedRefs: map[string]int{},
+				owner:      map[entryKey]cluster.ServiceKey{},
+				sets:       map[string]*Set{},
+			}
+		}
+		tx := &Tx{Family: f, Table: p.cfg.Table, Full: p.needFull}
+		d := &diffState{tx: tx, elemRefs: fs.elemRefs, sharedRefs: fs.sharedRefs, sharedDelta: map[string]int{}, sets: fs.sets}
+		if p.needFull {
+			fs.sharedRefs = map[string]int{}
+			d.sharedRefs = fs.sharedRefs
+			fs.rs.Base = BuildBase(p.baseConfig(f))
+			d.diffPart(nil, fs.rs.Base)
+		}
+		ni := p.nodeInfo(f)
+		for _, key := range changed {
+			old := fs.rs.Services[key]
+			var nw *Part
+			if svc := st.Services[key]; svc != nil {
+				nw = BuildService(ni, svc, st.EndpointSlices[key])
+			}
+			// Release what the old part owned, then claim for the new one.
+			if old != nil {
+				for _, e := range old.Entries {
+					k := entryKey{e.NodePort, e.Addr, e.Proto, e.Port}
+					if fs.owner[k] == key {
+						delete(fs.owner, k)
+					}
+				}
+			}
+			if nw != nil {
+				nw = p.claim(fs, key, nw, rep)
+			}
+			d.diffPart(old, nw)
+			if nw == nil || (len(nw.Elements) == 0 && len(nw.Chains) == 0) {
+				delete(fs.rs.Services, key)
+			} else {
+				fs.rs.Services[key] = nw
+			}
+			rep.StaleFlows = append(rep.StaleFlows, staleFlows(old, nw)...)
+		}
+		d.finish()
+		fs.rs.Shared = map[string]*Chain{}
+		for n := range fs.sharedRefs {
+			fs.rs.Shared[n] = SharedChain(n)
+		}
+		tx.Sets = fs.sets
+		if !tx.Empty() {
+			rep.Txs = append(rep.Txs, tx)
+		}
+		newFams[f] = fs
+	}
+
+	for _, tx := range rep.Txs {
+		if err := p.prog.Apply(tx); err != nil {
+			// The in-memory state already moved on; the kernel did not. A full sync rebuilds both.
+			p.needFull = true
+			p.fams = nil
+			p.log.Error("sync failed; the kernel keeps the previous ruleset, next sync replaces the table",
+				"tx", tx.String(), "err", err)
+			return rep, fmt.Errorf("programming IPv%d table %s: %w", tx.Family, tx.Table, err)
+		}
+	}
+	p.fams = newFams
+	p.needFull = false
+	p.remember(st, changed, rep.Full)
+	p.updateHealth(st, changed, rep.Full)
+	rep.HealthChecks = p.healthChk
+	rep.LocalEndpoints = p.localEps
+	rep.Duration = time.Since(start)
+	p.lastSync = time.Now()
+	return rep, nil
+}
+
+// claim removes from part every entry that another Service already owns (and the elements that belong
+// to it), records the conflict, and takes ownership of the rest.
+func (p *Proxier) claim(fs *familyState, key cluster.ServiceKey, part *Part, rep *SyncReport) *Part {
+	lost := map[entryKey]bool{}
+	for _, e := range part.Entries {
+		k := entryKey{e.NodePort, e.Addr, e.Proto, e.Port}
+		if o, ok := fs.owner[k]; ok && o != key {
+			lost[k] = true
+			what := fmt.Sprintf("%s %s:%d", ProtoName(e.Proto), e.Addr, e.Port)
+			if e.NodePort {
+				what = fmt.Sprintf("NodePort %s/%d", ProtoName(e.Proto), e.Port)
+			}
+			rep.Conflicts = append(rep.Conflicts, cluster.Rejection{Kind: "Service", Object: key.String(),
+				Reason: fmt.Sprintf("%s is already used by Service %s; not programmed for this Service", what, o)})
+		}
+	}
+	if len(lost) == 0 {
+		delete(p.contested, key)
+		for _, e := range part.Entries {
+			fs.owner[entryKey{e.NodePort, e.Addr, e.Proto, e.Port}] = key
+		}
+		return part
+	}
+	if p.contested == nil {
+		p.contested = map[cluster.ServiceKey]bool{}
+	}
+	p.contested[key] = true
+	np := *part
+	np.Elements = nil
+	for _, el := range part.Elements {
+		if k, ok := elementEntry(el); ok && lost[k] {
+			continue
+		}
+		np.Elements = append(np.Elements, el)
+	}
+	np.Entries = nil
+	for _, e := range part.Entries {
+		k := entryKey{e.NodePort, e.Addr, e.Proto, e.Port}
+		if !lost[k] {
+			fs.owner[k] = key
+			np.Entries = append(np.Entries, e)
+		}
+	}
+	return &np
+}
+
+// elementEntry says which entry an element belongs to, for elements keyed by an entry.
+func elementEntry(el Element) (entryKey, bool) {
+	switch el.Set {
+	case MapServiceIPs, MapNoEndpointServices, MapFirewallIPs, MapEndpoints, MapEndpointsCluster:
+		return entryKey{addr: el.Addr, proto: el.Proto, port: el.Port}, true
+	case MapServiceNodePorts, MapNoEndpointNodePorts, MapNodePortEndpoints, MapNodePortEndpointsCluster:
+		return entryKey{nodePort: true, proto: el.Proto, port: el.Port}, true
+	}
+	return entryKey{}, false
+}
+
+// changedServices lists (sorted) the Services whose Service object or slices differ from the last
+// successful sync, compared by pointer; all of them on a full sync.
+func (p *Proxier) changedServices(st *cluster.State) []cluster.ServiceKey {
+	var out []cluster.ServiceKey
+	if p.needFull {
+		for k := range st.Services {
+			out = append(out, k)
+		}
+		sortServiceKeys(out)
+		return out
+	}
+	seen := map[cluster.ServiceKey]bool{}
+	add := func(k cluster.ServiceKey) {
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, k)
+		}
+	}
+	for k, svc := range st.Services {
+		if p.seenSvc[k] != svc || !slices.Equal(p.seenSlices[k], st.EndpointSlices[k]) {
+			add(k)
+		}
+	}
+	for k := range p.seenSvc {
+		if st.Services[k] == nil {
+			add(k)
+		}
+	}
+	for k := range p.contested {
+		add(k)
+	}
+	sortServiceKeys(out)
+	return out
+}
+
+func (p *Proxier) remember(st *cluster.State, changed []cluster.ServiceKey, full bool) {
+	if full || p.seenSvc == nil {
+		p.seenSvc = make(map[cluster.ServiceKey]*cluster.Service, len(st.Services))
+		p.seenSlices = make(map[cluster.ServiceKey][]*cluster.EndpointSlice, len(st.Services))
+	}
+	for _, k := range changed {
+		if v := st.Services[k]; v != nil {
+			p.seenSvc[k] = v
+			p.seenSlices[k] = st.EndpointSlices[k]
+		} else {
+			delete(p.seenSvc, k)
+			delete(p.seenSlices, k)
+		}
+	}
+}
+
+func (p *Proxier) updateHealth(st *cluster.State, changed []cluster.ServiceKey, full bool) {
+	if p.healthChk == nil || full {
+		p.healthChk = map[cluster.ServiceKey]uint16{}
+		p.localEps = map[cluster.ServiceKey]int{}
+	}
+	for _, k := range changed {
+		delete(p.healthChk, k)
+		delete(p.localEps, k)
+		svc := st.Services[k]
+		if svc == nil || !svc.ExternalPolicyLocal || svc.HealthCheckNodePort == 0 {
+			continue
+		}
+		p.healthChk[k] = svc.HealthCheckNodePort
+		n := 0
+		for _, fs := range p.fams {
+			if part := fs.rs.Services[k]; part != nil {
+				n = max(n, part.LocalEndpoints)
+			}
+		}
+		p.localEps[k] = n
+	}
+}
+
+// staleFlows lists the conntrack entries a Service change makes stale. Only UDP and SCTP matter: TCP
+// connections to a vanished endpoint fail on their own, datagram "connections" would be kept alive by
+// the client forever.
+func staleFlows(old, nw *Part) []StaleFlowFilter {
+	var out []StaleFlowFilter
+	isDgram := func(p uint8) bool { return p == ProtoUDP || p == ProtoSCTP }
+	newB := map[Backend]bool{}
+	if nw != nil {
+		for _, b := range nw.Backends {
+			newB[b] = true
+		}
+	}
+	if old != nil {
+		for _, b := range old.Backends {
+			if isDgram(b.Proto) && !newB[b] {
+				out = append(out, StaleFlowFilter{Proto: b.Proto, ReplySrc: b.Endpoint.Addr(), ReplySrcPort: b.Endpoint.Port()})
+			}
+		}
+	}
+	if nw != nil {
+		had := map[EntryRef]bool{}
+		if old != nil {
+			for _, e := range old.Entries {
+				if e.HasEndpoints {
+					e.HasEndpoints = false
+					had[e] = true
+				}
+			}
+		}
+		for _, e := range nw.Entries {
+			if !isDgram(e.Proto) || !e.HasEndpoints {
+				continue
+			}
+			k := e
+			k.HasEndpoints = false
+			if !had[k] {
+				out = append(out, StaleFlowFilter{Proto: e.Proto, OrigDst: e.Addr, OrigDstPort: e.Port})
+			}
+		}
+	}
+	return out
+}
+
+// Flatten returns the current ruleset of family f (nil before the first successful sync).
+func (p *Proxier) Flatten(f cluster.Family) *Flat {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fs := p.fams[f]
+	if fs == nil {
+		return nil
+	}
+	return fs.rs.Flatten()
+}
+
+// LastSync returns when the last successful sync finished.
+func (p *Proxier) LastSync() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lastSync
+}
+
+// BuildRuleset builds the complete ruleset of one family for st without any kernel: what `vipgate
+// render` prints.
+func BuildRuleset(cfg Config, f cluster.Family, st *cluster.State) *Ruleset {
+	p := NewProxier(hclog.NewNullLogger(), cfg, nopProgrammer{})
+	p.cfg.Families = []cluster.Family{f}
+	if _, err := p.Sync(st); err != nil {
+		return nil
+	}
+	return p.fams[f].rs
+}
+
+type nopProgrammer struct{}
+
+func (nopProgrammer) Apply(*Tx) error { return nil }

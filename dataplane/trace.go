@@ -1,0 +1,805 @@
+package dataplane
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/vipgate/vipgate/cluster"
+)
+
+// This file is the packet tracer: it walks one packet through a Flat table the way netfilter would,
+// hook by hook and rule by rule, and says where the packet ends up. The tests use it as the
+// specification of what the rules do (kube-proxy's tracer in pkg/proxy/nftables/helpers_test.go is the
+// model); `vipgate explain` prints its step log.
+//
+// It evaluates the model, not nft text, and knows every match and action kind of model.go. Anything it
+// does not know — an unknown kind, a lookup in a set the table does not hold, a NAT statement in a
+// chain the kernel would refuse it in — ends the trace with Outcome ERROR, so the tracer can never
+// drift silently from the rules.
+//
+// Random choices are explored, not drawn: a picker's `numgen random mod N` yields every index, and a
+// `numgen random mod N == 0` match both holds and fails; the result is the union of every branch.
+
+// Packet is the first packet of a new connection.
+type Packet struct {
+	Src, Dst netip.Addr
+	// Proto is the IP protocol number (ProtoTCP, ProtoUDP, ProtoSCTP).
+	Proto uint8
+	Port  uint16
+	// FromHost says the packet was originated by this host (output hook path) instead of arriving
+	// from an interface (prerouting path).
+	FromHost bool
+}
+
+// HostInfo is what the tracer needs to know about the host.
+type HostInfo struct {
+	// IsLocal reports the host's own addresses (`fib ... type local`): routing delivers packets to
+	// them locally. nil means no address is local.
+	IsLocal func(netip.Addr) bool
+}
+
+// Candidate is one endpoint the packet may be DNATed to.
+type Candidate struct {
+	Endpoint   netip.AddrPort
+	Masquerade bool
+	// Why tells the random choices that lead here and why the source is (not) masqueraded.
+	Why string
+}
+
+// Outcome is what happens to the packet.
+type Outcome string
+
+// Outcomes.
+const (
+	// OutcomeDNAT: the packet is DNATed to one of Result.Candidates and leaves (or is delivered).
+	OutcomeDNAT Outcome = "DNAT"
+	// OutcomeDrop and OutcomeReject: a rule drops or rejects the packet.
+	OutcomeDrop   Outcome = "DROP"
+	OutcomeReject Outcome = "REJECT"
+	// OutcomeAccept: the packet passes untouched (it is not Service traffic).
+	OutcomeAccept Outcome = "ACCEPT"
+	// OutcomeMixed: different random choices lead to different outcomes (Candidates and Others).
+	OutcomeMixed Outcome = "MIXED"
+	// OutcomeError: the tracer met something it cannot evaluate; Reason says what.
+	OutcomeError Outcome = "ERROR"
+)
+
+// Step is one line of the trace log.
+type Step struct {
+	// Hook is the netfilter hook (or "routing" for a routing decision).
+	Hook  string
+	Chain string
+	// Rule is the rule's index in Chain, -1 for steps that are not a rule.
+	Rule int
+	// Text is the rule in nft syntax.
+	Text string
+	Note string
+	// Branch names the random choices taken so far ("" before the first).
+	Branch string
+}
+
+// String formats the step as one log line.
+func (s Step) String() string {
+	var b strings.Builder
+	if s.Branch != "" {
+		fmt.Fprintf(&b, "[%s] ", s.Branch)
+	}
+	b.WriteString(s.Hook)
+	if s.Chain != "" {
+		b.WriteString(" " + s.Chain)
+		if s.Rule >= 0 {
+			fmt.Fprintf(&b, "#%d", s.Rule)
+		}
+	}
+	if s.Text != "" {
+		b.WriteString(": " + s.Text)
+	}
+	if s.Note != "" {
+		b.WriteString(" -- " + s.Note)
+	}
+	return b.String()
+}
+
+// Result is the outcome of a trace.
+type Result struct {
+	Outcome Outcome
+	// Candidates are the endpoints of the DNAT branches, sorted.
+	Candidates []Candidate
+	// Others lists the outcomes of the branches that were not DNATed (Outcome MIXED only).
+	Others []Outcome
+	Steps  []Step
+	Reason string
+}
+
+// String summarises the result in the style of kube-proxy's flow tests:
+// "10.244.1.10:8080, 10.244.2.10:8080 masq", "DROP", "REJECT", "ACCEPT".
+func (r Result) String() string {
+	if r.Outcome == OutcomeError {
+		return "ERROR: " + r.Reason
+	}
+	var parts []string
+	uniform := true
+	for _, c := range r.Candidates {
+		uniform = uniform && c.Masquerade == r.Candidates[0].Masquerade
+	}
+	for _, c := range r.Candidates {
+		s := c.Endpoint.String()
+		if !uniform && c.Masquerade {
+			s += " masq"
+		}
+		parts = append(parts, s)
+	}
+	if uniform && len(r.Candidates) > 0 && r.Candidates[0].Masquerade {
+		parts[len(parts)-1] += " masq"
+	}
+	if len(r.Candidates) == 0 && len(r.Others) == 0 {
+		return string(r.Outcome)
+	}
+	for _, o := range r.Others {
+		parts = append(parts, string(o))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Explain formats the whole step log, one step a line, followed by the result.
+func (r Result) Explain() string {
+	var b strings.Builder
+	for _, s := range r.Steps {
+		b.WriteString(s.String() + "\n")
+	}
+	fmt.Fprintf(&b, "result: %s\n", r.String())
+	if r.Reason != "" && r.Outcome != OutcomeError {
+		fmt.Fprintf(&b, "because: %s\n", r.Reason)
+	}
+	return b.String()
+}
+
+// Limits that keep a broken ruleset from tracing forever. The kernel allows 16 nested jumps.
+const (
+	maxJumpDepth = 16
+	maxRuleEvals = 200000
+)
+
+type verdict int
+
+const (
+	vAccept verdict = iota
+	vDrop
+	vReject
+)
+
+type frame struct {
+	chain string
+	next  int
+}
+
+// pstate is the state of one branch: the packet as the current hook sees it, and where it is.
+type pstate struct {
+	src, dst netip.Addr
+	port     uint16
+	mark     uint32
+	dnat     bool
+	masq     bool
+	masqWhy  string
+	dnatBy   string
+	// loopback: the packet re-enters on lo after the output path; its connection already has its
+	// NAT bindings, so nat chains are not consulted again.
+	loopback bool
+	hook     Hook
+	base     *Chain
+	stack    []frame
+	branch   string
+}
+
+// fork returns a copy of st on a new branch. The stack is copied on write (see exec), so sharing it
+// here is safe.
+func (st pstate) fork(label string) pstate {
+	if st.branch == "" {
+		st.branch = label
+	} else {
+		st.branch += " / " + label
+	}
+	return st
+}
+
+type final struct {
+	outcome Outcome
+	cand    Candidate
+	by      string
+}
+
+type tracer struct {
+	f      *Flat
+	fam    nftFamily
+	isLoc  func(netip.Addr) bool
+	proto  uint8
+	index  map[string]map[Element]Element
+	steps  []Step
+	finals []final
+	err    error
+	evals  int
+}
+
+// Trace walks packet p through table f and returns every outcome its random choices can lead to.
+func Trace(f *Flat, h HostInfo, p Packet) Result {
+	t := &tracer{f: f, isLoc: h.IsLocal, proto: p.Proto, index: map[string]map[Element]Element{}}
+	if t.isLoc == nil {
+		t.isLoc = func(netip.Addr) bool { return false }
+	}
+	if f == nil {
+		return Result{Outcome: OutcomeError, Reason: "no ruleset to trace"}
+	}
+	fam, err := familyOf(f.Family)
+	if err != nil {
+		return Result{Outcome: OutcomeError, Reason: err.Error()}
+	}
+	t.fam = fam
+	if !p.Src.IsValid() || !p.Dst.IsValid() {
+		return Result{Outcome: OutcomeError, Reason: "packet needs a source and a destination address"}
+	}
+	src, dst := p.Src.Unmap(), p.Dst.Unmap()
+	if cluster.FamilyOf(src) != cluster.FamilyOf(dst) {
+		return Result{Outcome: OutcomeError, Reason: fmt.Sprintf("source %s and destination %s are of different families", src, dst)}
+	}
+	if cluster.FamilyOf(dst) != f.Family {
+		return Result{Outcome: OutcomeAccept, Reason: fmt.Sprintf("table %s %s does not see IPv%d packets", fam.table, f.Table, cluster.FamilyOf(dst))}
+	}
+	st := pstate{src: src, dst: dst, port: p.Port}
+	if p.FromHost {
+		t.runHook(st, HookOutput, t.afterOutput)
+	} else {
+		t.runHook(st, HookPrerouting, t.route)
+	}
+	return t.result()
+}
+
+// route is the routing decision for an arriving packet, on its (possibly DNATed) destination.
+func (t *tracer) route(st pstate) {
+	if t.isLoc(st.dst) {
+		t.info(st, "routing", fmt.Sprintf("%s is a local address: input", st.dst))
+		t.runHook(st, HookInput, t.deliver)
+		return
+	}
+	t.info(st, "routing", fmt.Sprintf("%s is not a local address: forward", st.dst))
+	t.runHook(st, HookForward, func(st pstate) { t.runHook(st, HookPostrouting, t.deliver) })
+}
+
+// afterOutput routes a locally originated packet: every such packet passes postrouting; one for a
+// local address then comes back in on lo through prerouting and input.
+func (t *tracer) afterOutput(st pstate) {
+	local := t.isLoc(st.dst)
+	if local {
+		t.info(st, "routing", fmt.Sprintf("%s is a local address: postrouting, then back in on lo", st.dst))
+	} else {
+		t.info(st, "routing", fmt.Sprintf("%s is not a local address: postrouting", st.dst))
+	}
+	t.runHook(st, HookPostrouting, func(st pstate) {
+		if !local {
+			t.deliver(st)
+			return
+		}
+		st.loopback = true
+		t.runHook(st, HookPrerouting, func(st pstate) { t.runHook(st, HookInput, t.deliver) })
+	})
+}
+
+// deliver records a branch that made it through every hook.
+func (t *tracer) deliver(st pstate) {
+	if !st.dnat {
+		note := "accepted, not DNATed"
+		if st.masq {
+			note += " (masqueraded: " + st.masqWhy + ")"
+		}
+		t.info(st, "done", note)
+		t.finals = append(t.finals, final{outcome: OutcomeAccept, by: "no rule DNATed, dropped or rejected it"})
+		return
+	}
+	ep := netip.AddrPortFrom(st.dst, st.port)
+	why := st.branch
+	if st.masq {
+		why = strings.TrimPrefix(why+"; masquerade: "+st.masqWhy, "; ")
+	}
+	t.info(st, "done", fmt.Sprintf("DNAT to %s, masquerade %v", ep, st.masq))
+	t.finals = append(t.finals, final{outcome: OutcomeDNAT, cand: Candidate{Endpoint: ep, Masquerade: st.masq, Why: why}, by: "DNAT by " + st.dnatBy})
+}
+
+// baseChains returns the base chains of hook in netfilter order: by priority, then table order.
+func (t *tracer) baseChains(hook Hook) []*Chain {
+	var out []*Chain
+	for _, n := range orderedNames(t.f.ChainOrder, t.f.Chains) {
+		if c := t.f.Chains[n]; c.Hook == hook {
+			out = append(out, c)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b *Chain) int { return cmp.Compare(a.Priority, b.Priority) })
+	return out
+}
+
+// runHook runs st through the base chains of hook; next continues every branch that is accepted.
+func (t *tracer) runHook(st pstate, hook Hook, next func(pstate)) {
+	chains := t.baseChains(hook)
+	var run func(st pstate, i int)
+	run = func(st pstate, i int) {
+		if t.err != nil {
+			return
+		}
+		if i == len(chains) {
+			next(st)
+			return
+		}
+		c := chains[i]
+		st.hook, st.base = hook, c
+		if c.Type == NATType && st.loopback {
+			t.step(st, c.Name, -1, "", "skipped: the connection's NAT was decided on the output path")
+			run(st, i+1)
+			return
+		}
+		t.step(st, c.Name, -1, "", fmt.Sprintf("base chain: type %s hook %s priority %d", c.Type, c.Hook, c.Priority))
+		st.stack = []frame{{chain: c.Name}}
+		t.exec(st, func(st pstate, v verdict, by string) {
+			switch v {
+			case vAccept:
+				run(st, i+1)
+			case vDrop:
+				t.finals = append(t.finals, final{outcome: OutcomeDrop, by: by})
+			case vReject:
+				t.finals = append(t.finals, final{outcome: OutcomeReject, by: by})
+			}
+		})
+	}
+	run(st, 0)
+}
+
+func (t *tracer) fail(format string, args ...any) {
+	if t.err == nil {
+		t.err = fmt.Errorf(format, args...)
+	}
+}
+
+func (t *tracer) step(st pstate, chain string, rule int, text, note string) {
+	t.steps = append(t.steps, Step{Hook: string(st.hook), Chain: chain, Rule: rule, Text: text, Note: note, Branch: st.branch})
+}
+
+func (t *tracer) info(st pstate, hook, note string) {
+	t.steps = append(t.steps, Step{Hook: hook, Rule: -1, Note: note, Branch: st.branch})
+}
+
+// exec runs the rules of st's base chain (and the chains it jumps to) and calls done once for every
+// branch that ends the base chain: with the verdict, and what decided it.
+func (t *tracer) exec(st pstate, done func(pstate, verdict, string)) {
+	for t.err == nil {
+		t.evals++
+		if t.evals > maxRuleEvals {
+			t.fail("trace exceeded %d rule evaluations (a loop in the ruleset?)", maxRuleEvals)
+			return
+		}
+		top := len(st.stack) - 1
+		fr := st.stack[top]
+		ch, ok := t.f.Chains[fr.chain]
+		if !ok {
+			t.fail("chain %q does not exist", fr.chain)
+			return
+		}
+		if fr.next >= len(ch.Rules) {
+			if top == 0 {
+				t.step(st, ch.Name, -1, "", "end of base chain: policy accept")
+				done(st, vAccept, "policy accept of "+ch.Name)
+				return
+			}
+			st.stack = st.stack[:top:top]
+			t.step(st, ch.Name, -1, "", "end of chain: back to "+st.stack[top-1].chain)
+			continue
+		}
+		// Copy on write: forks share the stack's backing array.
+		st.stack = append(st.stack[:top:top], frame{fr.chain, fr.next + 1})
+		idx, r := fr.next, ch.Rules[fr.next]
+		text, err := ruleText(t.f, t.fam, r)
+		if err != nil {
+			t.fail("chain %q rule %d: %v", ch.Name, idx, err)
+			return
+		}
+		ok, why, numgen, err := t.matches(st, r)
+		if err != nil {
+			t.fail("chain %q rule %d (%s): %v", ch.Name, idx, text, err)
+			return
+		}
+		if !ok {
+			t.step(st, ch.Name, idx, text, "no match: "+why)
+			continue
+		}
+		if len(numgen) > 0 {
+			// A random match both holds and fails: follow both.
+			label := fmt.Sprintf("%s#%d", ch.Name, idx)
+			taken := st.fork(label + " taken")
+			t.step(taken, ch.Name, idx, text, "random choice taken")
+			if next, cont := t.act(taken, ch, idx, r, text, done); cont {
+				t.exec(next, done)
+			}
+			notTaken := st.fork(label + " not taken")
+			t.step(notTaken, ch.Name, idx, text, "random choice not taken")
+			st = notTaken
+			continue
+		}
+		next, cont := t.act(st, ch, idx, r, text, done)
+		if !cont {
+			return
+		}
+		st = next
+	}
+}
+
+// matches evaluates the matches of r. The numgen matches are returned rather than decided.
+func (t *tracer) matches(st pstate, r Rule) (ok bool, why string, numgen []uint32, err error) {
+	for _, m := range r.Matches {
+		var hold bool
+		switch m.Kind {
+		case MatchCtStateNew:
+			hold, why = true, ""
+		case MatchCtStatusDNAT:
+			hold, why = st.dnat, "the connection was not DNATed"
+		case MatchDaddrInSet:
+			if hold, err = t.addrIn(m.Set, st.dst); err != nil {
+				return false, "", nil, err
+			}
+			why = fmt.Sprintf("%s not in @%s", st.dst, m.Set)
+		case MatchSaddrInSet:
+			if hold, err = t.addrIn(m.Set, st.src); err != nil {
+				return false, "", nil, err
+			}
+			why = fmt.Sprintf("%s not in @%s", st.src, m.Set)
+			if t.f.Sets[m.Set].Kind == KindAffinity {
+				why += " (dynamic affinity sets are empty at trace time)"
+			}
+		case MatchSaddrNotInSet:
+			in, err := t.addrIn(m.Set, st.src)
+			if err != nil {
+				return false, "", nil, err
+			}
+			hold, why = !in, fmt.Sprintf("%s is in @%s", st.src, m.Set)
+		case MatchSaddrInPrefix:
+			hold, why = m.Prefix.IsValid() && m.Prefix.Contains(st.src), fmt.Sprintf("%s not in %s", st.src, m.Prefix)
+		case MatchFibSaddrLocal:
+			hold, why = t.isLoc(st.src), fmt.Sprintf("%s is not a local address", st.src)
+		case MatchMarkAny:
+			hold, why = st.mark&m.Value != 0, fmt.Sprintf("mark %#x has no bit of %#x", st.mark, m.Value)
+		case MatchHairpin:
+			key := Element{Addr: st.src, Addr2: st.dst, Proto: t.proto, Port: st.port}
+			if _, hold, err = t.lookup(m.Set, key, KindHairpin); err != nil {
+				return false, "", nil, err
+			}
+			why = fmt.Sprintf("%s . %s . %s . %d not in @%s", st.src, st.dst, ProtoName(t.proto), st.port, m.Set)
+		case MatchNumgenZero:
+			if m.Value == 0 {
+				return false, "", nil, fmt.Errorf("numgen modulus 0")
+			}
+			numgen = append(numgen, m.Value)
+			hold = true
+		default:
+			return false, "", nil, fmt.Errorf("unknown match kind %d", m.Kind)
+		}
+		if !hold {
+			return false, why, nil, nil
+		}
+	}
+	return true, "", numgen, nil
+}
+
+// keyOf projects e onto the key fields of a set of kind k: what the kernel compares.
+func keyOf(k SetKind, e Element) (Element, error) {
+	switch k {
+	case KindAddr, KindAffinity:
+		return Element{Addr: e.Addr.Unmap()}, nil
+	case KindPrefix:
+		return Element{Prefix: e.Prefix.Masked()}, nil
+	case KindTupleVmap:
+		return Element{Addr: e.Addr.Unmap(), Proto: e.Proto, Port: e.Port}, nil
+	case KindProtoPortVmap:
+		return Element{Proto: e.Proto, Port: e.Port}, nil
+	case KindTupleEndpoints:
+		return Element{Addr: e.Addr.Unmap(), Proto: e.Proto, Port: e.Port, Index: e.Index}, nil
+	case KindProtoPortEndpoints:
+		return Element{Proto: e.Proto, Port: e.Port, Index: e.Index}, nil
+	case KindHairpin:
+		return Element{Addr: e.Addr.Unmap(), Addr2: e.Addr2.Unmap(), Proto: e.Proto, Port: e.Port}, nil
+	}
+	return Element{}, fmt.Errorf("unknown set kind %d", k)
+}
+
+// lookup finds key in set name, which must be of one of kinds.
+func (t *tracer) lookup(name string, key Element, kinds ...SetKind) (Element, bool, error) {
+	if err := needSet(t.f, name, kinds...); err != nil {
+		return Element{}, false, err
+	}
+	kind := t.f.Sets[name].Kind
+	idx, ok := t.index[name]
+	if !ok {
+		idx = map[Element]Element{}
+		for _, e := range t.f.Elements[name] {
+			k, err := keyOf(kind, e)
+			if err != nil {
+				return Element{}, false, fmt.Errorf("set %q: %w", name, err)
+			}
+			idx[k] = e
+		}
+		t.index[name] = idx
+	}
+	k, err := keyOf(kind, key)
+	if err != nil {
+		return Element{}, false, fmt.Errorf("set %q: %w", name, err)
+	}
+	e, found := idx[k]
+	return e, found, nil
+}
+
+// addrIn looks an address up in an address, prefix or affinity set.
+func (t *tracer) addrIn(name string, a netip.Addr) (bool, error) {
+	if err := needSet(t.f, name, addrSetKinds...); err != nil {
+		return false, err
+	}
+	switch t.f.Sets[name].Kind {
+	case KindPrefix:
+		for _, e := range t.f.Elements[name] {
+			if e.Prefix.Contains(a) {
+				return true, nil
+			}
+		}
+		return false, nil
+	case KindAffinity:
+		// Clients are added by the packets themselves; a trace starts from an empty set.
+		return false, nil
+	}
+	_, found, err := t.lookup(name, Element{Addr: a}, KindAddr)
+	return found, err
+}
+
+// checkNAT refuses NAT statements where the kernel would refuse to load them.
+func (t *tracer) checkNAT(st pstate, what string, hooks ...Hook) error {
+	if st.base.Type != NATType || !slices.Contains(hooks, st.hook) {
+		return fmt.Errorf("%s reached from base chain %q (type %s, hook %s): the kernel only allows it in nat chains at %v",
+			what, st.base.Name, st.base.Type, st.hook, hooks)
+	}
+	return nil
+}
+
+// gotoChain replaces the current frame with chain (goto semantics).
+func (t *tracer) gotoChain(st pstate, chain string) (pstate, error) {
+	if _, ok := t.f.Chains[chain]; !ok {
+		return st, fmt.Errorf("goto missing chain %q", chain)
+	}
+	top := len(st.stack) - 1
+	st.stack = append(st.stack[:top:top], frame{chain: chain})
+	return st, nil
+}
+
+// applyVerdict runs a verdict found in a verdict map. It reports whether the branch goes on.
+func (t *tracer) applyVerdict(st pstate, e Element, by string, done func(pstate, verdict, string)) (pstate, bool) {
+	switch e.Verdict {
+	case VerdictGoto, VerdictReject:
+		c := e.Chain
+		if e.Verdict == VerdictReject {
+			c = cmp.Or(c, ChainReject)
+		}
+		next, err := t.gotoChain(st, c)
+		if err != nil {
+			t.fail("%s: %v", by, err)
+			return st, false
+		}
+		return next, true
+	case VerdictDrop:
+		done(st, vDrop, by)
+		return st, false
+	}
+	t.fail("%s: element %+v has unknown verdict kind %d", by, e, e.Verdict)
+	return st, false
+}
+
+// act performs the action of rule r (all of whose matches hold). It reports whether the branch goes
+// on with the next rule of its (possibly new) current chain; if not, act has already called done, or
+// continued the branch itself.
+func (t *tracer) act(st pstate, ch *Chain, idx int, r Rule, text string, done func(pstate, verdict, string)) (pstate, bool) {
+	a := r.Action
+	by := fmt.Sprintf("%s#%d (%s)", ch.Name, idx, cmp.Or(r.Comment, text))
+	note := func(s string) { t.step(st, ch.Name, idx, text, s) }
+	top := len(st.stack) - 1
+	switch a.Kind {
+	case ActJump:
+		if _, ok := t.f.Chains[a.Chain]; !ok {
+			t.fail("%s: jump to missing chain %q", by, a.Chain)
+			return st, false
+		}
+		if len(st.stack) >= maxJumpDepth {
+			t.fail("%s: more than %d nested jumps", by, maxJumpDepth)
+			return st, false
+		}
+		note("match: jump " + a.Chain)
+		st.stack = append(st.stack[:len(st.stack):len(st.stack)], frame{chain: a.Chain})
+		return st, true
+	case ActGoto:
+		note("match: goto " + a.Chain)
+		next, err := t.gotoChain(st, a.Chain)
+		if err != nil {
+			t.fail("%s: %v", by, err)
+			return st, false
+		}
+		return next, true
+	case ActReturn:
+		if top == 0 {
+			note("match: return from the base chain: policy accept")
+			done(st, vAccept, by)
+			return st, false
+		}
+		note("match: return to " + st.stack[top-1].chain)
+		st.stack = st.stack[:top:top]
+		return st, true
+	case ActDrop:
+		note("match: DROP")
+		done(st, vDrop, by)
+		return st, false
+	case ActReject:
+		note("match: REJECT")
+		done(st, vReject, by)
+		return st, false
+	case ActMarkSet:
+		st.mark |= a.Value
+		note(fmt.Sprintf("match: mark is now %#x", st.mark))
+		return st, true
+	case ActMasqClearMark, ActMasquerade:
+		if err := t.checkNAT(st, "masquerade", HookPostrouting); err != nil {
+			t.fail("%s: %v", by, err)
+			return st, false
+		}
+		if a.Kind == ActMasqClearMark {
+			st.mark ^= a.Value
+		}
+		st.masq, st.masqWhy = true, by
+		note("match: MASQUERADE")
+		done(st, vAccept, by)
+		return st, false
+	case ActVmapTuple, ActVmapProtoPort:
+		key, keyText := t.entryKey(st, a.Kind == ActVmapTuple)
+		kind := KindProtoPortVmap
+		if a.Kind == ActVmapTuple {
+			kind = KindTupleVmap
+		}
+		e, found, err := t.lookup(a.Map, key, kind)
+		if err != nil {
+			t.fail("%s: %v", by, err)
+			return st, false
+		}
+		if !found {
+			note(fmt.Sprintf("no match: %s not in @%s", keyText, a.Map))
+			return st, true
+		}
+		v, _ := verdictText(t.f, e)
+		note(fmt.Sprintf("match: %s -> %s", keyText, v))
+		return t.applyVerdict(st, e, by, done)
+	case ActDNATTupleMap, ActDNATProtoPortMap:
+		if err := t.checkNAT(st, "dnat", HookPrerouting, HookOutput); err != nil {
+			t.fail("%s: %v", by, err)
+			return st, false
+		}
+		if a.Value == 0 {
+			t.fail("%s: numgen modulus 0", by)
+			return st, false
+		}
+		tuple := a.Kind == ActDNATTupleMap
+		kind := KindProtoPortEndpoints
+		if tuple {
+			kind = KindTupleEndpoints
+		}
+		for i := uint32(0); i < a.Value && t.err == nil; i++ {
+			b := st
+			if a.Value > 1 {
+				b = st.fork(fmt.Sprintf("endpoint %d of %d", i, a.Value))
+			}
+			key, keyText := t.entryKey(b, tuple)
+			key.Index = i
+			e, found, err := t.lookup(a.Map, key, kind)
+			if err != nil {
+				t.fail("%s: %v", by, err)
+				return st, false
+			}
+			if !found {
+				// The kernel's map lookup fails, so the rule does not match and the packet goes on.
+				t.step(b, ch.Name, idx, text, fmt.Sprintf("no match: %s . %d not in @%s", keyText, i, a.Map))
+				t.exec(b, done)
+				continue
+			}
+			b.dst, b.port, b.dnat, b.dnatBy = e.DataAddr.Unmap(), e.DataPort, true, by
+			t.step(b, ch.Name, idx, text, fmt.Sprintf("match: DNAT to %s", netip.AddrPortFrom(b.dst, b.port)))
+			done(b, vAccept, by)
+		}
+		return st, false
+	case ActAffinityDNAT:
+		if err := t.checkNAT(st, "dnat", HookPrerouting, HookOutput); err != nil {
+			t.fail("%s: %v", by, err)
+			return st, false
+		}
+		if err := needSet(t.f, a.Set, KindAffinity); err != nil {
+			t.fail("%s: %v", by, err)
+			return st, false
+		}
+		if !a.Addr.IsValid() {
+			t.fail("%s: affinity DNAT without an address", by)
+			return st, false
+		}
+		st.dst, st.port, st.dnat, st.dnatBy = a.Addr.Unmap(), a.Port, true, by
+		note(fmt.Sprintf("match: client recorded in @%s; DNAT to %s", a.Set, netip.AddrPortFrom(st.dst, st.port)))
+		done(st, vAccept, by)
+		return st, false
+	}
+	t.fail("%s: unknown action kind %d", by, a.Kind)
+	return st, false
+}
+
+// entryKey is the packet's (daddr, proto, dport) or (proto, dport) lookup key, and its nft spelling.
+func (t *tracer) entryKey(st pstate, tuple bool) (Element, string) {
+	if tuple {
+		return Element{Addr: st.dst, Proto: t.proto, Port: st.port},
+			fmt.Sprintf("%s . %s . %d", st.dst, ProtoName(t.proto), st.port)
+	}
+	return Element{Proto: t.proto, Port: st.port}, fmt.Sprintf("%s . %d", ProtoName(t.proto), st.port)
+}
+
+// outcomeOrder sorts the non-DNAT outcomes in Result.Others.
+var outcomeOrder = map[Outcome]int{OutcomeDrop: 0, OutcomeReject: 1, OutcomeAccept: 2}
+
+func (t *tracer) result() Result {
+	r := Result{Steps: t.steps}
+	if t.err != nil {
+		r.Outcome, r.Reason = OutcomeError, t.err.Error()
+		return r
+	}
+	seenCand := map[Candidate]bool{}
+	seenOther := map[Outcome]bool{}
+	var reasons []string
+	for _, fi := range t.finals {
+		if fi.by != "" && !slices.Contains(reasons, fi.by) {
+			reasons = append(reasons, fi.by)
+		}
+		if fi.outcome != OutcomeDNAT {
+			if !seenOther[fi.outcome] {
+				seenOther[fi.outcome] = true
+				r.Others = append(r.Others, fi.outcome)
+			}
+			continue
+		}
+		// The same endpoint may be reached by several branches: keep it once per masquerade value.
+		key := Candidate{Endpoint: fi.cand.Endpoint, Masquerade: fi.cand.Masquerade}
+		if seenCand[key] {
+			continue
+		}
+		seenCand[key] = true
+		r.Candidates = append(r.Candidates, fi.cand)
+	}
+	slices.SortFunc(r.Candidates, func(a, b Candidate) int {
+		if c := a.Endpoint.Compare(b.Endpoint); c != 0 {
+			return c
+		}
+		return cmp.Compare(boolInt(a.Masquerade), boolInt(b.Masquerade))
+	})
+	slices.SortFunc(r.Others, func(a, b Outcome) int { return cmp.Compare(outcomeOrder[a], outcomeOrder[b]) })
+	switch {
+	case len(r.Candidates) > 0 && len(r.Others) == 0:
+		r.Outcome = OutcomeDNAT
+	case len(r.Candidates) == 0 && len(r.Others) == 1:
+		r.Outcome, r.Others = r.Others[0], nil
+	case len(r.Candidates) == 0 && len(r.Others) == 0:
+		r.Outcome, r.Reason = OutcomeError, "no branch of the trace reached an outcome"
+		return r
+	default:
+		r.Outcome = OutcomeMixed
+	}
+	r.Reason = strings.Join(reasons, "; ")
+	return r
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
