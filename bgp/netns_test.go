@@ -248,7 +248,9 @@ func TestBIRDMD5(t *testing.T) {
 	pair := routers.NewPair(t)
 	bird := routers.StartBIRD(t, pair.Router, routers.BIRDConfig(pair.RouterV4, routers.BIRDPeer{
 		Name: "spk4", Local: pair.RouterV4, LocalASN: routerASN, Neighbor: pair.SpeakerV4, PeerASN: ibgpASN, Password: "right-secret"}))
-	sp := startSpeaker(t, pair.Speaker, pair.SpeakerV4, -1)
+	// Listening on 179 here (the other tests connect out only): the key must also be set on the
+	// listening socket, since BIRD connects to us as well.
+	sp := startSpeaker(t, pair.Speaker, pair.SpeakerV4, 179)
 	p4, _ := labPeers(pair)
 	p4.Password = "wrong-secret"
 	if err := sp.SetPeers(p4); err != nil {

@@ -188,8 +188,8 @@ func TestAPIPeer(t *testing.T) {
 		SourceAddress: netip.MustParseAddr("2001:db8:1::2"), HoldTime: 9500 * time.Millisecond, Password: "pw", EBGPMultiHop: true,
 		GracefulRestart: true, BFD: &BFDProfile{ReceiveInterval: 300 * time.Millisecond, TransmitInterval: 200 * time.Millisecond, DetectMultiplier: 5}}
 	want := &api.Peer{
-		Conf: &api.PeerConf{NeighborAddress: "2001:db8:1::1", PeerAsn: 64513, LocalAsn: 64512, AuthPassword: "pw", Description: "r1"},
-		Timers: &api.Timers{Config: &api.TimersConfig{ConnectRetry: 10, HoldTime: 9, IdleHoldTimeAfterReset: 5}},
+		Conf:         &api.PeerConf{NeighborAddress: "2001:db8:1::1", PeerAsn: 64513, LocalAsn: 64512, AuthPassword: "pw", Description: "r1"},
+		Timers:       &api.Timers{Config: &api.TimersConfig{ConnectRetry: 10, HoldTime: 9, IdleHoldTimeAfterReset: 5}},
 		Transport:    &api.Transport{RemotePort: 1179, LocalAddress: "2001:db8:1::2"},
 		EbgpMultihop: &api.EbgpMultihop{Enabled: true, MultihopTtl: 255},
 		AfiSafis: []*api.AfiSafi{{

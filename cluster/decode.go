@@ -101,7 +101,7 @@ func decodeDocument(doc []byte) []decoded {
 	}
 	if h.APIVersion == "v1" && h.Kind == "List" {
 		var l listDoc
-		if err := strict(js, &l); err != nil {
+		if err := strictJSON(js, &l); err != nil {
 			return []decoded{{kind: "List", err: err}}
 		}
 		if len(l.Items) > maxDocuments {
@@ -139,20 +139,20 @@ func decodeObject(js []byte, inList bool) decoded {
 		d.err = errors.New("apiVersion and kind are required")
 	case h.APIVersion == "v1" && h.Kind == "Service":
 		var svc corev1.Service
-		if d.err = strict(js, &svc); d.err == nil {
+		if d.err = strictJSON(js, &svc); d.err == nil {
 			defaultNamespace(&svc.ObjectMeta)
 			d.service, d.err = ServiceFromAPI(&svc)
 		}
 	case h.APIVersion == discoveryv1.SchemeGroupVersion.String() && h.Kind == "EndpointSlice":
 		var es discoveryv1.EndpointSlice
-		if d.err = strict(js, &es); d.err == nil {
+		if d.err = strictJSON(js, &es); d.err == nil {
 			defaultNamespace(&es.ObjectMeta)
 			d.slice, d.err = EndpointSliceFromAPI(&es)
 		}
 	case h.APIVersion == "v1" && h.Kind == "Node":
 		d.name = h.Metadata.Name // cluster-scoped
 		var n corev1.Node
-		if d.err = strict(js, &n); d.err == nil {
+		if d.err = strictJSON(js, &n); d.err == nil {
 			d.node, d.err = NodeFromAPI(&n)
 		}
 	case h.APIVersion == "v1" && h.Kind == "List":
@@ -191,7 +191,7 @@ func decodeMetalLB(js []byte, kind string, kinds map[string]func() metav1.Object
 		return nil, fmt.Errorf("unsupported MetalLB kind %q in this apiVersion", kind)
 	}
 	obj := newObj()
-	if err := strict(js, obj); err != nil {
+	if err := strictJSON(js, obj); err != nil {
 		return nil, err
 	}
 	if obj.GetNamespace() == "" {
@@ -212,6 +212,12 @@ func strict(doc []byte, obj any) error {
 	if err != nil {
 		return fmt.Errorf("decoding: %w", err)
 	}
+	return strictJSON(js, obj)
+}
+
+// strictJSON is strict for a document already converted to JSON (decodeDocument converts each document
+// once; parsing it as YAML again would double the cost of a load).
+func strictJSON(js []byte, obj any) error {
 	strictErrs, err := sigsjson.UnmarshalStrict(js, obj)
 	if err != nil {
 		return fmt.Errorf("decoding: %w", err)

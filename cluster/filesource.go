@@ -218,7 +218,6 @@ func (f *FileSource) build(objs []located, rejected []Rejection) *State {
 		firstSeen[key] = o.source
 		return false
 	}
-	slicesByName := map[string]bool{}
 	claims := serviceClaims{}
 	var mlb MetalLBConfig
 	for _, o := range objs {
@@ -237,7 +236,6 @@ func (f *FileSource) build(objs []located, rejected []Rejection) *State {
 			st.Services[o.service.Key] = o.service
 		case o.slice != nil:
 			if !duplicate(o, "EndpointSlice/"+o.slice.Namespace+"/"+o.slice.Name) {
-				slicesByName[o.slice.Namespace+"/"+o.slice.Name] = true
 				st.EndpointSlices[o.slice.Service] = append(st.EndpointSlices[o.slice.Service], o.slice)
 			}
 		case o.node != nil:

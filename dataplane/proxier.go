@@ -3,6 +3,7 @@ package dataplane
 import (
 	"fmt"
 	"net/netip"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -214,6 +215,11 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 	rep.LocalEndpoints = p.localEps
 	rep.Duration = time.Since(start)
 	p.lastSync = time.Now()
+	if rep.Full {
+		// A full sync of a big cluster encodes tens of MiB of netlink messages once; hand that
+		// memory back rather than keeping it as the process's high-water mark.
+		debug.FreeOSMemory()
+	}
 	return rep, nil
 }
 

@@ -1,12 +1,24 @@
 package dataplane
 
 import (
+	"bufio"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/vishvananda/netns"
 
 	"github.com/vipgate/vipgate/cluster"
 )
@@ -457,5 +469,276 @@ func TestTraceMissingEndpointIndex(t *testing.T) {
 	}
 	if res.Outcome != OutcomeMixed {
 		t.Errorf("outcome %s, want MIXED", res.Outcome)
+	}
+}
+
+// ---- The tracer against the kernel ----
+//
+// TestTraceAgreesWithKernel loads the rendered fixture into a network namespace that plays the node,
+// sends real TCP connections from a client namespace, from a namespace that holds every pod address
+// and from the node itself, and checks that what the kernel does is what the tracer says: which
+// endpoints answer, whether they see the client's address or the node's (masquerade), and whether the
+// connection is refused (REJECT) or never answered (DROP).
+
+// trNS is a named network namespace with an open handle.
+type trNS struct {
+	name string
+	h    netns.NsHandle
+}
+
+// do runs fn on a thread inside the namespace. Sockets created there stay in it.
+func (n trNS) do(fn func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return err
+	}
+	defer orig.Close()
+	if err := netns.Set(n.h); err != nil {
+		return fmt.Errorf("entering netns %s: %w", n.name, err)
+	}
+	defer netns.Set(orig)
+	return fn()
+}
+
+func trSh(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+func trNewNS(t *testing.T, suffix string) trNS {
+	t.Helper()
+	name := fmt.Sprintf("vgt%d-%s", os.Getpid(), suffix)
+	trSh(t, "ip", "netns", "add", name)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatalf("opening netns %s: %v", name, err)
+	}
+	t.Cleanup(func() { h.Close() })
+	for _, s := range []string{"net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"} {
+		trSh(t, "ip", "netns", "exec", name, "sysctl", "-qw", s)
+	}
+	trSh(t, "ip", "-n", name, "link", "set", "lo", "up")
+	return trNS{name: name, h: h}
+}
+
+// trKernelLab is the node, a client beyond it and a namespace holding every pod address.
+type trKernelLab struct {
+	node, client, pods trNS
+}
+
+func trNewKernelLab(t *testing.T, podAddrs []netip.Addr) *trKernelLab {
+	l := &trKernelLab{node: trNewNS(t, "tn"), client: trNewNS(t, "tc"), pods: trNewNS(t, "tp")}
+	n, c, p := l.node.name, l.client.name, l.pods.name
+	trSh(t, "ip", "netns", "exec", n, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	// node <-> client: 203.0.113.0/24; the node IP 192.0.2.11 lives on both of the node's links.
+	trSh(t, "ip", "-n", n, "link", "add", "vgc", "type", "veth", "peer", "name", "vgc", "netns", c)
+	trSh(t, "ip", "-n", n, "addr", "add", "203.0.113.1/24", "dev", "vgc")
+	trSh(t, "ip", "-n", n, "addr", "add", trNodeIP4.String()+"/32", "dev", "vgc")
+	trSh(t, "ip", "-n", n, "link", "set", "vgc", "up")
+	trSh(t, "ip", "-n", c, "addr", "add", outside+"/24", "dev", "vgc")
+	trSh(t, "ip", "-n", c, "addr", "add", bad+"/32", "dev", "vgc")
+	trSh(t, "ip", "-n", c, "link", "set", "vgc", "up")
+	trSh(t, "ip", "-n", c, "route", "add", "default", "via", "203.0.113.1")
+	// node <-> pods: every pod address in one namespace, routed on-link.
+	trSh(t, "ip", "-n", n, "link", "add", "vgp", "type", "veth", "peer", "name", "vgp", "netns", p)
+	trSh(t, "ip", "-n", n, "addr", "add", trNodeIP4.String()+"/32", "dev", "vgp")
+	trSh(t, "ip", "-n", n, "link", "set", "vgp", "up")
+	trSh(t, "ip", "-n", n, "route", "add", "10.244.0.0/16", "dev", "vgp", "src", trNodeIP4.String())
+	// The node's own traffic to Service IPs leaves towards the pods (the DNAT re-routes it anyway).
+	trSh(t, "ip", "-n", n, "route", "add", "default", "dev", "vgp", "src", trNodeIP4.String())
+	for _, a := range podAddrs {
+		trSh(t, "ip", "-n", p, "addr", "add", a.String()+"/32", "dev", "vgp")
+	}
+	trSh(t, "ip", "-n", p, "link", "set", "vgp", "up")
+	trSh(t, "ip", "-n", p, "route", "add", trNodeIP4.String(), "dev", "vgp")
+	trSh(t, "ip", "-n", p, "route", "add", "default", "via", trNodeIP4.String(), "dev", "vgp")
+	return l
+}
+
+// trServe answers every connection on port in the pods namespace with "local remote".
+func trServe(t *testing.T, ns trNS, port uint16) {
+	var ln net.Listener
+	err := ns.do(func() (err error) {
+		ln, err = net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", port))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listening on %d: %v", port, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "%s %s\n", c.LocalAddr(), c.RemoteAddr())
+			c.Close()
+		}
+	}()
+}
+
+// trDial makes one connection from ns (bound to src unless it is the node's own traffic) and returns
+// the endpoint that answered and the source it saw, or the outcome DROP / REJECT.
+func trDial(ns trNS, src netip.Addr, bind bool, dst netip.AddrPort) (ep, seen string, err error) {
+	var conn net.Conn
+	derr := ns.do(func() error {
+		d := net.Dialer{Timeout: 700 * time.Millisecond}
+		if bind {
+			d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
+		}
+		var err error
+		conn, err = d.Dial("tcp4", dst.String())
+		return err
+	})
+	switch {
+	case errors.Is(derr, syscall.ECONNREFUSED):
+		return "REJECT", "", nil
+	case derr != nil && (errors.Is(derr, os.ErrDeadlineExceeded) || strings.Contains(derr.Error(), "timeout")):
+		return "DROP", "", nil
+	case derr != nil:
+		return "", "", derr
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(2 * time.Second))
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return "", "", fmt.Errorf("reading the answer of %s: %w", dst, err)
+	}
+	f := strings.Fields(line)
+	if len(f) != 2 {
+		return "", "", fmt.Errorf("bad answer %q", line)
+	}
+	seenAP, err := netip.ParseAddrPort(f[1])
+	if err != nil {
+		return "", "", err
+	}
+	return f[0], seenAP.Addr().String(), nil
+}
+
+func TestTraceAgreesWithKernel(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (creates network namespaces)")
+	}
+	nft, err := exec.LookPath("nft")
+	if err != nil {
+		t.Skip("nft not installed")
+	}
+	svcs := trFixture()
+	f := trFlat(t, cluster.IPv4, false, svcs)
+
+	// Every IPv4 pod address of the fixture, plus the client pods of the flows.
+	podSet := map[netip.Addr]bool{netip.MustParseAddr(podHere): true, netip.MustParseAddr(podAway): true}
+	for _, s := range svcs {
+		for _, sl := range s.slices {
+			for _, e := range sl.Endpoints {
+				if a := e.Addresses[0]; a.Is4() {
+					podSet[a] = true
+				}
+			}
+		}
+	}
+	var pods []netip.Addr
+	for a := range podSet {
+		pods = append(pods, a)
+	}
+	slices.SortFunc(pods, netip.Addr.Compare)
+	lab := trNewKernelLab(t, pods)
+	trServe(t, lab.pods, 8080)
+
+	path := filepath.Join(t.TempDir(), "vipgate.nft")
+	if err := os.WriteFile(path, []byte(RenderString(f)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	trSh(t, "ip", "netns", "exec", lab.node.name, nft, "-f", path)
+
+	// The node's own addresses as the kernel sees them (the tracer's HostInfo must agree).
+	host := HostInfo{IsLocal: func(a netip.Addr) bool {
+		return a == trNodeIP4 || a == netip.MustParseAddr("203.0.113.1") || a.IsLoopback()
+	}}
+
+	flows := []struct {
+		name string
+		from trNS
+		src  string
+		bind bool // bind the source address (not for the node's own traffic)
+		dst  string
+		port uint16
+		host bool
+	}{
+		{"pod to ClusterIP", lab.pods, podHere, true, "10.96.0.10", 80, false},
+		{"outside to ClusterIP", lab.client, outside, true, "10.96.0.10", 80, false},
+		{"hairpin", lab.pods, "10.244.1.10", true, "10.96.0.10", 80, false},
+		{"host to ClusterIP", lab.node, trNodeIP4.String(), false, "10.96.0.10", 80, true},
+		{"undefined port", lab.pods, podHere, true, "10.96.0.10", 81, false},
+		{"unallocated ClusterIP", lab.pods, podHere, true, "10.96.99.99", 80, false},
+		{"no endpoints", lab.pods, podHere, true, "10.96.0.11", 80, false},
+		{"no endpoints NodePort", lab.client, outside, true, trNodeIP4.String(), 30090, false},
+		{"NodePort from outside", lab.client, outside, true, trNodeIP4.String(), 30080, false},
+		{"NodePort from host", lab.node, trNodeIP4.String(), false, trNodeIP4.String(), 30080, true},
+		{"LB IP eTP=Cluster", lab.client, outside, true, "198.51.100.10", 80, false},
+		{"LB eTP=Local from outside", lab.client, outside, true, "198.51.100.11", 80, false},
+		{"LB eTP=Local from a pod", lab.pods, podAway, true, "198.51.100.11", 80, false},
+		{"LB eTP=Local from the host", lab.node, trNodeIP4.String(), false, "198.51.100.11", 80, true},
+		{"eTP=Local NodePort from outside", lab.client, outside, true, trNodeIP4.String(), 30082, false},
+		{"eTP=Local none local", lab.client, outside, true, "198.51.100.12", 80, false},
+		{"iTP=Local", lab.pods, podHere, true, "10.96.0.16", 80, false},
+		{"iTP=Local none local", lab.pods, podHere, true, "10.96.0.17", 80, false},
+		{"terminating", lab.pods, podHere, true, "10.96.0.18", 80, false},
+		{"topology", lab.pods, podHere, true, "10.96.0.21", 80, false},
+		{"affinity", lab.pods, podHere, true, "10.96.0.19", 80, false},
+		{"source range allowed", lab.client, outside, true, "198.51.100.13", 80, false},
+		{"source range denied", lab.client, bad, true, "198.51.100.13", 80, false},
+	}
+	for _, fl := range flows {
+		t.Run(fl.name, func(t *testing.T) {
+			src, dst := netip.MustParseAddr(fl.src), netip.MustParseAddr(fl.dst)
+			res := Trace(f, host, Packet{Src: src, Dst: dst, Proto: ProtoTCP, Port: fl.port, FromHost: fl.host})
+			// What the tracer predicts, as "endpoint seen-source" lines.
+			want := map[string]bool{}
+			for _, c := range res.Candidates {
+				seen := fl.src
+				if c.Masquerade {
+					seen = trNodeIP4.String()
+				}
+				want[c.Endpoint.String()+" "+seen] = true
+			}
+			for _, o := range res.Others {
+				want[string(o)] = true
+			}
+			if len(res.Candidates) == 0 {
+				want = map[string]bool{string(res.Outcome): true}
+			}
+			// What the kernel does: enough connections to meet every endpoint (at most 3 here), fewer
+			// for outcomes that cannot vary.
+			tries := 40
+			if len(want) == 1 {
+				tries = 3
+			}
+			got := map[string]bool{}
+			for range tries {
+				ep, seen, err := trDial(fl.from, src, fl.bind, netip.AddrPortFrom(dst, fl.port))
+				if err != nil {
+					t.Fatalf("connecting: %v", err)
+				}
+				got[strings.TrimSpace(ep+" "+seen)] = true
+			}
+			wantKeys, gotKeys := slices.Sorted(maps.Keys(want)), slices.Sorted(maps.Keys(got))
+			if fl.name == "affinity" {
+				// A client sticks to the endpoint it met first: the kernel shows one of the candidates.
+				if len(gotKeys) != 1 || !want[gotKeys[0]] {
+					t.Errorf("affinity: kernel %v, tracer %v", gotKeys, wantKeys)
+				}
+				return
+			}
+			if diff := cmp.Diff(wantKeys, gotKeys); diff != "" {
+				t.Errorf("tracer and kernel disagree (-tracer +kernel):\n%s\ntrace:\n%s", diff, res.Explain())
+			}
+		})
 	}
 }
