@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -137,8 +138,12 @@ func startSpeaker(t testing.TB, ns string, routerID netip.Addr, listenPort int) 
 	go func() { _ = cmd.Wait(); logf.Close(); close(r.done) }()
 	t.Cleanup(func() {
 		r.Kill()
+		b, _ := os.ReadFile(logPath)
+		// Under -race the child reports data races on its stderr only; surface them here.
+		if strings.Contains(string(b), "WARNING: DATA RACE") {
+			t.Errorf("data race in the speaker process:\n%s", b)
+		}
 		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
 			t.Logf("speaker log:\n%s", tail(string(b), 80))
 		}
 	})

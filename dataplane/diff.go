@@ -69,11 +69,12 @@ type diffState struct {
 
 // diffPart adds to the transaction what turns part old into part new. Either may be nil.
 func (d *diffState) diffPart(old, new *Part) {
-	if old == nil {
-		old = &Part{}
-	}
 	if new == nil {
 		new = &Part{}
+	}
+	if old == nil || (len(old.Chains) == 0 && len(old.Sets) == 0 && len(old.Elements) == 0 && len(old.Uses) == 0) {
+		d.addPart(new)
+		return
 	}
 	oldChains := make(map[string]*Chain, len(old.Chains))
 	for _, c := range old.Chains {
@@ -160,6 +161,27 @@ func (d *diffState) diffPart(old, new *Part) {
 		if !slices.Contains(old.Uses, u) {
 			d.sharedDelta[u]++
 		}
+	}
+}
+
+// addPart is diffPart from nothing: the full-sync fast path, without the maps a real diff needs.
+func (d *diffState) addPart(p *Part) {
+	d.tx.AddChains = append(d.tx.AddChains, p.Chains...)
+	for _, s := range p.Sets {
+		d.sets[s.Name] = s
+		d.tx.AddSets = append(d.tx.AddSets, s)
+	}
+	for _, e := range p.Elements {
+		if sharableSets[e.Set] {
+			d.elemRefs[e]++
+			if d.elemRefs[e] > 1 {
+				continue
+			}
+		}
+		d.tx.AddElements = append(d.tx.AddElements, e)
+	}
+	for _, u := range p.Uses {
+		d.sharedDelta[u]++
 	}
 }
 

@@ -455,7 +455,7 @@ func quote(s string) string {
 	s = strings.ReplaceAll(s, `"`, "'")
 	s = strings.ReplaceAll(s, "\n", " ")
 	if len(s) > 127 {
-		s = s[:127]
+		s = strings.ToValidUTF8(s[:127], "")
 	}
 	return `"` + s + `"`
 }
