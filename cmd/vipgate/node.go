@@ -91,11 +91,9 @@ func runNode(args []string) error {
 		log.Info("removed vipgate's nftables tables", "table", cfg.TableName)
 		return nil
 	}
-	if nf.manifests == "" {
-		if nf.kubeconfig != "" {
-			return errors.New("--kubeconfig: the Kubernetes source is not available in this build yet; use --manifests")
-		}
-		return errors.New("one of --manifests or --kubeconfig is required")
+	src, err := newSource(nf, log)
+	if err != nil {
+		return err
 	}
 
 	dpCfg := dataplaneConfig(cfg, log)
@@ -121,9 +119,14 @@ func runNode(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
+	// The speaker (L2/BGP announcements) runs beside the dataplane and sees every snapshot.
+	spk, err := startSpeaker(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer spk.Stop()
+
 	states := make(chan *cluster.State, 1)
-	src := cluster.NewFileSource(nf.manifests, log.Named("manifests"))
-	src.AllowWorldWritable = nf.allowWorldWritable
 	srcErr := make(chan error, 1)
 	go func() {
 		srcErr <- src.Run(ctx, func(st *cluster.State) {
@@ -136,7 +139,7 @@ func runNode(args []string) error {
 			states <- st
 		})
 	}()
-	log.Info("vipgate node started", "node", cfg.NodeName, "table", cfg.TableName, "manifests", nf.manifests, "version", version)
+	log.Info("vipgate node started", "node", cfg.NodeName, "table", cfg.TableName, "source", src.String(), "version", version)
 
 	var pending *cluster.State
 	retry := time.NewTimer(time.Hour)
@@ -164,6 +167,7 @@ func runNode(args []string) error {
 			retry.Reset(time.Second)
 			continue
 		}
+		pending0 := pending
 		pending = nil
 		healthz.Updated()
 		for _, c := range rep.Conflicts {
@@ -173,6 +177,7 @@ func runNode(args []string) error {
 			log.Warn("health check servers", "err", err)
 		}
 		hc.SyncEndpoints(rep.LocalEndpoints)
+		spk.Update(pending0, rep)
 		if ct != nil && len(rep.StaleFlows) > 0 {
 			filters := make([]dataplane.StaleFlow, 0, len(rep.StaleFlows))
 			for _, f := range rep.StaleFlows {
