@@ -104,3 +104,31 @@ func BenchmarkKernelEndpointChange(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/1000, "ms/change")
 }
+
+// BenchmarkIncrementalModel is the Go side of an endpoint change at 10,000 Services (no kernel).
+func BenchmarkIncrementalModel(b *testing.B) {
+	st := SyntheticState(10000, 10)
+	cfg := testConfig()
+	cfg.Families = []cluster.Family{cluster.IPv4}
+	p := NewProxier(hclog.NewNullLogger(), cfg, nopProgrammer{})
+	if _, err := p.Sync(st); err != nil {
+		b.Fatal(err)
+	}
+	key := cluster.ServiceKey{Namespace: "bench", Name: "svc-00001"}
+	full := st.EndpointSlices[key]
+	short := *full[0]
+	short.Endpoints = short.Endpoints[:9]
+	shortSlices := []*cluster.EndpointSlice{&short}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if i%2 == 0 {
+			st.EndpointSlices[key] = shortSlices
+		} else {
+			st.EndpointSlices[key] = full
+		}
+		if _, err := p.Sync(st); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

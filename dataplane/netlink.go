@@ -263,21 +263,31 @@ func (e *encoder) setRef(name string) (*nftables.Set, error) {
 const maxElementsPerMessage = 400
 
 func (e *encoder) elements(els []Element, add bool) error {
-	bySet := map[string][]nftables.SetElement{}
+	// Sized up front: a full sync encodes ~150,000 elements, and growing slices and small key
+	// allocations were a third of its Go time.
+	counts := map[string]int{}
 	var order []string
+	for _, el := range els {
+		if _, seen := counts[el.Set]; !seen {
+			order = append(order, el.Set)
+		}
+		counts[el.Set]++
+	}
+	bySet := make(map[string][]nftables.SetElement, len(counts))
+	for name, n := range counts {
+		bySet[name] = make([]nftables.SetElement, 0, n)
+	}
+	ar := &arena{}
 	for _, el := range els {
 		k, ok := e.kinds[el.Set]
 		if !ok {
 			return fmt.Errorf("element for unknown set %q", el.Set)
 		}
-		nes, err := e.encodeElement(k, el)
+		list, err := e.appendElement(bySet[el.Set], ar, k, el)
 		if err != nil {
 			return fmt.Errorf("set %s: %w", el.Set, err)
 		}
-		if _, seen := bySet[el.Set]; !seen {
-			order = append(order, el.Set)
-		}
-		bySet[el.Set] = append(bySet[el.Set], nes...)
+		bySet[el.Set] = list
 	}
 	for _, name := range order {
 		s, err := e.setRef(name)
@@ -302,6 +312,18 @@ func (e *encoder) elements(els []Element, add bool) error {
 	return nil
 }
 
+// arena hands out small byte slices carved from big blocks (element keys and values).
+type arena struct{ buf []byte }
+
+func (a *arena) take(n int) []byte {
+	if len(a.buf)+n > cap(a.buf) {
+		a.buf = make([]byte, 0, max(64<<10, n))
+	}
+	start := len(a.buf)
+	a.buf = a.buf[:start+n]
+	return a.buf[start : start+n : start+n]
+}
+
 func addrBytes(a netip.Addr) []byte {
 	if a.Is4() {
 		b := a.As4()
@@ -311,9 +333,31 @@ func addrBytes(a netip.Addr) []byte {
 	return b[:]
 }
 
-func protoField(p uint8) []byte { return []byte{p, 0, 0, 0} }
+// putAddr, putProto, putPort and putU32 write one concatenation field (padded to 4 bytes) at b and
+// return the rest.
+func putAddr(b []byte, a netip.Addr) []byte {
+	if a.Is4() {
+		v := a.As4()
+		return b[copy(b, v[:]):]
+	}
+	v := a.As16()
+	return b[copy(b, v[:]):]
+}
 
-func portField(p uint16) []byte { return []byte{byte(p >> 8), byte(p), 0, 0} }
+func putProto(b []byte, p uint8) []byte {
+	b[0], b[1], b[2], b[3] = p, 0, 0, 0
+	return b[4:]
+}
+
+func putPort(b []byte, p uint16) []byte {
+	b[0], b[1], b[2], b[3] = byte(p>>8), byte(p), 0, 0
+	return b[4:]
+}
+
+func putU32(b []byte, v uint32) []byte {
+	binary.NativeEndian.PutUint32(b, v)
+	return b[4:]
+}
 
 func hostU32(v uint32) []byte {
 	b := make([]byte, 4)
@@ -321,40 +365,54 @@ func hostU32(v uint32) []byte {
 	return b
 }
 
-func cat(parts ...[]byte) []byte {
-	var out []byte
-	for _, p := range parts {
-		out = append(out, p...)
+// appendElement encodes one model element onto dst (an interval element becomes a start and an end
+// element), with its bytes taken from ar.
+func (e *encoder) appendElement(dst []nftables.SetElement, ar *arena, s *Set, el Element) ([]nftables.SetElement, error) {
+	alen := 4
+	if e.f == cluster.IPv6 {
+		alen = 16
 	}
-	return out
-}
-
-// encodeElement encodes one model element (an interval element becomes a start and an end element).
-func (e *encoder) encodeElement(s *Set, el Element) ([]nftables.SetElement, error) {
 	switch s.Kind {
 	case KindAddr, KindAffinity:
-		return []nftables.SetElement{{Key: addrBytes(el.Addr)}}, nil
+		k := ar.take(alen)
+		putAddr(k, el.Addr)
+		return append(dst, nftables.SetElement{Key: k}), nil
 	case KindPrefix:
-		start := el.Prefix.Masked().Addr()
-		out := []nftables.SetElement{{Key: addrBytes(start)}}
+		k := ar.take(alen)
+		putAddr(k, el.Prefix.Masked().Addr())
+		dst = append(dst, nftables.SetElement{Key: k})
 		if end, ok := prefixEnd(el.Prefix); ok {
-			out = append(out, nftables.SetElement{Key: addrBytes(end), IntervalEnd: true})
+			k := ar.take(alen)
+			putAddr(k, end)
+			dst = append(dst, nftables.SetElement{Key: k, IntervalEnd: true})
 		}
-		return out, nil
+		return dst, nil
 	case KindTupleVmap:
-		return []nftables.SetElement{{Key: cat(addrBytes(el.Addr), protoField(el.Proto), portField(el.Port)), VerdictData: verdictData(el)}}, nil
+		k := ar.take(alen + 8)
+		putPort(putProto(putAddr(k, el.Addr), el.Proto), el.Port)
+		return append(dst, nftables.SetElement{Key: k, VerdictData: verdictData(el)}), nil
 	case KindProtoPortVmap:
-		return []nftables.SetElement{{Key: cat(protoField(el.Proto), portField(el.Port)), VerdictData: verdictData(el)}}, nil
+		k := ar.take(8)
+		putPort(putProto(k, el.Proto), el.Port)
+		return append(dst, nftables.SetElement{Key: k, VerdictData: verdictData(el)}), nil
 	case KindTupleEndpoints:
-		return []nftables.SetElement{{Key: cat(addrBytes(el.Addr), protoField(el.Proto), portField(el.Port), hostU32(el.Index)),
-			Val: cat(addrBytes(el.DataAddr), portField(el.DataPort))}}, nil
+		k := ar.take(alen + 12)
+		putU32(putPort(putProto(putAddr(k, el.Addr), el.Proto), el.Port), el.Index)
+		v := ar.take(alen + 4)
+		putPort(putAddr(v, el.DataAddr), el.DataPort)
+		return append(dst, nftables.SetElement{Key: k, Val: v}), nil
 	case KindProtoPortEndpoints:
-		return []nftables.SetElement{{Key: cat(protoField(el.Proto), portField(el.Port), hostU32(el.Index)),
-			Val: cat(addrBytes(el.DataAddr), portField(el.DataPort))}}, nil
+		k := ar.take(12)
+		putU32(putPort(putProto(k, el.Proto), el.Port), el.Index)
+		v := ar.take(alen + 4)
+		putPort(putAddr(v, el.DataAddr), el.DataPort)
+		return append(dst, nftables.SetElement{Key: k, Val: v}), nil
 	case KindHairpin:
-		return []nftables.SetElement{{Key: cat(addrBytes(el.Addr), addrBytes(el.Addr2), protoField(el.Proto), portField(el.Port))}}, nil
+		k := ar.take(2*alen + 8)
+		putPort(putProto(putAddr(putAddr(k, el.Addr), el.Addr2), el.Proto), el.Port)
+		return append(dst, nftables.SetElement{Key: k}), nil
 	}
-	return nil, fmt.Errorf("unknown set kind %d", s.Kind)
+	return dst, fmt.Errorf("unknown set kind %d", s.Kind)
 }
 
 // prefixEnd returns the first address after p (the exclusive end of an interval), if there is one.
