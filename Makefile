@@ -26,18 +26,19 @@ deps:
 	fi
 
 # test: everything CI runs. Unit tests need no root; the netns end-to-end tests need root.
-test: deps build
+TEST_ENV := VIPGATE_BIN=$(CURDIR)/$(BIN)/vipgate VIPGATE_LABSERVER=$(CURDIR)/$(BIN)/labserver \
+	VIPGATE_KUBE_APISERVER=$(CURDIR)/$(BIN)/kube-apiserver
+
+test: deps build apiserver
 	$(GO) vet ./...
-	VIPGATE_BIN=$(CURDIR)/$(BIN)/vipgate VIPGATE_LABSERVER=$(CURDIR)/$(BIN)/labserver \
-		$(GO) test -count=1 -timeout 20m ./...
+	$(TEST_ENV) $(GO) test -count=1 -timeout 25m ./...
 	$(MAKE) fuzz
 
 unit:
 	$(GO) test -count=1 -short ./...
 
-e2e: deps build
-	VIPGATE_BIN=$(CURDIR)/$(BIN)/vipgate VIPGATE_LABSERVER=$(CURDIR)/$(BIN)/labserver \
-		$(GO) test -count=1 -timeout 20m -v ./test/e2e/
+e2e: deps build apiserver
+	$(TEST_ENV) $(GO) test -count=1 -timeout 20m -v ./test/e2e/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzFileDocument$$' -fuzztime $(FUZZTIME) ./cluster/
@@ -54,7 +55,10 @@ bench: deps build
 # first time, cached afterwards).
 apiserver:
 	@mkdir -p $(BIN)
-	cd test/tools && GOFLAGS=-mod=mod $(GO) build -o $(CURDIR)/$(BIN)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+	@if [ ! -x $(BIN)/kube-apiserver ]; then \
+		echo "building kube-apiserver v1.36.3 (about 7 minutes the first time)"; \
+		cd test/tools && $(GO) build -o $(CURDIR)/$(BIN)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver; \
+	fi
 
 clean:
 	rm -rf $(BIN)

@@ -2,6 +2,8 @@
 //
 //	vipgate node    program this host's kernel for Services (the DaemonSet)
 //	vipgate render  print the ruleset vipgate would program, in nft syntax
+//	vipgate explain trace one packet through the live (or rendered) ruleset
+//	vipgate status  show a running node's syncs, tables, refused objects and VIPs
 //	vipgate version print the version
 package main
 
@@ -18,6 +20,8 @@ const usage = `vipgate: LoadBalancer IPs and Services for bare-metal Kubernetes.
 Usage:
   vipgate node    --config FILE (--manifests DIR | --kubeconfig FILE)   run on a node: program nftables
   vipgate render  --config FILE --manifests DIR                         print the nftables ruleset (nft -f syntax)
+  vipgate explain --from SRC --to DST:PORT[/PROTO] [--host]             trace one packet through the live (or rendered) ruleset
+  vipgate status  [--admin 127.0.0.1:10249]                             show what vipgate node is doing
   vipgate version                                                       print the version
 
 Run "vipgate COMMAND --help" for a command's flags.
@@ -34,6 +38,10 @@ func main() {
 		err = runNode(os.Args[2:])
 	case "render":
 		err = runRender(os.Args[2:])
+	case "explain":
+		err = runExplain(os.Args[2:])
+	case "status":
+		err = runStatus(os.Args[2:])
 	case "version", "--version":
 		fmt.Println("vipgate", version)
 	case "help", "-h", "--help":

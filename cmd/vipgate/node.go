@@ -99,7 +99,23 @@ func runNode(args []string) error {
 	dpCfg := dataplaneConfig(cfg, log)
 	proxier := dataplane.NewProxier(log.Named("dataplane"), dpCfg, prog)
 
-	healthz := dataplane.NewProxyHealthServer(log.Named("healthz"), cfg.HealthzBindAddress.String(), 2*time.Minute)
+	// The admin endpoint (/metrics, /status) on metricsBindAddress, localhost unless configured
+	// otherwise. Components register their metrics on nodeRegistry().
+	admin, err := newAdminServer(log.Named("admin"), cfg.MetricsBindAddress, nodeRegistry(),
+		NodeStatus{Node: cfg.NodeName, Table: cfg.TableName, Source: src.String(), Version: version})
+	if err != nil {
+		return err
+	}
+	if err := admin.Start(); err != nil {
+		// Like healthz: a taken port must not stop the dataplane (an old kube-proxy may still hold it).
+		log.Warn("admin endpoint not started", "addr", cfg.MetricsBindAddress, "err", err)
+	} else {
+		defer admin.Close()
+	}
+
+	// /healthz and /livez: QueuedUpdate when a snapshot arrives, Updated when one is programmed, so
+	// a node whose syncs keep failing (or never run) turns unhealthy after staleAfter.
+	healthz := dataplane.NewProxyHealthServer(log, cfg.HealthzBindAddress.String(), 2*time.Minute)
 	if err := healthz.Start(); err != nil {
 		log.Warn("healthz server not started", "addr", cfg.HealthzBindAddress, "err", err)
 	} else {
@@ -109,7 +125,7 @@ func runNode(args []string) error {
 	if len(hcAddrs) == 0 {
 		hcAddrs = cfg.NodeIPs
 	}
-	hc := dataplane.NewHealthCheckServer(log.Named("healthcheck"), hcAddrs, healthz.IsHealthy)
+	hc := dataplane.NewHealthCheckServer(log, hcAddrs, healthz.IsHealthy)
 	defer hc.Close()
 	ct, err := dataplane.NewConntrackCleaner(log.Named("conntrack"))
 	if err != nil {
@@ -125,6 +141,9 @@ func runNode(args []string) error {
 		return err
 	}
 	defer spk.Stop()
+	if vl, ok := spk.(vipLister); ok {
+		admin.setVIPLister(vl)
+	}
 
 	states := make(chan *cluster.State, 1)
 	srcErr := make(chan error, 1)
@@ -162,6 +181,7 @@ func runNode(args []string) error {
 			continue
 		}
 		rep, err := proxier.Sync(pending)
+		admin.recordSync(pending, rep, err)
 		if err != nil {
 			log.Error("sync failed, retrying in 1s", "err", err)
 			retry.Reset(time.Second)
@@ -189,11 +209,7 @@ func runNode(args []string) error {
 				log.Debug("deleted stale conntrack entries", "count", n)
 			}
 		}
-		changes := 0
-		for _, tx := range rep.Txs {
-			changes += len(tx.AddElements) + len(tx.DelElements) + len(tx.AddChains) + len(tx.FlushChains) + len(tx.DelChains)
-		}
-		log.Info("synced", "full", rep.Full, "duration", rep.Duration, "changes", changes)
+		log.Info("synced", "full", rep.Full, "duration", rep.Duration, "changes", txChanges(rep))
 	}
 }
 

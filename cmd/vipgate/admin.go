@@ -1,0 +1,242 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
+)
+
+// The admin endpoint of `vipgate node`, on metricsBindAddress (127.0.0.1:10249 by default, as
+// kube-proxy's metrics): /metrics for Prometheus and /status, the JSON that `vipgate status` prints.
+// /healthz and /livez stay on healthzBindAddress (dataplane.ProxyHealthServer), where kubelet and
+// load balancers expect them.
+
+var (
+	nodeRegOnce sync.Once
+	nodeReg     *prometheus.Registry
+)
+
+// nodeRegistry returns the Prometheus registry of `vipgate node`. It is not the global registry, so
+// nothing registers on it by import side effect; every component of the node (dataplane, speakers)
+// registers its collectors here, and /metrics serves exactly this registry.
+func nodeRegistry() *prometheus.Registry {
+	nodeRegOnce.Do(func() {
+		nodeReg = prometheus.NewRegistry()
+		nodeReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	})
+	return nodeReg
+}
+
+// VIPStatus is one LoadBalancer IP as /status reports it.
+type VIPStatus struct {
+	IP      string `json:"ip"`
+	Service string `json:"service,omitempty"`
+	// Mode is how the VIP is announced: "l2" or "bgp".
+	Mode string `json:"mode,omitempty"`
+	// Announcer names the node that answers for the VIP (L2), or this node (BGP).
+	Announcer string `json:"announcer,omitempty"`
+	// Announced says whether this node announces it now.
+	Announced bool     `json:"announced"`
+	Peers     []string `json:"peers,omitempty"`
+	// Reason says why this node does (not) announce it.
+	Reason string `json:"reason,omitempty"`
+}
+
+// vipLister is what a nodeSpeaker implements to list its VIPs on /status. VIPs is called from the
+// HTTP handler's goroutine, so it must be safe to call concurrently with Update.
+type vipLister interface {
+	VIPs() []VIPStatus
+}
+
+// SyncStatus describes one dataplane sync.
+type SyncStatus struct {
+	Time            time.Time `json:"time"`
+	Duration        string    `json:"duration"`
+	DurationSeconds float64   `json:"durationSeconds"`
+	Full            bool      `json:"full"`
+	// Changes counts elements and chains added, changed or removed.
+	Changes int `json:"changes"`
+}
+
+// RejectedObject is an input object or entry that is not programmed, and why.
+type RejectedObject struct {
+	Kind   string `json:"kind"`
+	Object string `json:"object"`
+	Source string `json:"source,omitempty"`
+	Reason string `json:"reason"`
+}
+
+// NodeStatus is the document /status serves.
+type NodeStatus struct {
+	Node    string    `json:"node"`
+	Table   string    `json:"table"`
+	Source  string    `json:"source"`
+	Version string    `json:"version"`
+	Started time.Time `json:"started"`
+	// LastSync is the last successful sync (nil before the first).
+	LastSync *SyncStatus `json:"lastSync,omitempty"`
+	// LastError is the error of the last sync if it failed, with its time.
+	LastError     string     `json:"lastError,omitempty"`
+	LastErrorTime *time.Time `json:"lastErrorTime,omitempty"`
+	Services      int        `json:"services"`
+	Endpoints     int        `json:"endpoints"`
+	// Tables counts what each family's table holds.
+	Tables   []dataplane.ProgrammedCounts `json:"tables"`
+	Rejected []RejectedObject             `json:"rejected"`
+	VIPs     []VIPStatus                  `json:"vips"`
+}
+
+// adminServer serves /metrics and /status. The sync loop writes through recordSync; the handlers
+// only read a copy.
+type adminServer struct {
+	log     hclog.Logger
+	addr    netip.AddrPort
+	reg     *prometheus.Registry
+	metrics *dataplane.Metrics
+
+	mu     sync.Mutex
+	status NodeStatus
+	vips   vipLister
+	srv    *http.Server
+	bound  net.Addr
+}
+
+// newAdminServer creates the admin endpoint and the dataplane metrics on reg. base holds the fields
+// that never change (node, table, source, version).
+func newAdminServer(log hclog.Logger, addr netip.AddrPort, reg *prometheus.Registry, base NodeStatus) (*adminServer, error) {
+	m, err := dataplane.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	base.Started = time.Now()
+	return &adminServer{log: log, addr: addr, reg: reg, metrics: m, status: base}, nil
+}
+
+// Start listens on the admin address and serves in the background.
+func (a *adminServer) Start() error {
+	ln, err := net.Listen("tcp", a.addr.String())
+	if err != nil {
+		return fmt.Errorf("starting admin endpoint on %s: %w", a.addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
+	mux.HandleFunc("/status", a.serveStatus)
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          a.log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
+	}
+	a.mu.Lock()
+	a.srv, a.bound = srv, ln.Addr()
+	a.mu.Unlock()
+	if !a.addr.Addr().IsLoopback() {
+		a.log.Warn("admin endpoint (metrics, status) listens beyond localhost, as configured", "address", ln.Addr().String())
+	} else {
+		a.log.Info("serving metrics and status", "address", ln.Addr().String())
+	}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("admin endpoint stopped", "address", ln.Addr().String(), "err", err)
+		}
+	}()
+	return nil
+}
+
+// Addr is the address the endpoint listens on (nil before Start).
+func (a *adminServer) Addr() net.Addr {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.bound
+}
+
+// Close stops serving.
+func (a *adminServer) Close() error {
+	a.mu.Lock()
+	srv := a.srv
+	a.srv = nil
+	a.mu.Unlock()
+	if srv == nil {
+		return nil
+	}
+	return srv.Close()
+}
+
+// setVIPLister makes /status list the VIPs of v (the speaker).
+func (a *adminServer) setVIPLister(v vipLister) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.vips = v
+}
+
+// recordSync records the outcome of one sync of snapshot st.
+func (a *adminServer) recordSync(st *cluster.State, rep *dataplane.SyncReport, err error) {
+	a.metrics.ObserveSync(st, rep, err)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err != nil {
+		now := time.Now()
+		a.status.LastError, a.status.LastErrorTime = err.Error(), &now
+		return
+	}
+	a.status.LastError, a.status.LastErrorTime = "", nil
+	a.status.LastSync = &SyncStatus{Time: time.Now(), Duration: rep.Duration.String(), DurationSeconds: rep.Duration.Seconds(),
+		Full: rep.Full, Changes: txChanges(rep)}
+	a.status.Services = len(st.Services)
+	a.status.Endpoints = dataplane.CountEndpoints(st)
+	rej := make([]RejectedObject, 0, len(st.Rejected)+len(rep.Conflicts))
+	for _, r := range append(append([]cluster.Rejection(nil), st.Rejected...), rep.Conflicts...) {
+		rej = append(rej, RejectedObject{Kind: r.Kind, Object: r.Object, Source: r.Source, Reason: r.Reason})
+	}
+	a.status.Rejected = rej
+}
+
+// txChanges counts what a sync changed, for logs and /status.
+func txChanges(rep *dataplane.SyncReport) int {
+	n := 0
+	for _, tx := range rep.Txs {
+		n += len(tx.AddElements) + len(tx.DelElements) + len(tx.AddChains) + len(tx.FlushChains) + len(tx.DelChains)
+	}
+	return n
+}
+
+// snapshot returns the current status document.
+func (a *adminServer) snapshot() NodeStatus {
+	a.mu.Lock()
+	st := a.status
+	st.Rejected = append([]RejectedObject{}, a.status.Rejected...)
+	vips := a.vips
+	a.mu.Unlock()
+	st.Tables = a.metrics.Programmed()
+	st.VIPs = []VIPStatus{}
+	if vips != nil {
+		st.VIPs = append(st.VIPs, vips.VIPs()...)
+	}
+	return st
+}
+
+func (a *adminServer) serveStatus(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(a.snapshot()); err != nil {
+		a.log.Debug("writing /status", "err", err)
+	}
+}

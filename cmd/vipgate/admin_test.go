@@ -1,0 +1,108 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
+)
+
+type okProgrammer struct{}
+
+func (okProgrammer) Apply(*dataplane.Tx) error { return nil }
+
+type fakeVIPs []VIPStatus
+
+func (f fakeVIPs) VIPs() []VIPStatus { return f }
+
+// TestAdminStatusAndMetrics serves /status and /metrics on a loopback port and reads them back the
+// way `vipgate status` and Prometheus do.
+func TestAdminStatusAndMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	a, err := newAdminServer(hclog.NewNullLogger(), netip.MustParseAddrPort("127.0.0.1:0"), reg,
+		NodeStatus{Node: "node1", Table: "vipgate", Source: "manifests /x", Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	addr := a.Addr().String()
+
+	// Before any sync.
+	_, st, err := fetchStatus(addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.LastSync != nil || st.Node != "node1" || st.VIPs == nil {
+		t.Errorf("status before a sync: %+v", st)
+	}
+
+	key := cluster.ServiceKey{Namespace: "demo", Name: "web"}
+	state := &cluster.State{
+		Services: map[cluster.ServiceKey]*cluster.Service{key: {Key: key, Type: cluster.TypeClusterIP,
+			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+			Ports:      []cluster.ServicePort{{Protocol: cluster.TCP, Port: 80}}}},
+		EndpointSlices: map[cluster.ServiceKey][]*cluster.EndpointSlice{key: {{Namespace: "demo", Name: "web-1", Service: key, Family: cluster.IPv4,
+			Ports:     []cluster.EndpointPort{{Protocol: cluster.TCP, Port: 8080}},
+			Endpoints: []cluster.Endpoint{{Addresses: []netip.Addr{netip.MustParseAddr("10.244.1.11")}, Ready: true, Serving: true, NodeName: "node1"}}}}},
+		Rejected: []cluster.Rejection{{Kind: "Service", Object: "demo/bad", Source: "file bad.yaml document 1", Reason: "no ports"}},
+	}
+	p := dataplane.NewProxier(hclog.NewNullLogger(), dataplane.Config{NodeName: "node1"}, okProgrammer{})
+	rep, err := p.Sync(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.recordSync(state, rep, nil)
+	a.recordSync(state, rep, errors.New("netlink: EPERM"))
+	a.setVIPLister(fakeVIPs{{IP: "203.0.113.10", Service: "demo/web", Mode: "l2", Announcer: "node1", Announced: true}})
+
+	_, st, err = fetchStatus("http://"+addr+"/", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.LastSync == nil || !st.LastSync.Full || st.Services != 1 || st.Endpoints != 1 || len(st.Rejected) != 1 ||
+		st.LastError != "netlink: EPERM" || len(st.VIPs) != 1 || len(st.Tables) != 2 {
+		t.Errorf("status after syncs: %+v", st)
+	}
+	var b strings.Builder
+	writeStatus(&b, st, time.Now())
+	for _, want := range []string{"node:      node1", "last sync:", "full", "LAST SYNC FAILED", "services:  1   endpoints: 1",
+		"Service demo/bad [file bad.yaml document 1]: no ports", "203.0.113.10", "announced here"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("status text lacks %q:\n%s", want, b.String())
+		}
+	}
+
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`vipgate_sync_duration_seconds_count{kind="full"} 1`, "vipgate_sync_errors_total 1", "vipgate_services 1",
+		"vipgate_endpoints 1", `vipgate_nftables_elements{family="ipv4",set="service-ips"} 1`, "vipgate_rejected_objects 1", "vipgate_last_sync_timestamp_seconds"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+func TestNodeRegistryIsNotGlobal(t *testing.T) {
+	if prometheus.Registerer(nodeRegistry()) == prometheus.DefaultRegisterer {
+		t.Fatal("nodeRegistry is the global registry")
+	}
+	if nodeRegistry() != nodeRegistry() {
+		t.Fatal("nodeRegistry is not one registry")
+	}
+}

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vipgate/vipgate/dataplane"
+)
+
+func TestParseDest(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string
+		proto    uint8
+		bad      bool
+	}{
+		{in: "10.96.0.10:80", want: "10.96.0.10:80", proto: dataplane.ProtoTCP},
+		{in: "10.96.0.10:53/udp", want: "10.96.0.10:53", proto: dataplane.ProtoUDP},
+		{in: "[2001:db8::1]:443/SCTP", want: "[2001:db8::1]:443", proto: dataplane.ProtoSCTP},
+		{in: "10.96.0.10", bad: true},
+		{in: "10.96.0.10:80/icmp", bad: true},
+		{in: "10.96.0.10:0", bad: true},
+	} {
+		ap, proto, err := parseDest(tc.in)
+		if tc.bad {
+			if err == nil {
+				t.Errorf("parseDest(%q) = %v, want an error", tc.in, ap)
+			}
+			continue
+		}
+		if err != nil || ap.String() != tc.want || proto != tc.proto {
+			t.Errorf("parseDest(%q) = %v %d %v, want %s %d", tc.in, ap, proto, err, tc.want, tc.proto)
+		}
+	}
+}
+
+// TestExplainRendered explains packets through the ruleset rendered from the demo manifests (no
+// kernel): outcomes, candidates, masquerade reasons and the words for drops and rejects.
+func TestExplainRendered(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "node1.yaml")
+	if err := os.WriteFile(cfg, []byte(`apiVersion: vipgate.io/v1alpha1
+kind: NodeConfig
+nodeName: node1
+nodeIPs: ["192.0.2.11", "2001:db8:1::11"]
+clusterCIDRs: ["10.244.0.0/16", "2001:db8:244::/48"]
+serviceCIDRs: ["10.96.0.0/16", "2001:db8:96::/108"]
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	manifests := filepath.Join("..", "..", "deploy", "examples", "demo")
+	for _, tc := range []struct {
+		name, from, to string
+		host           bool
+		outcome        string
+		summary        string
+		service        string
+		why            string // substring of a Why line or masquerade reason
+	}{
+		{name: "eTP=Cluster VIP", from: "198.51.100.7", to: "203.0.113.11:80", outcome: "DNAT",
+			summary: "10.244.1.11:8080, 10.244.1.12:8080, 10.244.2.11:8080 masq", service: "demo/web-cluster port 80/TCP", why: "externalTrafficPolicy=Cluster"},
+		{name: "eTP=Local VIP keeps the source", from: "198.51.100.7", to: "203.0.113.10:80/udp", outcome: "DNAT",
+			summary: "10.244.1.11:8080, 10.244.1.12:8080", service: "demo/web-local port 80/UDP"},
+		{name: "eTP=Local VIP from the host", host: true, to: "203.0.113.10:80", outcome: "DNAT",
+			summary: "10.244.1.11:8080, 10.244.1.12:8080, 10.244.2.11:8080 masq", why: "from this host"},
+		{name: "ClusterIP from outside", from: "198.51.100.7", to: "10.96.0.10:80", outcome: "DNAT", why: "outside the pod network"},
+		{name: "hairpin", from: "10.244.1.11", to: "10.96.0.10:80", outcome: "DNAT",
+			summary: "10.244.1.11:8080 masq, 10.244.1.12:8080, 10.244.2.11:8080", why: "hairpin"},
+		{name: "undefined ClusterIP port", from: "10.244.1.11", to: "10.96.0.10:81", outcome: "REJECT", why: "has no port 81/tcp"},
+		{name: "unallocated ClusterIP", from: "10.244.1.11", to: "10.96.0.99:80", outcome: "DROP", why: "no Service has it"},
+		{name: "undefined VIP port", from: "198.51.100.7", to: "203.0.113.11:81", outcome: "ACCEPT", why: "no Service port 81/tcp"},
+		{name: "not Service traffic", from: "198.51.100.7", to: "10.244.1.11:8080", outcome: "ACCEPT", why: "not Service traffic"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep, err := explain(&explainFlags{from: tc.from, to: tc.to, host: tc.host, config: cfg, manifests: manifests})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b strings.Builder
+			rep.writeText(&b)
+			text := b.String()
+			if rep.Outcome != tc.outcome || (tc.summary != "" && rep.Summary != tc.summary) || (tc.service != "" && rep.Service != tc.service) ||
+				rep.Ruleset != "rendered" {
+				t.Errorf("got %s %q service %q, want %s %q %q\n%s", rep.Outcome, rep.Summary, rep.Service, tc.outcome, tc.summary, tc.service, text)
+			}
+			if tc.why != "" && !strings.Contains(text, tc.why) {
+				t.Errorf("output lacks %q:\n%s", tc.why, text)
+			}
+		})
+	}
+	if _, err := explain(&explainFlags{from: "1.2.3.4", to: "10.96.0.10:80", manifests: manifests}); err == nil {
+		t.Errorf("--manifests without --config: no error")
+	}
+}

@@ -1,0 +1,1043 @@
+package dataplane
+
+import (
+	"cmp"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/vipgate/vipgate/cluster"
+)
+
+// This file is the inverse of netlink.go: it reads vipgate's table back from the kernel and decodes
+// it into the model (a Flat), so that `vipgate explain` traces a packet through the rules the kernel
+// really holds, not through what vipgate believes it programmed.
+//
+// Rules are decoded by proposal and proof: the expressions of a rule suggest a candidate match or
+// action (its parameters taken from the expressions), the encoder of netlink.go encodes the
+// candidate, and the candidate is accepted only if that encoding equals the kernel's expressions
+// (after normalising what the kernel legitimately rewrites, such as register numbering). So the
+// decoder can never accept a shape netlink.go does not emit, and a rule that matches no known shape is
+// an error that names its chain and rule — never skipped.
+//
+// Sets and elements are read with our own netlink dump rather than google/nftables v0.3.0, whose
+// decoders lose the key type of verdict maps (setsFromMsg overwrites KeyType with the data type) and
+// the verdict of verdict-map elements (decodeElement only keeps NFTA_DATA_VALUE).
+
+// KernelSet is a set as the kernel describes it (NFT_MSG_GETSET).
+type KernelSet struct {
+	Name       string
+	Flags      uint32
+	KeyType    uint32
+	KeyLen     uint32
+	DataType   uint32
+	DataLen    uint32
+	Timeout    time.Duration
+	HasData    bool
+	HasTimeout bool
+}
+
+// KernelElement is a set element as the kernel describes it (NFT_MSG_GETSETELEM).
+type KernelElement struct {
+	Key         []byte
+	Data        []byte
+	IntervalEnd bool
+	// Verdict is set for verdict-map elements.
+	Verdict *expr.Verdict
+}
+
+// KernelTable is everything the kernel holds for one table, undecoded.
+type KernelTable struct {
+	Family cluster.Family
+	Name   string
+	// Chains in kernel order, and the rules of each.
+	Chains   []*nftables.Chain
+	Rules    map[string][]*nftables.Rule
+	Sets     []KernelSet
+	Elements map[string][]KernelElement
+}
+
+// nftDataVerdict is NFT_DATA_VERDICT, the data type the kernel reports for verdict maps.
+const nftDataVerdict = 0xffffff00
+
+// ReadTable reads table name of family f back from the kernel (the namespace of NetNSFd, else the
+// current one) and decodes it into the model. Dynamic sets (session-affinity clients) are runtime
+// state, not program, and their elements are left out.
+func (n *NetlinkProgrammer) ReadTable(f cluster.Family, name string) (*Flat, error) {
+	kt, err := n.ReadKernelTable(f, name)
+	if err != nil {
+		return nil, err
+	}
+	return DecodeTable(kt)
+}
+
+// ReadKernelTable reads table name of family f from the kernel without decoding it.
+func (n *NetlinkProgrammer) ReadKernelTable(f cluster.Family, name string) (*KernelTable, error) {
+	fam := tableFamily(f)
+	fname := familyName(f)
+	// A lasting connection: one socket for the whole read instead of one per chain listed.
+	opts := []nftables.ConnOption{nftables.AsLasting()}
+	if n.NetNSFd != 0 {
+		opts = append(opts, nftables.WithNetNSFd(n.NetNSFd))
+	}
+	c, err := nftables.New(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("opening nftables netlink connection: %w", err)
+	}
+	defer c.CloseLasting()
+	t, err := c.ListTableOfFamily(name, fam)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "expected table count") {
+			return nil, fmt.Errorf("table %s %s does not exist in this network namespace (is vipgate node running here?)", fname, name)
+		}
+		if errors.Is(err, unix.EPERM) {
+			return nil, fmt.Errorf("reading table %s %s (reading nftables needs CAP_NET_ADMIN; run as root): %w", fname, name, err)
+		}
+		return nil, fmt.Errorf("reading table %s %s: %w", fname, name, err)
+	}
+	kt := &KernelTable{Family: f, Name: name, Rules: map[string][]*nftables.Rule{}, Elements: map[string][]KernelElement{}}
+	chains, err := c.ListChainsOfTableFamily(fam)
+	if err != nil {
+		return nil, fmt.Errorf("listing chains of %s %s: %w", fname, name, err)
+	}
+	for _, ch := range chains {
+		if ch.Table == nil || ch.Table.Name != name {
+			continue
+		}
+		kt.Chains = append(kt.Chains, ch)
+		rules, err := c.GetRules(t, ch)
+		if err != nil {
+			return nil, fmt.Errorf("listing rules of chain %s in %s %s: %w", ch.Name, fname, name, err)
+		}
+		kt.Rules[ch.Name] = rules
+	}
+	raw, err := n.rawConn()
+	if err != nil {
+		return nil, err
+	}
+	defer raw.Close()
+	if kt.Sets, err = dumpSets(raw, f, name); err != nil {
+		return nil, fmt.Errorf("listing sets of %s %s: %w", fname, name, err)
+	}
+	for _, s := range kt.Sets {
+		if s.Flags&unix.NFT_SET_EVAL != 0 {
+			continue // dynamic: filled by packets
+		}
+		els, err := dumpElements(raw, f, name, s.Name)
+		if err != nil {
+			return nil, fmt.Errorf("listing elements of set %s in %s %s: %w", s.Name, fname, name, err)
+		}
+		kt.Elements[s.Name] = els
+	}
+	return kt, nil
+}
+
+func familyName(f cluster.Family) string {
+	if f == cluster.IPv6 {
+		return "ip6"
+	}
+	return "ip"
+}
+
+// rawConn opens a plain nfnetlink socket for the dumps google/nftables decodes lossily.
+func (n *NetlinkProgrammer) rawConn() (*netlink.Conn, error) {
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: n.NetNSFd})
+	if err != nil {
+		return nil, fmt.Errorf("opening netfilter netlink socket: %w", err)
+	}
+	// A dump of a big map is many messages; a larger receive buffer avoids ENOBUFS on slow readers.
+	buf := n.SocketBuffer
+	if buf == 0 {
+		buf = 64 << 20
+	}
+	if raw, err := c.SyscallConn(); err == nil {
+		_ = raw.Control(func(fd uintptr) {
+			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, buf) != nil {
+				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, buf)
+			}
+		})
+	}
+	return c, nil
+}
+
+func nfMsg(f cluster.Family, typ uint16, attrs []netlink.Attribute) (netlink.Message, error) {
+	data, err := netlink.MarshalAttributes(attrs)
+	if err != nil {
+		return netlink.Message{}, err
+	}
+	return netlink.Message{
+		Header: netlink.Header{
+			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ),
+			Flags: netlink.Request | netlink.Dump,
+		},
+		// nfgenmsg: family, version NFNETLINK_V0, resource id 0.
+		Data: append([]byte{byte(tableFamily(f)), unix.NFNETLINK_V0, 0, 0}, data...),
+	}, nil
+}
+
+func dumpSets(c *netlink.Conn, f cluster.Family, table string) ([]KernelSet, error) {
+	msg, err := nfMsg(f, unix.NFT_MSG_GETSET, []netlink.Attribute{{Type: unix.NFTA_SET_TABLE, Data: []byte(table + "\x00")}})
+	if err != nil {
+		return nil, err
+	}
+	replies, err := c.Execute(msg)
+	if err != nil {
+		return nil, err
+	}
+	var out []KernelSet
+	for _, r := range replies {
+		if len(r.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(r.Data[4:])
+		if err != nil {
+			return nil, err
+		}
+		ad.ByteOrder = binary.BigEndian
+		var s KernelSet
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_SET_NAME:
+				s.Name = ad.String()
+			case unix.NFTA_SET_FLAGS:
+				s.Flags = ad.Uint32()
+			case unix.NFTA_SET_KEY_TYPE:
+				s.KeyType = ad.Uint32()
+			case unix.NFTA_SET_KEY_LEN:
+				s.KeyLen = ad.Uint32()
+			case unix.NFTA_SET_DATA_TYPE:
+				s.DataType, s.HasData = ad.Uint32(), true
+			case unix.NFTA_SET_DATA_LEN:
+				s.DataLen = ad.Uint32()
+			case unix.NFTA_SET_TIMEOUT:
+				s.Timeout, s.HasTimeout = time.Duration(ad.Uint64())*time.Millisecond, true
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return nil, fmt.Errorf("decoding set: %w", err)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+func dumpElements(c *netlink.Conn, f cluster.Family, table, set string) ([]KernelElement, error) {
+	msg, err := nfMsg(f, unix.NFT_MSG_GETSETELEM, []netlink.Attribute{
+		{Type: unix.NFTA_SET_ELEM_LIST_TABLE, Data: []byte(table + "\x00")},
+		{Type: unix.NFTA_SET_ELEM_LIST_SET, Data: []byte(set + "\x00")},
+	})
+	if err != nil {
+		return nil, err
+	}
+	replies, err := c.Execute(msg)
+	if err != nil {
+		return nil, err
+	}
+	var out []KernelElement
+	for _, r := range replies {
+		if len(r.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(r.Data[4:])
+		if err != nil {
+			return nil, err
+		}
+		ad.ByteOrder = binary.BigEndian
+		for ad.Next() {
+			if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+				continue
+			}
+			ad.Nested(func(list *netlink.AttributeDecoder) error {
+				for list.Next() {
+					if list.Type() != unix.NFTA_LIST_ELEM {
+						continue
+					}
+					var e KernelElement
+					list.Nested(func(el *netlink.AttributeDecoder) error {
+						return decodeElementAttrs(el, &e)
+					})
+					out = append(out, e)
+				}
+				return nil
+			})
+		}
+		if err := ad.Err(); err != nil {
+			return nil, fmt.Errorf("decoding elements: %w", err)
+		}
+	}
+	return out, nil
+}
+
+func decodeElementAttrs(ad *netlink.AttributeDecoder, e *KernelElement) error {
+	ad.ByteOrder = binary.BigEndian
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_SET_ELEM_KEY:
+			ad.Nested(func(d *netlink.AttributeDecoder) error {
+				for d.Next() {
+					if d.Type() == unix.NFTA_DATA_VALUE {
+						e.Key = d.Bytes()
+					}
+				}
+				return nil
+			})
+		case unix.NFTA_SET_ELEM_DATA:
+			ad.Nested(func(d *netlink.AttributeDecoder) error {
+				d.ByteOrder = binary.BigEndian
+				for d.Next() {
+					switch d.Type() {
+					case unix.NFTA_DATA_VALUE:
+						e.Data = d.Bytes()
+					case unix.NFTA_DATA_VERDICT:
+						v := &expr.Verdict{}
+						d.Nested(func(vd *netlink.AttributeDecoder) error {
+							vd.ByteOrder = binary.BigEndian
+							for vd.Next() {
+								switch vd.Type() {
+								case unix.NFTA_VERDICT_CODE:
+									v.Kind = expr.VerdictKind(int32(vd.Uint32()))
+								case unix.NFTA_VERDICT_CHAIN:
+									v.Chain = vd.String()
+								}
+							}
+							return nil
+						})
+						e.Verdict = v
+					}
+				}
+				return nil
+			})
+		case unix.NFTA_SET_ELEM_FLAGS:
+			e.IntervalEnd = ad.Uint32()&unix.NFT_SET_ELEM_INTERVAL_END != 0
+		}
+	}
+	return nil
+}
+
+// DecodeTable decodes a table read from the kernel into the model. Anything that is not a shape
+// netlink.go emits is an error naming where it is.
+func DecodeTable(kt *KernelTable) (*Flat, error) {
+	fam := familyName(kt.Family)
+	where := fmt.Sprintf("table %s %s", fam, kt.Name)
+	f := &Flat{Family: kt.Family, Table: kt.Name, Chains: map[string]*Chain{}, Sets: map[string]*Set{}, Elements: map[string][]Element{}}
+	enc := &encoder{f: kt.Family, sets: map[string]*nftables.Set{}, kinds: f.Sets, chains: map[string]*nftables.Chain{}}
+
+	for _, ks := range kt.Sets {
+		s, err := decodeSet(enc, ks)
+		if err != nil {
+			return nil, fmt.Errorf("%s: set %s: %w", where, ks.Name, err)
+		}
+		f.Sets[s.Name] = s
+		f.SetOrder = append(f.SetOrder, s.Name)
+	}
+	for _, name := range f.SetOrder {
+		s := f.Sets[name]
+		els, err := decodeElements(kt.Family, s, kt.Elements[name])
+		if err != nil {
+			return nil, fmt.Errorf("%s: set %s: %w", where, name, err)
+		}
+		if len(els) > 0 {
+			f.Elements[name] = els
+		}
+	}
+
+	var base, regular []string
+	for _, kc := range kt.Chains {
+		ch, err := decodeChain(kc)
+		if err != nil {
+			return nil, fmt.Errorf("%s: chain %s: %w", where, kc.Name, err)
+		}
+		for i, kr := range kt.Rules[kc.Name] {
+			r, err := decodeRule(enc, kr.Exprs)
+			if err != nil {
+				return nil, fmt.Errorf("%s: chain %s rule %d (handle %d): %w", where, kc.Name, i, kr.Handle, err)
+			}
+			ch.Rules = append(ch.Rules, r)
+		}
+		f.Chains[ch.Name] = ch
+		if ch.IsBase() {
+			base = append(base, ch.Name)
+		} else {
+			regular = append(regular, ch.Name)
+		}
+	}
+	// Base chains first, in schema order where they are vipgate's, so the table reads as rendered.
+	rank := func(n string) int {
+		for i, bc := range baseChains {
+			if bc.name == n {
+				return i
+			}
+		}
+		return len(baseChains)
+	}
+	slices.SortStableFunc(base, func(a, b string) int { return cmp.Compare(rank(a), rank(b)) })
+	f.ChainOrder = append(base, regular...)
+	restoreComments(f)
+	return f, nil
+}
+
+// restoreComments puts back the rule comments netlink.go does not program, where the rule's chain
+// and shape say which rule of build.go it is, so traces of the kernel's table read like traces of the
+// model ("DROP by fw-…#2 (not in loadBalancerSourceRanges)").
+func restoreComments(f *Flat) {
+	// shape is a rule with its values cleared: the mark bit and prefixes vary by configuration.
+	shape := func(r Rule) string {
+		r.Comment, r.Action.Value = "", 0
+		ms := slices.Clone(r.Matches)
+		for i := range ms {
+			ms[i].Value, ms[i].Prefix = 0, netip.Prefix{}
+		}
+		r.Matches = ms
+		return fmt.Sprintf("%+v", r)
+	}
+	known := map[string]string{}
+	for _, masqAll := range []bool{false, true} {
+		b := BuildBase(BaseConfig{Family: f.Family, MasqueradeAll: masqAll, MasqueradeBit: 14,
+			ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")},
+			ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}})
+		for _, c := range b.Chains {
+			for _, r := range c.Rules {
+				if r.Comment != "" {
+					known[c.Name+"|"+shape(r)] = r.Comment
+				}
+			}
+		}
+	}
+	for _, c := range f.Chains {
+		for i := range c.Rules {
+			r := &c.Rules[i]
+			if com, ok := known[c.Name+"|"+shape(*r)]; ok {
+				r.Comment = com
+				continue
+			}
+			r.Comment = serviceRuleComment(c.Name, *r)
+		}
+	}
+}
+
+// serviceRuleComment names the commented rules of the per-Service chains build.go writes.
+func serviceRuleComment(chain string, r Rule) string {
+	has := func(k MatchKind) bool {
+		return len(r.Matches) == 1 && r.Matches[0].Kind == k
+	}
+	switch {
+	case strings.HasPrefix(chain, "fw-") && len(r.Matches) == 0 && r.Action.Kind == ActDrop:
+		return "not in loadBalancerSourceRanges"
+	case strings.HasPrefix(chain, "ext-ip-"), strings.HasPrefix(chain, "ext-np-"):
+		switch {
+		case has(MatchSaddrInSet) && r.Matches[0].Set == SetClusterCIDRs && r.Action.Kind == ActGoto:
+			return "short-circuit pod traffic"
+		case has(MatchFibSaddrLocal) && r.Action.Kind == ActJump && r.Action.Chain == ChainMarkForMasquerade:
+			return "masquerade local traffic"
+		case has(MatchFibSaddrLocal) && r.Action.Kind == ActGoto:
+			return "short-circuit local traffic"
+		}
+	case strings.HasPrefix(chain, "ext-") && len(r.Matches) == 0 && r.Action.Kind == ActJump && r.Action.Chain == ChainMarkForMasquerade:
+		return "masquerade"
+	}
+	return ""
+}
+
+// allSetKinds lists every set kind, for matching a kernel set against what the encoder would create.
+var allSetKinds = []SetKind{KindAddr, KindPrefix, KindTupleVmap, KindProtoPortVmap, KindTupleEndpoints, KindProtoPortEndpoints, KindHairpin, KindAffinity}
+
+// decodeSet finds the one set kind whose encoding has this key, data and flags.
+func decodeSet(enc *encoder, ks KernelSet) (*Set, error) {
+	if ks.Flags&unix.NFT_SET_ANONYMOUS != 0 {
+		return nil, errors.New("anonymous set: vipgate never creates one")
+	}
+	var found []SetKind
+	for _, k := range allSetKinds {
+		ns, err := enc.nftSet(&Set{Name: ks.Name, Kind: k})
+		if err != nil {
+			return nil, err
+		}
+		if ks.KeyType != ns.KeyType.GetNFTMagic() || ks.KeyLen != ns.KeyType.Bytes {
+			continue
+		}
+		if ks.Flags&unix.NFT_SET_MAP != 0 != ns.IsMap || ks.Flags&unix.NFT_SET_INTERVAL != 0 != ns.Interval ||
+			ks.Flags&unix.NFT_SET_TIMEOUT != 0 != ns.HasTimeout || ks.Flags&unix.NFT_SET_EVAL != 0 != ns.Dynamic {
+			continue
+		}
+		if ns.IsMap {
+			want := ns.DataType.GetNFTMagic()
+			if ns.DataType == nftables.TypeVerdict {
+				want = nftDataVerdict
+			}
+			if ks.DataType != want {
+				continue
+			}
+		}
+		found = append(found, k)
+	}
+	if len(found) != 1 {
+		return nil, fmt.Errorf("key type %#x (%d bytes), data type %#x, flags %#x match %d of vipgate's set shapes, want exactly one",
+			ks.KeyType, ks.KeyLen, ks.DataType, ks.Flags, len(found))
+	}
+	s := &Set{Name: ks.Name, Kind: found[0]}
+	if s.Kind == KindAffinity {
+		s.Timeout = ks.Timeout
+	}
+	return s, nil
+}
+
+// decodeElements turns kernel elements into model elements (an interval's start and end into one
+// prefix element).
+func decodeElements(f cluster.Family, s *Set, kes []KernelElement) ([]Element, error) {
+	alen := 4
+	if f == cluster.IPv6 {
+		alen = 16
+	}
+	if s.Kind == KindPrefix {
+		return decodeIntervals(s.Name, alen, kes)
+	}
+	out := make([]Element, 0, len(kes))
+	for i, ke := range kes {
+		el, err := decodeElement(s, alen, ke)
+		if err != nil {
+			return nil, fmt.Errorf("element %d (key %x): %w", i, ke.Key, err)
+		}
+		out = append(out, el)
+	}
+	return out, nil
+}
+
+// keyReader walks the 4-byte-aligned fields of a concatenated key.
+type keyReader struct {
+	b   []byte
+	err error
+}
+
+func (r *keyReader) take(n int) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if len(r.b) < n {
+		r.err = fmt.Errorf("key too short: %d bytes left, field needs %d", len(r.b), n)
+		return nil
+	}
+	out := r.b[:n]
+	r.b = r.b[n:]
+	return out
+}
+
+func (r *keyReader) addr(alen int) netip.Addr {
+	b := r.take(alen)
+	if b == nil {
+		return netip.Addr{}
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+// padded reads a field of n bytes padded to 4, and checks the padding is zero.
+func (r *keyReader) padded(n int) []byte {
+	b := r.take(4)
+	if b == nil {
+		return nil
+	}
+	for _, x := range b[n:] {
+		if x != 0 && r.err == nil {
+			r.err = fmt.Errorf("non-zero padding in field %x", b)
+		}
+	}
+	return b[:n]
+}
+
+func (r *keyReader) proto() uint8 {
+	b := r.padded(1)
+	if b == nil {
+		return 0
+	}
+	return b[0]
+}
+
+func (r *keyReader) port() uint16 {
+	b := r.padded(2)
+	if b == nil {
+		return 0
+	}
+	return binary.BigEndian.Uint16(b)
+}
+
+func (r *keyReader) hostU32() uint32 {
+	b := r.take(4)
+	if b == nil {
+		return 0
+	}
+	return binary.NativeEndian.Uint32(b)
+}
+
+func (r *keyReader) done() error {
+	if r.err == nil && len(r.b) != 0 {
+		r.err = fmt.Errorf("%d unexpected trailing bytes", len(r.b))
+	}
+	return r.err
+}
+
+func decodeElement(s *Set, alen int, ke KernelElement) (Element, error) {
+	el := Element{Set: s.Name}
+	k := &keyReader{b: ke.Key}
+	d := &keyReader{b: ke.Data}
+	verdictMap, dataMap := false, false
+	switch s.Kind {
+	case KindAddr, KindAffinity:
+		el.Addr = k.addr(alen)
+	case KindTupleVmap:
+		el.Addr, el.Proto, el.Port = k.addr(alen), k.proto(), k.port()
+		verdictMap = true
+	case KindProtoPortVmap:
+		el.Proto, el.Port = k.proto(), k.port()
+		verdictMap = true
+	case KindTupleEndpoints:
+		el.Addr, el.Proto, el.Port, el.Index = k.addr(alen), k.proto(), k.port(), k.hostU32()
+		dataMap = true
+	case KindProtoPortEndpoints:
+		el.Proto, el.Port, el.Index = k.proto(), k.port(), k.hostU32()
+		dataMap = true
+	case KindHairpin:
+		el.Addr, el.Addr2, el.Proto, el.Port = k.addr(alen), k.addr(alen), k.proto(), k.port()
+	default:
+		return el, fmt.Errorf("set kind %d has no element decoder", s.Kind)
+	}
+	if err := k.done(); err != nil {
+		return el, fmt.Errorf("key: %w", err)
+	}
+	if ke.IntervalEnd {
+		return el, errors.New("interval end in a set without intervals")
+	}
+	switch {
+	case verdictMap:
+		if ke.Verdict == nil {
+			return el, errors.New("verdict map element without a verdict")
+		}
+		switch v := ke.Verdict; {
+		case v.Kind == expr.VerdictGoto && v.Chain == ChainReject:
+			el.Verdict, el.Chain = VerdictReject, ChainReject
+		case v.Kind == expr.VerdictGoto && v.Chain != "":
+			el.Verdict, el.Chain = VerdictGoto, v.Chain
+		case v.Kind == expr.VerdictDrop:
+			el.Verdict = VerdictDrop
+		default:
+			return el, fmt.Errorf("verdict %d (chain %q): vipgate's maps only hold goto and drop", v.Kind, v.Chain)
+		}
+	case dataMap:
+		el.DataAddr, el.DataPort = d.addr(alen), d.port()
+		if err := d.done(); err != nil {
+			return el, fmt.Errorf("data: %w", err)
+		}
+	default:
+		if ke.Data != nil || ke.Verdict != nil {
+			return el, errors.New("data in a plain set")
+		}
+	}
+	return el, nil
+}
+
+// decodeIntervals pairs interval starts with their ends and turns each range back into the prefix
+// netlink.go encoded. A range that is not exactly one prefix was not written by vipgate.
+func decodeIntervals(set string, alen int, kes []KernelElement) ([]Element, error) {
+	type point struct {
+		a   netip.Addr
+		end bool
+	}
+	pts := make([]point, 0, len(kes))
+	for _, ke := range kes {
+		if len(ke.Key) != alen {
+			return nil, fmt.Errorf("interval key %x: want %d bytes", ke.Key, alen)
+		}
+		a, _ := netip.AddrFromSlice(ke.Key)
+		pts = append(pts, point{a, ke.IntervalEnd})
+	}
+	// Ascending; at the same address an end (of the range before) sorts before a start.
+	slices.SortFunc(pts, func(x, y point) int {
+		if c := x.a.Compare(y.a); c != 0 {
+			return c
+		}
+		if x.end == y.end {
+			return 0
+		}
+		if x.end {
+			return -1
+		}
+		return 1
+	})
+	var out []Element
+	for i := 0; i < len(pts); i++ {
+		if pts[i].end {
+			return nil, fmt.Errorf("interval end %s without a start", pts[i].a)
+		}
+		start := pts[i].a
+		var end netip.Addr // invalid: to the end of the address space
+		if i+1 < len(pts) && pts[i+1].end {
+			end = pts[i+1].a
+			i++
+		}
+		p, err := rangePrefix(start, end)
+		if err != nil {
+			return nil, fmt.Errorf("set %s: %w", set, err)
+		}
+		out = append(out, Element{Set: set, Prefix: p})
+	}
+	return out, nil
+}
+
+// rangePrefix returns the prefix that covers exactly [start, end) (end invalid: to the top).
+func rangePrefix(start, end netip.Addr) (netip.Prefix, error) {
+	for b := 0; b <= start.BitLen(); b++ {
+		p := netip.PrefixFrom(start, b)
+		if p.Masked().Addr() != start {
+			continue
+		}
+		e, ok := prefixEnd(p)
+		if ok == end.IsValid() && (!ok || e == end) {
+			return p, nil
+		}
+	}
+	return netip.Prefix{}, fmt.Errorf("interval [%s, %s) is not a single prefix", start, end)
+}
+
+func decodeChain(kc *nftables.Chain) (*Chain, error) {
+	ch := &Chain{Name: kc.Name}
+	if kc.Hooknum == nil {
+		return ch, nil
+	}
+	hooks := []struct {
+		h  *nftables.ChainHook
+		to Hook
+	}{
+		{nftables.ChainHookPrerouting, HookPrerouting}, {nftables.ChainHookInput, HookInput},
+		{nftables.ChainHookForward, HookForward}, {nftables.ChainHookOutput, HookOutput},
+		{nftables.ChainHookPostrouting, HookPostrouting},
+	}
+	for _, h := range hooks {
+		if *kc.Hooknum == *h.h {
+			ch.Hook = h.to
+		}
+	}
+	if ch.Hook == "" {
+		return nil, fmt.Errorf("hook %d is not one vipgate uses", *kc.Hooknum)
+	}
+	switch kc.Type {
+	case nftables.ChainTypeNAT:
+		ch.Type = NATType
+	case nftables.ChainTypeFilter:
+		ch.Type = FilterType
+	default:
+		return nil, fmt.Errorf("chain type %q is not one vipgate uses", kc.Type)
+	}
+	if kc.Priority != nil {
+		ch.Priority = int(*kc.Priority)
+	}
+	if kc.Policy != nil && *kc.Policy != nftables.ChainPolicyAccept {
+		return nil, fmt.Errorf("policy %d: vipgate's base chains accept", *kc.Policy)
+	}
+	return ch, nil
+}
+
+// matchKinds and actionKinds are the vocabularies of model.go, in the order candidates are tried.
+var (
+	matchKinds = []MatchKind{MatchCtStateNew, MatchCtStatusDNAT, MatchDaddrInSet, MatchSaddrInSet, MatchSaddrNotInSet,
+		MatchSaddrInPrefix, MatchFibSaddrLocal, MatchMarkAny, MatchHairpin, MatchNumgenZero}
+	actionKinds = []ActionKind{ActJump, ActGoto, ActReturn, ActDrop, ActReject, ActMarkSet, ActMasqClearMark, ActMasquerade,
+		ActVmapTuple, ActVmapProtoPort, ActDNATTupleMap, ActDNATProtoPortMap, ActAffinityDNAT}
+)
+
+// hints are the parameters a run of expressions offers to candidate matches and actions: the first
+// of each kind from the current position on. A wrong hint only makes a candidate fail its proof.
+type hints struct {
+	set, dynset string
+	modulus     uint32
+	mask, xor   []byte
+	cmpData     []byte
+	imm         [][]byte
+	verdict     *expr.Verdict
+}
+
+func gatherHints(xs []expr.Any) hints {
+	var h hints
+	for _, x := range xs {
+		switch e := x.(type) {
+		case *expr.Lookup:
+			h.set = cmp.Or(h.set, e.SetName)
+		case *expr.Dynset:
+			h.dynset = cmp.Or(h.dynset, e.SetName)
+		case *expr.Numgen:
+			h.modulus = cmp.Or(h.modulus, e.Modulus)
+		case *expr.Bitwise:
+			if h.mask == nil {
+				h.mask, h.xor = e.Mask, e.Xor
+			}
+		case *expr.Cmp:
+			if h.cmpData == nil {
+				h.cmpData = e.Data
+			}
+		case *expr.Immediate:
+			h.imm = append(h.imm, e.Data)
+		case *expr.Verdict:
+			if h.verdict == nil {
+				h.verdict = e
+			}
+		}
+	}
+	return h
+}
+
+func u32(b []byte) uint32 {
+	if len(b) != 4 {
+		return 0
+	}
+	return binary.NativeEndian.Uint32(b)
+}
+
+func (h hints) match(k MatchKind) Match {
+	m := Match{Kind: k}
+	switch k {
+	case MatchDaddrInSet, MatchSaddrInSet, MatchSaddrNotInSet, MatchHairpin:
+		m.Set = h.set
+	case MatchSaddrInPrefix:
+		if a, ok := netip.AddrFromSlice(h.cmpData); ok {
+			ones := 0
+			for _, b := range h.mask {
+				ones += bits.OnesCount8(b)
+			}
+			m.Prefix = netip.PrefixFrom(a, ones)
+		}
+	case MatchMarkAny:
+		m.Value = u32(h.mask)
+	case MatchNumgenZero:
+		m.Value = h.modulus
+	}
+	return m
+}
+
+func (h hints) action(k ActionKind) Action {
+	a := Action{Kind: k}
+	switch k {
+	case ActJump, ActGoto:
+		if h.verdict != nil {
+			a.Chain = h.verdict.Chain
+		}
+	case ActMarkSet, ActMasqClearMark:
+		a.Value = u32(h.xor)
+	case ActVmapTuple, ActVmapProtoPort:
+		a.Map = h.set
+	case ActDNATTupleMap, ActDNATProtoPortMap:
+		a.Map, a.Value = h.set, h.modulus
+	case ActAffinityDNAT:
+		a.Set = h.dynset
+		if len(h.imm) == 2 && len(h.imm[1]) == 2 {
+			a.Addr, _ = netip.AddrFromSlice(h.imm[0])
+			a.Port = binary.BigEndian.Uint16(h.imm[1])
+		}
+	}
+	return a
+}
+
+// decodeRule decodes one rule: matches from the front, then one action that takes the rest.
+func decodeRule(enc *encoder, xs []expr.Any) (Rule, error) {
+	var r Rule
+	pos := 0
+	for {
+		rest := xs[pos:]
+		h := gatherHints(rest)
+		// The action, if it accounts for everything that is left.
+		for _, k := range actionKinds {
+			a := h.action(k)
+			want, err := enc.action(a)
+			if err != nil {
+				continue // e.g. a hinted set that the table does not have
+			}
+			if sameExprs(want, rest) {
+				r.Action = a
+				return r, nil
+			}
+		}
+		matched := false
+		for _, k := range matchKinds {
+			m := h.match(k)
+			want, err := enc.match(m)
+			if err != nil || len(want) > len(rest) {
+				continue
+			}
+			if sameExprs(want, rest[:len(want)]) {
+				r.Matches = append(r.Matches, m)
+				pos += len(want)
+				matched = true
+				break
+			}
+		}
+		if !matched {
+			return r, fmt.Errorf("no known match or action at expression %d of [%s]", pos, exprsText(xs))
+		}
+	}
+}
+
+// exprsText lists expressions for error messages.
+func exprsText(xs []expr.Any) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = canonExpr(x)
+	}
+	return strings.Join(parts, "; ")
+}
+
+func sameExprs(a, b []expr.Any) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if canonExpr(a[i]) != canonExpr(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// regIdx maps a register number to its storage: the kernel keeps registers as 4-byte slots and dumps
+// a 16-byte register (1-4) whenever the slot is 16-byte aligned, so reg32 8 comes back as reg 1.
+func regIdx(r uint32) uint32 {
+	if r <= 4 {
+		return r * 4
+	}
+	return r - 8 + 4
+}
+
+// canonExpr spells an expression with only what netlink.go sets and the kernel keeps, so the encoder's
+// expressions and the kernel's compare equal exactly when they mean the same.
+func canonExpr(x expr.Any) string {
+	switch e := x.(type) {
+	case *expr.Payload:
+		c := *e
+		c.DestRegister, c.SourceRegister = regIdx(c.DestRegister), regIdx(c.SourceRegister)
+		return fmt.Sprintf("payload%+v", c)
+	case *expr.Meta:
+		c := *e
+		c.Register = regIdx(c.Register)
+		return fmt.Sprintf("meta%+v", c)
+	case *expr.Ct:
+		c := *e
+		c.Register = regIdx(c.Register)
+		return fmt.Sprintf("ct%+v", c)
+	case *expr.Bitwise:
+		return fmt.Sprintf("bitwise{sreg:%d dreg:%d len:%d mask:%x xor:%x}", regIdx(e.SourceRegister), regIdx(e.DestRegister), e.Len, e.Mask, e.Xor)
+	case *expr.Cmp:
+		return fmt.Sprintf("cmp{op:%d reg:%d data:%x}", e.Op, regIdx(e.Register), e.Data)
+	case *expr.Lookup:
+		dreg := "-"
+		if e.IsDestRegSet {
+			dreg = fmt.Sprint(regIdx(e.DestRegister))
+		}
+		return fmt.Sprintf("lookup{set:%s sreg:%d dreg:%s invert:%v}", e.SetName, regIdx(e.SourceRegister), dreg, e.Invert)
+	case *expr.Dynset:
+		// The kernel reports the set's timeout on the dynset; the encoder leaves it to the set.
+		return fmt.Sprintf("dynset{set:%s sregkey:%d sregdata:%d op:%d invert:%v exprs:%d}", e.SetName, regIdx(e.SrcRegKey), regIdx(e.SrcRegData), e.Operation, e.Invert, len(e.Exprs))
+	case *expr.Fib:
+		c := *e
+		c.Register = regIdx(c.Register)
+		return fmt.Sprintf("fib%+v", c)
+	case *expr.Numgen:
+		c := *e
+		c.Register = regIdx(c.Register)
+		return fmt.Sprintf("numgen%+v", c)
+	case *expr.NAT:
+		c := *e
+		// The kernel fills in the range maxima from the minima and flags the given parts.
+		norm := func(min, max uint32) (uint32, uint32) {
+			if max == min {
+				max = 0
+			}
+			return regIdx(min), regIdx(max)
+		}
+		c.RegAddrMin, c.RegAddrMax = norm(c.RegAddrMin, c.RegAddrMax)
+		c.RegProtoMin, c.RegProtoMax = norm(c.RegProtoMin, c.RegProtoMax)
+		c.Specified = false
+		return fmt.Sprintf("nat%+v", c)
+	case *expr.Masq:
+		c := *e
+		c.RegProtoMin, c.RegProtoMax = regIdx(c.RegProtoMin), regIdx(c.RegProtoMax)
+		return fmt.Sprintf("masq%+v", c)
+	case *expr.Reject:
+		return fmt.Sprintf("reject%+v", *e)
+	case *expr.Verdict:
+		return fmt.Sprintf("verdict{kind:%d chain:%s}", e.Kind, e.Chain)
+	case *expr.Immediate:
+		return fmt.Sprintf("immediate{reg:%d data:%x}", regIdx(e.Register), e.Data)
+	}
+	return fmt.Sprintf("unknown %T %+v", x, x)
+}
+
+// FlatEqual reports whether two tables hold the same chains, rules, sets and elements, ignoring
+// comments (the kernel does not keep vipgate's rule and chain comments) and element order. It returns
+// a description of the first difference.
+func FlatEqual(a, b *Flat) (bool, string) {
+	if a.Family != b.Family || a.Table != b.Table {
+		return false, fmt.Sprintf("table IPv%d %s vs IPv%d %s", a.Family, a.Table, b.Family, b.Table)
+	}
+	for _, n := range sortedKeys(a.Chains, b.Chains) {
+		x, y := a.Chains[n], b.Chains[n]
+		if x == nil || y == nil {
+			return false, fmt.Sprintf("chain %s only on one side", n)
+		}
+		if x.Type != y.Type || x.Hook != y.Hook || x.Priority != y.Priority || len(x.Rules) != len(y.Rules) {
+			return false, fmt.Sprintf("chain %s: %+v vs %+v", n, *x, *y)
+		}
+		for i := range x.Rules {
+			rx, ry := x.Rules[i], y.Rules[i]
+			if rx.Action != ry.Action || !slices.Equal(rx.Matches, ry.Matches) {
+				return false, fmt.Sprintf("chain %s rule %d: %+v vs %+v", n, i, rx, ry)
+			}
+		}
+	}
+	for _, n := range sortedKeys(a.Sets, b.Sets) {
+		x, y := a.Sets[n], b.Sets[n]
+		if x == nil || y == nil {
+			return false, fmt.Sprintf("set %s only on one side", n)
+		}
+		if x.Kind != y.Kind || x.Timeout != y.Timeout {
+			return false, fmt.Sprintf("set %s: %+v vs %+v", n, *x, *y)
+		}
+	}
+	for _, n := range sortedKeys(a.Elements, b.Elements) {
+		x, y := slices.Clone(a.Elements[n]), slices.Clone(b.Elements[n])
+		slices.SortFunc(x, compareElements)
+		slices.SortFunc(y, compareElements)
+		if !slices.Equal(x, y) {
+			for i := 0; i < max(len(x), len(y)); i++ {
+				switch {
+				case i >= len(x):
+					return false, fmt.Sprintf("set %s: only the second has %+v", n, y[i])
+				case i >= len(y):
+					return false, fmt.Sprintf("set %s: only the first has %+v", n, x[i])
+				case x[i] != y[i]:
+					return false, fmt.Sprintf("set %s: %+v vs %+v", n, x[i], y[i])
+				}
+			}
+		}
+	}
+	return true, ""
+}
+
+func sortedKeys[V any](a, b map[string]V) []string {
+	var out []string
+	for k := range a {
+		out = append(out, k)
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,148 @@
+package apiserver
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+// MetalLBModule is the module whose CRDs InstallMetalLBCRDs applies (the version is go.mod's).
+const MetalLBModule = "go.universe.tf/metallb"
+
+var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+// InstallMetalLBCRDs applies MetalLB's CRDs (config/crd/bases of the go.universe.tf/metallb module
+// in the Go module cache, the version go.mod requires) and waits until the API server serves them.
+func (s *Server) InstallMetalLBCRDs(t testing.TB) {
+	t.Helper()
+	dir, err := metallbCRDDir()
+	if err != nil {
+		t.Fatalf("finding MetalLB CRDs: %v", err)
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no MetalLB CRDs in %s (%v)", dir, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	var names []string
+	for _, f := range files {
+		crds, err := readObjects(f)
+		if err != nil {
+			t.Fatalf("reading %s: %v", f, err)
+		}
+		for _, crd := range crds {
+			if crd.GetKind() != "CustomResourceDefinition" {
+				continue
+			}
+			_, err := s.Dynamic.Resource(crdGVR).Create(ctx, crd, metav1.CreateOptions{})
+			if err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Fatalf("creating CRD %s: %v", crd.GetName(), err)
+			}
+			names = append(names, crd.GetName())
+		}
+	}
+	for _, name := range names {
+		err := s.waitFor(func(ctx context.Context) error {
+			crd, err := s.Dynamic.Resource(crdGVR).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			conds, _, _ := unstructured.NestedSlice(crd.Object, "status", "conditions")
+			for _, c := range conds {
+				m, _ := c.(map[string]any)
+				if m["type"] == "Established" && m["status"] == "True" {
+					return nil
+				}
+			}
+			return fmt.Errorf("CRD %s not established yet", name)
+		})
+		if err != nil {
+			t.Fatalf("waiting for CRD %s: %v", name, err)
+		}
+	}
+	// Established means the API server accepts requests; discovery (which informers and RESTMappers
+	// read) follows a moment later.
+	for _, gv := range []string{"metallb.io/v1beta1", "metallb.io/v1beta2"} {
+		if err := s.waitFor(func(context.Context) error {
+			_, err := s.Client.Discovery().ServerResourcesForGroupVersion(gv)
+			return err
+		}); err != nil {
+			t.Fatalf("waiting for %s in discovery: %v", gv, err)
+		}
+	}
+	t.Logf("installed %d MetalLB CRDs from %s", len(names), dir)
+}
+
+// metallbCRDDir locates config/crd/bases of the MetalLB module with `go list -m`.
+func metallbCRDDir() (string, error) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		// sudo often drops the Go directory from PATH.
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	cmd := exec.Command(goBin, "list", "-m", "-f", "{{.Dir}}", MetalLBModule)
+	if _, file, _, ok := runtime.Caller(0); ok {
+		cmd.Dir = filepath.Dir(file) // inside the vipgate module, whose go.mod pins the version
+	}
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return "", fmt.Errorf("go list -m %s: %w: %s", MetalLBModule, err, ee.Stderr)
+		}
+		return "", fmt.Errorf("go list -m %s: %w", MetalLBModule, err)
+	}
+	dir := strings.TrimSpace(string(out))
+	if dir == "" {
+		return "", fmt.Errorf("module %s is not in the module cache (run `go mod download %s`)", MetalLBModule, MetalLBModule)
+	}
+	return filepath.Join(dir, "config", "crd", "bases"), nil
+}
+
+// readObjects reads every document of a YAML file as an unstructured object.
+func readObjects(path string) ([]*unstructured.Unstructured, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	var out []*unstructured.Unstructured
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		js, err := yaml.YAMLToJSON(doc)
+		if err != nil {
+			return nil, err
+		}
+		if len(bytes.TrimSpace(js)) == 0 || string(bytes.TrimSpace(js)) == "null" {
+			continue
+		}
+		u := &unstructured.Unstructured{}
+		if err := u.UnmarshalJSON(js); err != nil {
+			return nil, err
+		}
+		out = append(out, u)
+	}
+}
