@@ -46,6 +46,8 @@ type SyncReport struct {
 	// endpoint counts (both complete, not just the changes).
 	HealthChecks   map[cluster.ServiceKey]uint16
 	LocalEndpoints map[cluster.ServiceKey]int
+	// Adopted says the first sync reconciled the live table in place instead of replacing it.
+	Adopted bool
 	// Conflicts lists entries refused because another Service already owns them.
 	Conflicts []cluster.Rejection
 }
@@ -82,6 +84,10 @@ type Proxier struct {
 	log  hclog.Logger
 	cfg  Config
 	prog Programmer
+
+	// reader, if set, lets the first sync adopt the live table instead of replacing it.
+	reader  TableReader
+	adopted bool
 
 	mu       sync.Mutex
 	fams     map[cluster.Family]*familyState
@@ -191,7 +197,11 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 			} else {
 				fs.rs.Services[key] = nw
 			}
-			rep.StaleFlows = append(rep.StaleFlows, staleFlows(old, nw)...)
+			if !rep.Full {
+				// After a full sync the caller reconciles conntrack against the whole state instead
+				// (see ConntrackReconciler): a restart must not cut every UDP flow.
+				rep.StaleFlows = append(rep.StaleFlows, staleFlows(old, nw)...)
+			}
 		}
 		d.finish()
 		fs.rs.Shared = map[string]*Chain{}
@@ -199,6 +209,14 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 			fs.rs.Shared[n] = SharedChain(n)
 		}
 		tx.Sets = fs.sets
+		if tx.Full && p.reader != nil && !p.adopted {
+			if atx, err := p.adopt(fs); err == nil {
+				tx = atx
+				rep.Adopted = true
+			} else {
+				p.log.Info("replacing the nftables table instead of adopting it", "family", fmt.Sprintf("IPv%d", f), "reason", err)
+			}
+		}
 		if !tx.Empty() {
 			rep.Txs = append(rep.Txs, tx)
 		}
@@ -217,6 +235,7 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 	}
 	p.fams = newFams
 	p.needFull = false
+	p.adopted = true
 	p.remember(st, changed, rep.Full)
 	p.updateHealth(st, changed, rep.Full)
 	rep.HealthChecks = p.healthChk
@@ -229,6 +248,20 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 		debug.FreeOSMemory()
 	}
 	return rep, nil
+}
+
+// SetTableReader makes the first sync adopt the table a previous run left (see adopt.go).
+func (p *Proxier) SetTableReader(r TableReader) { p.reader = r }
+
+func (p *Proxier) adopt(fs *familyState) (*Tx, error) {
+	live, err := p.reader.ReadTable(fs.rs.Family, fs.rs.Table)
+	if err != nil {
+		return nil, err
+	}
+	desired := fs.rs.Flatten()
+	// Shared pickers that are no longer used still exist in desired (reference count 0) only if
+	// referenced; Flatten lists exactly the chains in use.
+	return adoptTx(live, desired, fs.sets)
 }
 
 // claim removes from part every entry that another Service already owns (and the elements that belong

@@ -98,6 +98,8 @@ func runNode(args []string) error {
 
 	dpCfg := dataplaneConfig(cfg, log)
 	proxier := dataplane.NewProxier(log.Named("dataplane"), dpCfg, prog)
+	// A restart adopts the table the previous run left instead of replacing it (affinity survives).
+	proxier.SetTableReader(prog)
 
 	// The admin endpoint (/metrics, /status) on metricsBindAddress, localhost unless configured
 	// otherwise. Components register their metrics on nodeRegistry().
@@ -198,6 +200,15 @@ func runNode(args []string) error {
 		}
 		hc.SyncEndpoints(rep.LocalEndpoints)
 		spk.Update(pending0, rep)
+		if r, ok := ct.(dataplane.ConntrackReconciler); ok && rep.Full {
+			// After a (re)start or a recovery: remove UDP/SCTP entries to Service ports whose reply
+			// source is no longer an endpoint, keep every flow that is still right.
+			if n, err := r.Reconcile(dataplane.ConntrackView(pending0)); err != nil {
+				log.Warn("conntrack reconcile", "err", err)
+			} else if n > 0 {
+				log.Info("deleted stale conntrack entries", "count", n)
+			}
+		}
 		if ct != nil && len(rep.StaleFlows) > 0 {
 			filters := make([]dataplane.StaleFlow, 0, len(rep.StaleFlows))
 			for _, f := range rep.StaleFlows {
