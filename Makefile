@@ -42,6 +42,7 @@ e2e: deps build apiserver
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzFileDocument$$' -fuzztime $(FUZZTIME) ./cluster/
+	$(GO) test -run '^$$' -fuzz '^FuzzRuleset$$' -fuzztime $(FUZZTIME) ./dataplane/
 
 # demo: a two-node lab in network namespaces, vipgate node on each, a tour of the Service types.
 demo: deps build
