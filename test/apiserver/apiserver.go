@@ -169,6 +169,7 @@ func start(t testing.TB, opts Options) (*Server, error) {
 		"--listen-peer-urls", peerURL,
 		"--initial-advertise-peer-urls", peerURL,
 		"--initial-cluster", "vipgate-test="+peerURL,
+		"--logger", "zap",
 		"--log-level", "warn",
 	)
 	if err != nil {
@@ -305,6 +306,9 @@ func (s *Server) startAPIServer() error {
 		// Two cores shared with the tests: skip what a test cluster does not need.
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",
+		// No controller would serve the "kubernetes" Service's endpoints, and in the root namespace
+		// the advertise address is loopback, which the Endpoints validation refuses (noisy logs).
+		"--endpoint-reconciler-type=none",
 		"--v=1",
 	)
 	if err != nil {
@@ -355,14 +359,16 @@ func (s *Server) waitFor(f func(ctx context.Context) error) error {
 	}
 }
 
-// Stop stops kube-apiserver (not etcd, so the data stays): an API outage as clients see it.
+// Stop stops kube-apiserver (not etcd, so the data stays): an API outage as clients see it. The
+// server gets a second to go on its own; a graceful kube-apiserver shutdown waits for long-running
+// watches and would take ten seconds or more for no benefit to the tests.
 func (s *Server) Stop() {
 	s.mu.Lock()
 	p := s.api
 	s.api = nil
 	s.mu.Unlock()
 	if p != nil {
-		p.stop(10 * time.Second)
+		p.stop(time.Second)
 	}
 }
 

@@ -2,7 +2,11 @@ package apiserver
 
 import (
 	"context"
+	"fmt"
+	"net/netip"
+	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +19,9 @@ import (
 // TestServer starts the server in the root namespace, allocates a cluster IP, installs the MetalLB
 // CRDs, creates a pool, and checks that objects survive a restart.
 func TestServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts kube-apiserver")
+	}
 	s := Start(t, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -40,6 +47,23 @@ func TestServer(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// BGPPeer's ASN fields need the schema fix of InstallMetalLBCRDs.
+	peers := schema.GroupVersionResource{Group: "metallb.io", Version: "v1beta2", Resource: "bgppeers"}
+	peer := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "metallb.io/v1beta2",
+		"kind":       "BGPPeer",
+		"metadata":   map[string]any{"name": "router", "namespace": "default"},
+		"spec":       map[string]any{"myASN": int64(4200000000), "peerASN": int64(64501), "peerAddress": "192.0.2.1"},
+	}}
+	if _, err := s.Dynamic.Resource(peers).Namespace("default").Create(ctx, peer, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	peer.Object["spec"].(map[string]any)["myASN"] = int64(1) << 32
+	peer.SetName("too-big")
+	if _, err := s.Dynamic.Resource(peers).Namespace("default").Create(ctx, peer, metav1.CreateOptions{}); err == nil {
+		t.Errorf("a BGPPeer with myASN 2^32 was accepted")
+	}
+
 	s.Stop()
 	if _, err := s.Client.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{}); err == nil {
 		t.Fatal("the API answers while stopped")
@@ -60,7 +84,7 @@ func TestServerInNetns(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short")
 	}
-	ns := "vgt-apiserver-" + time.Now().Format("150405.000")
+	ns := fmt.Sprintf("vgt%d-apiserver", os.Getpid())
 	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
 		t.Skipf("cannot create a network namespace: %v: %s", err, out)
 	}
@@ -76,13 +100,13 @@ func TestServerInNetns(t *testing.T) {
 			t.Fatalf("ip %v: %v: %s", args, err, out)
 		}
 	}
-	s := Start(t, Options{Netns: ns, Addr: mustAddr("192.0.2.200")})
+	s := Start(t, Options{Netns: ns, Addr: netip.MustParseAddr("192.0.2.200")})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := s.Client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if s.URL != "https://192.0.2.200:"+s.URL[len("https://192.0.2.200:"):] {
-		t.Errorf("URL %s", s.URL)
+	if !strings.HasPrefix(s.URL, "https://192.0.2.200:") {
+		t.Errorf("URL %s, want one on 192.0.2.200", s.URL)
 	}
 }

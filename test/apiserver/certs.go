@@ -94,9 +94,9 @@ func makePKI(dir string, addrs ...netip.Addr) (*pki, error) {
 		return nil, err
 	}
 	files := map[string][]byte{
-		p.servingCert:       pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		p.servingKey:        keyPEM,
-		p.serviceAccountKey: saPEM,
+		p.servingCert:                pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		p.servingKey:                 keyPEM,
+		p.serviceAccountKey:          saPEM,
 		filepath.Join(dir, "ca.crt"): p.caPEM,
 	}
 	for name, data := range files {

@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strings"
 	"testing"
 
@@ -51,6 +53,9 @@ func (s *Server) InstallMetalLBCRDs(t testing.TB) {
 			if crd.GetKind() != "CustomResourceDefinition" {
 				continue
 			}
+			if fixed := fixInt32Maximums(crd.Object, ""); len(fixed) > 0 {
+				t.Logf("CRD %s: dropped format int32 from %v (maximum beyond int32; this kube-apiserver refuses every value there)", crd.GetName(), fixed)
+			}
 			_, err := s.Dynamic.Resource(crdGVR).Create(ctx, crd, metav1.CreateOptions{})
 			if err != nil && !apierrors.IsAlreadyExists(err) {
 				t.Fatalf("creating CRD %s: %v", crd.GetName(), err)
@@ -88,6 +93,40 @@ func (s *Server) InstallMetalLBCRDs(t testing.TB) {
 		}
 	}
 	t.Logf("installed %d MetalLB CRDs from %s", len(names), dir)
+}
+
+// fixInt32Maximums removes `format: int32` from integer schemas whose maximum does not fit an int32,
+// and returns their paths. MetalLB v0.15.2 declares its uint32 ASN fields (BGPPeer myASN, peerASN)
+// that way, and kube-apiserver v1.36 then rejects *every* value of the field ("Maximum boundary
+// value must be of type integer with format int32"), so BGPPeers could not be created at all. The
+// fix keeps the 0-4294967295 range check.
+func fixInt32Maximums(node any, path string) []string {
+	var fixed []string
+	switch n := node.(type) {
+	case map[string]any:
+		if n["type"] == "integer" && n["format"] == "int32" {
+			if max, ok := n["maximum"].(int64); ok && max > math.MaxInt32 {
+				delete(n, "format")
+				fixed = append(fixed, path)
+			} else if max, ok := n["maximum"].(float64); ok && max > math.MaxInt32 {
+				delete(n, "format")
+				fixed = append(fixed, path)
+			}
+		}
+		keys := make([]string, 0, len(n))
+		for k := range n {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fixed = append(fixed, fixInt32Maximums(n[k], path+"."+k)...)
+		}
+	case []any:
+		for i, v := range n {
+			fixed = append(fixed, fixInt32Maximums(v, fmt.Sprintf("%s[%d]", path, i))...)
+		}
+	}
+	return fixed
 }
 
 // metallbCRDDir locates config/crd/bases of the MetalLB module with `go list -m`.

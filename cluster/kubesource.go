@@ -1,0 +1,278 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+)
+
+// Tunables of the Kubernetes source. They are variables so that tests can shorten them.
+var (
+	// kubeDebounce is how long the informers must stay quiet before a new snapshot is built: a
+	// Service update typically comes with several EndpointSlice updates right after it, and one
+	// snapshot for all of them means one dataplane sync.
+	kubeDebounce = 50 * time.Millisecond
+	// kubeMaxDelay bounds how long a continuous stream of events can postpone a snapshot.
+	kubeMaxDelay = 500 * time.Millisecond
+	// kubeCRDRecheck is how often the source looks again for MetalLB CRDs that were not installed.
+	kubeCRDRecheck = 30 * time.Second
+	// kubeDiscoveryRetry is how often discovery is retried while the API server cannot be reached
+	// at start-up.
+	kubeDiscoveryRetry = 2 * time.Second
+)
+
+// LabelServiceProxyName is the Service label that hands a Service to another proxy: kube-proxy
+// ignores Services that carry it, and so does vipgate.
+const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
+// EventComponent is the component name on the Kubernetes Events vipgate's node agent records.
+const EventComponent = "vipgate-node"
+
+// EventReasonRejected is the reason of the Warning Event recorded on an object vipgate refuses.
+const EventReasonRejected = "Rejected"
+
+// KubeSource builds State from the Kubernetes API with shared informers, as kube-proxy does: Services
+// (except those with the service.kubernetes.io/service-proxy-name label), discovery/v1 EndpointSlices,
+// all Nodes, and MetalLB's IPAddressPool, L2Advertisement, BGPAdvertisement, Community, BFDProfile
+// (metallb.io/v1beta1) and BGPPeer (metallb.io/v1beta2). A MetalLB kind whose CRD is not installed
+// counts as empty; the source looks for it again every 30 s.
+//
+// Objects that fail conversion are left out of the snapshot, listed in State.Rejected, logged, and
+// get a Warning Event with reason "Rejected", once per resourceVersion. Unchanged objects (same UID
+// and resourceVersion) keep their pointers across snapshots.
+//
+// While the API server cannot be reached the informers keep their caches, so the source simply
+// emits nothing new and the consumers keep their last State. When it comes back, client-go's watch
+// backoff (0.8 s doubling up to 30 s, with jitter) decides how soon changes flow again: after a
+// 10-15 s outage, typically 5-25 s. kube-proxy behaves the same; the backoff is what keeps thousands
+// of nodes from hitting a recovering API server at once.
+//
+// RBAC the node agent needs: get, list and watch on services, nodes, endpointslices
+// (discovery.k8s.io) and, if MetalLB's CRDs are installed, on ipaddresspools, l2advertisements,
+// bgpadvertisements, communities, bfdprofiles and bgppeers (metallb.io); create and patch on events
+// (core); and access to the discovery endpoints (granted to every authenticated user by default).
+type KubeSource struct {
+	cfg      *rest.Config
+	nodeName string
+	logger   hclog.Logger
+}
+
+// NewKubeSource returns a source for the cluster cfg points at. nodeName names this node on the
+// Events it records (it may be empty). A nil logger discards log lines.
+func NewKubeSource(cfg *rest.Config, nodeName string, logger hclog.Logger) *KubeSource {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	return &KubeSource{cfg: rest.CopyConfig(cfg), nodeName: nodeName, logger: logger}
+}
+
+// String names the source for logs: "kubernetes <API server URL>".
+func (k *KubeSource) String() string { return "kubernetes " + k.cfg.Host }
+
+// Run starts the informers, waits until every one of them has synced (a partial first snapshot would
+// make the dataplane delete rules of Services it has not seen yet), calls onChange with the first
+// State, and then with a new State after every change (debounced). onChange is called from Run's
+// goroutine only, one call at a time, and not for changes that leave the State as it was.
+//
+// Run returns nil when ctx is cancelled, or an error if the clients cannot be built.
+func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
+	typedCfg := rest.CopyConfig(k.cfg)
+	if typedCfg.UserAgent == "" {
+		typedCfg.UserAgent = EventComponent
+	}
+	dynCfg := rest.CopyConfig(typedCfg)
+	// Protobuf is cheaper to decode for the built-in kinds (kube-proxy does the same); custom
+	// resources only speak JSON, so the dynamic client keeps the default.
+	typedCfg.ContentType = "application/vnd.kubernetes.protobuf"
+	typedCfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	client, err := kubernetes.NewForConfig(typedCfg)
+	if err != nil {
+		return fmt.Errorf("creating Kubernetes client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(dynCfg)
+	if err != nil {
+		return fmt.Errorf("creating Kubernetes dynamic client: %w", err)
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: EventComponent, Host: k.nodeName})
+
+	changed := make(chan struct{}, 1)
+	notify := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { notify() },
+		UpdateFunc: func(any, any) { notify() },
+		DeleteFunc: func(any) { notify() },
+	}
+
+	// As kube-proxy: Services handed to another proxy are not even listed. Their EndpointSlices
+	// carry the same label (the EndpointSlice controller copies Service labels), so the same filter
+	// applies to slices.
+	noProxyName, err := labels.NewRequirement(LabelServiceProxyName, selection.DoesNotExist, nil)
+	if err != nil {
+		return fmt.Errorf("building the Service label selector: %w", err)
+	}
+	selector := labels.NewSelector().Add(*noProxyName).String()
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
+		informers.WithTransform(stripManagedFields))
+	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(stripManagedFields))
+	svcInf := factory.Core().V1().Services()
+	sliceInf := factory.Discovery().V1().EndpointSlices()
+	nodeInf := nodeFactory.Core().V1().Nodes()
+	for _, inf := range []cache.SharedIndexInformer{svcInf.Informer(), sliceInf.Informer(), nodeInf.Informer()} {
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return fmt.Errorf("adding informer event handler: %w", err)
+		}
+	}
+	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
+	var wg sync.WaitGroup
+	defer func() {
+		// Informers stop with ctx; wait for them so that Run leaves nothing running behind.
+		cancel()
+		factory.Shutdown()
+		nodeFactory.Shutdown()
+		dynFactory.Shutdown()
+		wg.Wait()
+	}()
+	factory.Start(ctx.Done())
+	nodeFactory.Start(ctx.Done())
+
+	mlb := newMetalLBInformers(dynFactory, client.Discovery(), handler, k.logger)
+	k.logger.Info("waiting for the Kubernetes API caches to sync", "server", k.cfg.Host)
+	start := time.Now()
+	// Discovery needs the API server; until it answers, keep retrying (the informers retry on their
+	// own meanwhile).
+	for failures := 0; ; failures++ {
+		err := mlb.discover()
+		if err == nil {
+			if failures > 0 {
+				k.logger.Info("reached the Kubernetes API server", "server", k.cfg.Host)
+			}
+			break
+		}
+		// Warn once; the retries (every 2 s) would flood the log during a long outage.
+		if failures == 0 {
+			k.logger.Warn("cannot reach the Kubernetes API server; retrying", "server", k.cfg.Host, "err", err)
+		} else {
+			k.logger.Debug("Kubernetes API server still unreachable", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(kubeDiscoveryRetry):
+		}
+	}
+	dynFactory.Start(ctx.Done())
+	synced := append([]cache.InformerSynced{svcInf.Informer().HasSynced, sliceInf.Informer().HasSynced,
+		nodeInf.Informer().HasSynced}, mlb.synced()...)
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return nil // ctx ended
+	}
+	k.logger.Info("Kubernetes API caches synced", "duration", time.Since(start).Round(time.Millisecond))
+
+	b := newKubeBuilder(k.logger, recorder)
+	snapshot := func() *State {
+		return b.build(kubeObjects{
+			services: listAll[*corev1.Service](svcInf.Informer()),
+			slices:   listAll[*discoveryv1.EndpointSlice](sliceInf.Informer()),
+			nodes:    listAll[*corev1.Node](nodeInf.Informer()),
+			metallb:  mlb.list(),
+		})
+	}
+	last := snapshot()
+	onChange(last)
+
+	var (
+		debounce   = time.NewTimer(time.Hour)
+		debounceC  <-chan time.Time
+		firstEvent time.Time
+	)
+	debounce.Stop()
+	recheck := time.NewTicker(kubeCRDRecheck)
+	defer recheck.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+			now := time.Now()
+			if debounceC == nil {
+				firstEvent = now
+			}
+			debounce.Reset(min(kubeDebounce, max(0, kubeMaxDelay-now.Sub(firstEvent))))
+			debounceC = debounce.C
+		case <-debounceC:
+			debounceC = nil
+			st := snapshot()
+			if !sameState(last, st) {
+				last = st
+				onChange(st)
+			}
+		case <-recheck.C:
+			if started := mlb.recheck(); len(started) > 0 {
+				dynFactory.Start(ctx.Done())
+				// Take the new kinds into the snapshot once their caches are complete.
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if cache.WaitForCacheSync(ctx.Done(), started...) {
+						notify()
+					}
+				}()
+			}
+		}
+	}
+}
+
+// listAll returns every object of an informer's cache with the given type.
+func listAll[T any](inf cache.SharedIndexInformer) []T {
+	items := inf.GetStore().List()
+	out := make([]T, 0, len(items))
+	for _, o := range items {
+		if t, ok := o.(T); ok {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// stripManagedFields drops metadata.managedFields before an object enters an informer cache:
+// vipgate never reads them, and on a big cluster they are a large part of the memory.
+func stripManagedFields(obj any) (any, error) {
+	if m, ok := obj.(metav1.ObjectMetaAccessor); ok {
+		if meta := m.GetObjectMeta(); meta != nil {
+			meta.SetManagedFields(nil)
+		}
+	} else if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
