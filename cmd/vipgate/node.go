@@ -48,7 +48,7 @@ func parseNodeFlags(name, help string, args []string) (*nodeFlags, error) {
 	f := &nodeFlags{}
 	fs.StringVar(&f.config, "config", "", "NodeConfig file (YAML, kind: NodeConfig)")
 	fs.StringVar(&f.manifests, "manifests", "", "directory of Kubernetes YAML (Services, EndpointSlices, MetalLB kinds); watched for changes")
-	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the cluster to watch (instead of --manifests)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the cluster to watch instead of --manifests (\"in-cluster\": the pod's service account; the default inside a pod)")
 	fs.StringVar(&f.logLevel, "log-level", "", "override the config's logLevel (trace, debug, info, warn, error)")
 	fs.BoolVar(&f.cleanup, "cleanup", false, "delete vipgate's nftables tables and exit")
 	fs.BoolVar(&f.allowWorldWritable, "allow-world-writable-manifests", false, "accept a manifest directory anyone can write to (unsafe)")
