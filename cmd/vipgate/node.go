@@ -220,7 +220,7 @@ func runNode(args []string) error {
 				log.Debug("deleted stale conntrack entries", "count", n)
 			}
 		}
-		log.Info("synced", "full", rep.Full, "duration", rep.Duration, "changes", txChanges(rep))
+		log.Info("synced", "full", rep.Full, "adopted", rep.Adopted, "duration", rep.Duration, "changes", txChanges(rep))
 	}
 }
 

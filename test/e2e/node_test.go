@@ -297,16 +297,23 @@ func TestNodeDataplane(t *testing.T) {
 }
 
 func ndNodeConfig(n *lab.Node, zone string) string {
+	ips := fmt.Sprintf("%q", n.IPv4)
+	cidrs, svcs := `"10.244.0.0/16"`, `"10.96.0.0/16"`
+	if n.IPv6.IsValid() {
+		ips += fmt.Sprintf(", %q", n.IPv6)
+		cidrs += `, "2001:db8:244::/48"`
+		svcs += `, "2001:db8:96::/108"`
+	}
 	return fmt.Sprintf(`apiVersion: vipgate.io/v1alpha1
 kind: NodeConfig
 nodeName: %s
-nodeIPs: [%q, %q]
-clusterCIDRs: ["10.244.0.0/16", "2001:db8:244::/48"]
-serviceCIDRs: ["10.96.0.0/16", "2001:db8:96::/108"]
+nodeIPs: [%s]
+clusterCIDRs: [%s]
+serviceCIDRs: [%s]
 nodeZone: %s
 healthzBindAddress: "127.0.0.1:10256"
 metricsBindAddress: "127.0.0.1:10249"
-`, n.Name, n.IPv4, n.IPv6, zone)
+`, n.Name, ips, cidrs, svcs, zone)
 }
 
 type ndPort struct {
