@@ -45,6 +45,17 @@ func BuildService(n NodeInfo, svc *cluster.Service, eps []*cluster.EndpointSlice
 		return p
 	}
 	b := &serviceBuilder{n: n, svc: svc, p: p, uses: map[string]bool{}, chains: map[string]bool{}}
+	// Room for the usual case (each port: entries x endpoints, plus a few): growing this slice was a
+	// visible part of a full sync.
+	neps := 0
+	for _, es := range eps {
+		neps += len(es.Endpoints)
+	}
+	entries := 1 + len(svc.ExternalIPs) + len(svc.LoadBalancerIPs)
+	if svc.Type == cluster.TypeNodePort || svc.Type == cluster.TypeLoadBalancer {
+		entries++
+	}
+	p.Elements = make([]Element, 0, len(svc.Ports)*(entries*(neps+2)+neps)+1)
 	p.Elements = append(p.Elements, Element{Set: SetClusterIPs, Addr: clusterIP})
 	for _, sp := range svc.Ports {
 		b.port(sp, clusterIP, eps)

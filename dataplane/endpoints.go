@@ -28,8 +28,12 @@ func (e Endpoint) AddrPort() netip.AddrPort { return netip.AddrPortFrom(e.Addr, 
 // slices) are kept once, preferring a ready copy. The result is sorted by address and port so that the
 // endpoint index in the maps is stable.
 func PortEndpoints(port cluster.ServicePort, slices_ []*cluster.EndpointSlice, family cluster.Family, nodeName string) []Endpoint {
-	var out []Endpoint
-	seen := map[netip.AddrPort]int{}
+	total := 0
+	for _, es := range slices_ {
+		total += len(es.Endpoints)
+	}
+	out := make([]Endpoint, 0, total)
+	seen := make(map[netip.AddrPort]int, total)
 	for _, es := range slices_ {
 		if es.Family != family {
 			continue
@@ -179,7 +183,7 @@ func availableForTopology(e Endpoint, mode, nodeName, zone string) bool {
 }
 
 func filter(eps []Endpoint, keep func(Endpoint) bool) []Endpoint {
-	var out []Endpoint
+	out := make([]Endpoint, 0, len(eps))
 	for _, e := range eps {
 		if keep(e) {
 			out = append(out, e)

@@ -259,8 +259,9 @@ func (e *encoder) setRef(name string) (*nftables.Set, error) {
 	return s, nil
 }
 
-// maxElementsPerMessage keeps each element list under the 64 KiB netlink attribute limit.
-const maxElementsPerMessage = 400
+// maxElementBytesPerMessage keeps each element list under the 64 KiB netlink attribute limit (the
+// estimate per element, key + value + attribute headers, is generous).
+const maxElementBytesPerMessage = 60000
 
 func (e *encoder) elements(els []Element, add bool) error {
 	// Sized up front: a full sync encodes ~150,000 elements, and growing slices and small key
@@ -296,7 +297,17 @@ func (e *encoder) elements(els []Element, add bool) error {
 		}
 		list := bySet[name]
 		for len(list) > 0 {
-			n := min(len(list), maxElementsPerMessage)
+			// As many elements as fit in one 64 KiB attribute: fewer messages, fewer acks to read.
+			n, size := 0, 0
+			for n < len(list) {
+				sz := len(list[n].Key) + len(list[n].Val) + len(list[n].KeyEnd) + 48
+				if size+sz > maxElementBytesPerMessage {
+					break
+				}
+				size += sz
+				n++
+			}
+			n = max(n, 1)
 			chunk := list[:n]
 			list = list[n:]
 			if add {
