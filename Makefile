@@ -48,9 +48,11 @@ fuzz:
 demo: deps build
 	$(GO) run ./test/demo --vipgate $(CURDIR)/$(BIN)/vipgate --labserver $(CURDIR)/$(BIN)/labserver
 
-# bench: dataplane benchmarks in a throwaway network namespace.
+# bench: one table of dataplane figures (full and incremental syncs, rule counts, memory, per-packet
+# cost, throughput), measured in throwaway network namespaces; appended to BENCH.md. Go benchmarks of
+# the pure parts: `go test -run '^$$' -bench . -benchmem ./dataplane/`.
 bench: deps build
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 3x -timeout 30m ./dataplane/
+	VIPGATE_LABSERVER=$(CURDIR)/$(BIN)/labserver $(GO) run ./test/perf --out BENCH.md
 
 # apiserver builds the real kube-apiserver for the Kubernetes integration tests (about 7 minutes the
 # first time, cached afterwards).
