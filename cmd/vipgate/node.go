@@ -51,6 +51,7 @@ func parseNodeFlags(name, help string, args []string) (*nodeFlags, error) {
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the cluster to watch instead of --manifests (\"in-cluster\": the pod's service account; the default inside a pod)")
 	fs.StringVar(&f.logLevel, "log-level", "", "override the config's logLevel (trace, debug, info, warn, error)")
 	fs.BoolVar(&f.cleanup, "cleanup", false, "delete vipgate's nftables tables and exit")
+	fs.IntVar(&memberPort, "member-port", memberPort, "UDP port of the speakers' membership heartbeats (the same on every node)")
 	fs.BoolVar(&f.allowWorldWritable, "allow-world-writable-manifests", false, "accept a manifest directory anyone can write to (unsafe)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), help)

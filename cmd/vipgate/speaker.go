@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"net/netip"
+	"sync"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/l2"
+	"github.com/vipgate/vipgate/speaker"
 )
 
 // nodeSpeaker announces this node's LoadBalancer IPs (L2 or BGP). Update is called after every
@@ -16,12 +20,102 @@ type nodeSpeaker interface {
 	Stop()
 }
 
-type noSpeaker struct{}
+// memberPort is the UDP port of the speakers' membership heartbeats (--member-port).
+var memberPort = 7473
 
-func (noSpeaker) Update(*cluster.State, *dataplane.SyncReport) {}
-func (noSpeaker) Stop()                                        {}
-
-// startSpeaker starts the announcement side of the node (none yet: the speaker issues add it).
+// startSpeaker starts the L2 speaker: membership heartbeats among the nodes of the State, and ARP/NDP
+// answers for the LoadBalancer IPs this node owns (see speaker.DecideL2).
 func startSpeaker(ctx context.Context, cfg *cluster.NodeConfig, log hclog.Logger) (nodeSpeaker, error) {
-	return noSpeaker{}, nil
+	log = log.Named("speaker")
+	mem, err := speaker.NewMembers(log.Named("members"), cfg.NodeName, memberPort)
+	if err != nil {
+		return nil, err
+	}
+	ann, err := l2.New(log.Named("l2"), nodeRegistry(), l2.Options{})
+	if err != nil {
+		return nil, err
+	}
+	def := ""
+	for _, ip := range cfg.NodeIPs {
+		if name, err := l2.DefaultInterface(ip); err == nil {
+			def = name
+			break
+		}
+	}
+	s := &l2Speaker{log: log, self: cfg.NodeName, mem: mem, ann: ann, defIface: def, stop: make(chan struct{})}
+	mem.OnChange(s.recompute)
+	ctx, cancel := context.WithCancel(ctx)
+	s.cancel = cancel
+	go mem.Run(ctx)
+	return s, nil
+}
+
+type l2Speaker struct {
+	log      hclog.Logger
+	self     string
+	mem      *speaker.Members
+	ann      *l2.Announcer
+	defIface string
+	cancel   context.CancelFunc
+	stop     chan struct{}
+
+	mu        sync.Mutex
+	st        *cluster.State
+	decisions []speaker.VIPDecision
+	lastErr   string
+}
+
+func (s *l2Speaker) Update(st *cluster.State, _ *dataplane.SyncReport) {
+	peers := map[string]netip.Addr{}
+	for name, n := range st.Nodes {
+		for _, a := range n.Addresses {
+			if a.Is4() {
+				peers[name] = a
+				break
+			}
+		}
+	}
+	s.mem.SetPeers(peers)
+	s.mu.Lock()
+	s.st = st
+	s.mu.Unlock()
+	s.recompute()
+}
+
+// recompute decides again and hands the result to the ARP/NDP responder. It runs on every State and
+// on every membership change.
+func (s *l2Speaker) recompute() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.st == nil {
+		return
+	}
+	live, quorum := s.mem.Live()
+	owned, decisions := speaker.DecideL2(speaker.L2Input{Self: s.self, Live: live, Quorum: quorum, DefaultInterface: s.defIface, State: s.st})
+	s.decisions = decisions
+	if err := s.ann.SetOwned(owned); err != nil {
+		if e := err.Error(); e != s.lastErr {
+			s.lastErr = e
+			s.log.Warn("announcing LoadBalancer IPs", "err", err)
+		}
+	} else {
+		s.lastErr = ""
+	}
+}
+
+// VIPs reports every LoadBalancer IP and its L2 owner for /status.
+func (s *l2Speaker) VIPs() []VIPStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]VIPStatus, 0, len(s.decisions))
+	for _, d := range s.decisions {
+		out = append(out, VIPStatus{IP: d.IP.String(), Service: d.Service.String(), Mode: "l2", Announcer: d.Owner,
+			Announced: d.Owner == s.self && len(d.Interfaces) > 0, Reason: d.Reason})
+	}
+	return out
+}
+
+func (s *l2Speaker) Stop() {
+	s.cancel()
+	s.ann.Close()
 }
