@@ -221,7 +221,9 @@ func incremental(n, changes int, add func(k, v string)) {
 		add(fmt.Sprintf("%s at %d Services, model change to kernel ack (p50 / p99 of %d)", name, n, changes),
 			fmt.Sprintf("%.1f / %.1f ms", ms(pct(ds, 0.5)), ms(pct(ds, 0.99))))
 	}
-	key := func(i int) cluster.ServiceKey { return cluster.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%05d", i%n)} }
+	key := func(i int) cluster.ServiceKey {
+		return cluster.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%05d", i%n)}
+	}
 	// Remove the last endpoint of a Service, then add it back (each is one change).
 	saved := map[cluster.ServiceKey][]*cluster.EndpointSlice{}
 	run("one endpoint removed", func(i int) {
