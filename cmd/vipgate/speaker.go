@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/vipgate/vipgate/bgp"
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/l2"
@@ -22,6 +25,11 @@ type nodeSpeaker interface {
 
 // memberPort is the UDP port of the speakers' membership heartbeats (--member-port).
 var memberPort = 7473
+
+// bgpDrain is --bgp-shutdown-drain: on SIGTERM, announce the routes with the GRACEFUL_SHUTDOWN
+// community and local-pref 0 for this long, then withdraw them. 0 keeps them (a restart: routers
+// with graceful restart keep forwarding until vipgate is back).
+var bgpDrain time.Duration
 
 // startSpeaker starts the L2 speaker: membership heartbeats among the nodes of the State, and ARP/NDP
 // answers for the LoadBalancer IPs this node owns (see speaker.DecideL2).
@@ -43,6 +51,11 @@ func startSpeaker(ctx context.Context, cfg *cluster.NodeConfig, log hclog.Logger
 		}
 	}
 	s := &l2Speaker{log: log, self: cfg.NodeName, mem: mem, ann: ann, defIface: def, stop: make(chan struct{})}
+	for _, ip := range cfg.NodeIPs {
+		if ip.Is4() {
+			s.routerID = ip
+		}
+	}
 	mem.OnChange(s.recompute)
 	ctx, cancel := context.WithCancel(ctx)
 	s.cancel = cancel
@@ -59,10 +72,17 @@ type l2Speaker struct {
 	cancel   context.CancelFunc
 	stop     chan struct{}
 
+	routerID netip.Addr
+
 	mu        sync.Mutex
 	st        *cluster.State
 	decisions []speaker.VIPDecision
 	lastErr   string
+
+	// The BGP side starts with the first State that has BGPPeers for this node.
+	bgp          *bgp.Speaker
+	bgpDecisions []speaker.VIPDecision
+	bgpProblems  map[string]string
 }
 
 func (s *l2Speaker) Update(st *cluster.State, _ *dataplane.SyncReport) {
@@ -80,6 +100,46 @@ func (s *l2Speaker) Update(st *cluster.State, _ *dataplane.SyncReport) {
 	s.st = st
 	s.mu.Unlock()
 	s.recompute()
+	s.updateBGP(st)
+}
+
+// updateBGP programs the BGP sessions and routes the State asks of this node.
+func (s *l2Speaker) updateBGP(st *cluster.State) {
+	peers, ads, decisions, problems := speaker.DecideBGP(speaker.BGPInput{Self: s.self, State: st})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.bgpDecisions = decisions
+	seen := map[string]string{}
+	for _, p := range problems {
+		seen[p.Object] = p.Reason
+		if s.bgpProblems[p.Object] != p.Reason {
+			s.log.Warn("rejected", "object", p.Object, "reason", p.Reason)
+		}
+	}
+	s.bgpProblems = seen
+	if s.bgp == nil {
+		if len(peers) == 0 {
+			return
+		}
+		if !s.routerID.IsValid() {
+			s.log.Error("BGP needs an IPv4 node IP as router ID; not peering")
+			return
+		}
+		b, err := bgp.New(s.log.Named("bgp"), nodeRegistry(), s.routerID, -1)
+		if err != nil {
+			s.log.Error("starting BGP", "err", err)
+			return
+		}
+		s.bgp = b
+	}
+	// Routes first, then sessions: a restarted speaker then announces everything in its first
+	// UPDATEs after graceful restart, and the routers see no flap.
+	if err := s.bgp.SetAdvertisements(ads); err != nil {
+		s.log.Warn("BGP advertisements", "err", err)
+	}
+	if err := s.bgp.SetPeers(peers); err != nil {
+		s.log.Warn("BGP peers", "err", err)
+	}
 }
 
 // recompute decides again and hands the result to the ARP/NDP responder. It runs on every State and
@@ -107,10 +167,20 @@ func (s *l2Speaker) recompute() {
 func (s *l2Speaker) VIPs() []VIPStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]VIPStatus, 0, len(s.decisions))
+	out := make([]VIPStatus, 0, len(s.decisions)+len(s.bgpDecisions))
 	for _, d := range s.decisions {
 		out = append(out, VIPStatus{IP: d.IP.String(), Service: d.Service.String(), Mode: "l2", Announcer: d.Owner,
 			Announced: d.Owner == s.self && len(d.Interfaces) > 0, Reason: d.Reason})
+	}
+	var peers []string
+	if s.bgp != nil {
+		for _, p := range s.bgp.Status() {
+			peers = append(peers, fmt.Sprintf("%s %s (%s)", p.Name, p.Address, p.State))
+		}
+	}
+	for _, d := range s.bgpDecisions {
+		out = append(out, VIPStatus{IP: d.IP.String(), Service: d.Service.String(), Mode: "bgp", Announcer: d.Owner,
+			Announced: d.Owner == s.self, Peers: peers, Reason: d.Reason})
 	}
 	return out
 }
@@ -118,4 +188,17 @@ func (s *l2Speaker) VIPs() []VIPStatus {
 func (s *l2Speaker) Stop() {
 	s.cancel()
 	s.ann.Close()
+	s.mu.Lock()
+	b := s.bgp
+	s.mu.Unlock()
+	if b != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), bgpDrain+10*time.Second)
+		defer cancel()
+		if bgpDrain > 0 {
+			s.log.Info("BGP graceful shutdown: draining, then withdrawing", "drain", bgpDrain)
+			_ = b.Shutdown(ctx, bgpDrain)
+		} else {
+			_ = b.Stop(ctx)
+		}
+	}
 }
