@@ -169,6 +169,16 @@ func ServiceFromAPI(svc *corev1.Service) (*Service, error) {
 	default:
 		return nil, fieldErr("spec.type", "unknown Service type %q", spec.Type)
 	}
+	if spec.IPFamilyPolicy != nil {
+		out.IPFamilyPolicy = string(*spec.IPFamilyPolicy)
+	}
+	if spec.LoadBalancerIP != "" {
+		a, err := parseIP("spec.loadBalancerIP", spec.LoadBalancerIP)
+		if err != nil {
+			return nil, err
+		}
+		out.RequestedLoadBalancerIP = a
+	}
 	if spec.LoadBalancerClass != nil {
 		out.LoadBalancerClass = *spec.LoadBalancerClass
 	}

@@ -105,6 +105,11 @@ type Service struct {
 	Annotations map[string]string
 	// LoadBalancerClass is spec.loadBalancerClass ("" when unset).
 	LoadBalancerClass string
+	// IPFamilyPolicy is spec.ipFamilyPolicy ("SingleStack", "PreferDualStack", "RequireDualStack";
+	// "" when unset), for LoadBalancer IP allocation.
+	IPFamilyPolicy string
+	// RequestedLoadBalancerIP is the deprecated spec.loadBalancerIP (invalid when unset).
+	RequestedLoadBalancerIP netip.Addr
 }
 
 // EndpointPort is one port of an EndpointSlice.
