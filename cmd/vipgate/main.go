@@ -20,6 +20,7 @@ const usage = `vipgate: LoadBalancer IPs and Services for bare-metal Kubernetes.
 Usage:
   vipgate node    --config FILE (--manifests DIR | --kubeconfig FILE)   run on a node: program nftables
   vipgate render  --config FILE --manifests DIR                         print the nftables ruleset (nft -f syntax)
+  vipgate controller --kubeconfig FILE                                 allocate LoadBalancer IPs from MetalLB pools (a Deployment)
   vipgate explain --from SRC --to DST:PORT[/PROTO] [--host]             trace one packet through the live (or rendered) ruleset
   vipgate status  [--admin 127.0.0.1:10249]                             show what vipgate node is doing
   vipgate version                                                       print the version
@@ -36,6 +37,8 @@ func main() {
 	switch os.Args[1] {
 	case "node":
 		err = runNode(os.Args[2:])
+	case "controller":
+		err = runController(os.Args[2:])
 	case "render":
 		err = runRender(os.Args[2:])
 	case "explain":

@@ -1,0 +1,239 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	metallbv1beta1 "go.universe.tf/metallb/api/v1beta1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+)
+
+// Event reasons the controller writes on Services and pools.
+const (
+	EventIPAllocated      = "IPAllocated"
+	EventAllocationFailed = "AllocationFailed"
+	EventPoolRejected     = "Rejected"
+	ControllerComponent   = "vipgate-controller"
+)
+
+// LBControllerConfig configures the LoadBalancer IP controller.
+type LBControllerConfig struct {
+	// LoadBalancerClass is the class this controller serves; "" serves Services without a class.
+	LoadBalancerClass string
+	// LeaseNamespace and LeaseName name the coordination.k8s.io Lease of the leader election.
+	LeaseNamespace, LeaseName string
+	// Identity is this replica's name in the Lease (default: host name and pid).
+	Identity string
+}
+
+// LBController allocates LoadBalancer IPs from MetalLB IPAddressPools and writes them to
+// status.loadBalancer.ingress. Only the leader (a Lease) writes; on becoming leader it rebuilds its
+// state from every Service's status before it allocates anything new, so a restart or a leader change
+// never moves an IP or gives one IP twice.
+type LBController struct {
+	cfg    *rest.Config
+	conf   LBControllerConfig
+	log    hclog.Logger
+	client kubernetes.Interface
+
+	recorder record.EventRecorder
+	alloc    *Allocator
+	failed   map[ServiceKey]string
+	rejected map[string]string
+}
+
+// NewLBController returns a controller for the cluster cfg points at.
+func NewLBController(cfg *rest.Config, conf LBControllerConfig, log hclog.Logger) (*LBController, error) {
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if conf.Identity == "" {
+		h, _ := os.Hostname()
+		conf.Identity = fmt.Sprintf("%s-%d", h, os.Getpid())
+	}
+	if conf.LeaseName == "" {
+		conf.LeaseName = "vipgate-controller"
+	}
+	if conf.LeaseNamespace == "" {
+		conf.LeaseNamespace = "vipgate-system"
+	}
+	return &LBController{cfg: cfg, conf: conf, log: log, client: client, failed: map[ServiceKey]string{}, rejected: map[string]string{}}, nil
+}
+
+// Run takes part in the leader election until ctx ends; while leading it allocates.
+func (c *LBController) Run(ctx context.Context) error {
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	c.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: ControllerComponent})
+
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: c.conf.LeaseNamespace, Name: c.conf.LeaseName},
+		Client:     c.client.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: c.conf.Identity},
+	}
+	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		LeaseDuration:   15 * time.Second,
+		RenewDeadline:   10 * time.Second,
+		RetryPeriod:     2 * time.Second,
+		ReleaseOnCancel: true,
+		Name:            c.conf.LeaseName,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context) {
+				c.log.Info("leading: allocating LoadBalancer IPs", "identity", c.conf.Identity)
+				c.lead(ctx)
+			},
+			OnStoppedLeading: func() { c.log.Info("no longer leading", "identity", c.conf.Identity) },
+		},
+	})
+	return nil
+}
+
+func (c *LBController) lead(ctx context.Context) {
+	c.alloc = nil
+	src := NewKubeSource(c.cfg, ControllerComponent, c.log.Named("source"))
+	if err := src.Run(ctx, func(st *State) { c.reconcile(ctx, st) }); err != nil && ctx.Err() == nil {
+		c.log.Error("watching the cluster", "err", err)
+	}
+}
+
+func (c *LBController) serves(svc *Service) bool {
+	return svc.Type == TypeLoadBalancer && svc.LoadBalancerClass == c.conf.LoadBalancerClass
+}
+
+// reconcile allocates for every Service of st that needs it and releases what is gone.
+func (c *LBController) reconcile(ctx context.Context, st *State) {
+	objs := st.MetalLB
+	pools, rejected := ParseLBPools(poolsOf(objs))
+	seen := map[string]string{}
+	for _, r := range rejected {
+		seen[r.Object] = r.Reason
+		if c.rejected[r.Object] != r.Reason {
+			c.log.Warn("rejected", "kind", r.Kind, "object", r.Object, "reason", r.Reason)
+			if p := findPool(objs, r.Object); p != nil {
+				// MetalLB's types are not in client-go's scheme: refer to the pool by reference.
+				ref := &corev1.ObjectReference{APIVersion: "metallb.io/v1beta1", Kind: "IPAddressPool", Namespace: p.Namespace, Name: p.Name, UID: p.UID}
+				c.recorder.Event(ref, corev1.EventTypeWarning, EventPoolRejected, r.Reason)
+			}
+		}
+	}
+	c.rejected = seen
+	first := c.alloc == nil
+	if first {
+		c.alloc = NewAllocator(pools)
+	} else {
+		c.alloc.SetPools(pools)
+	}
+	// Services that already have IPs first: they keep them (state rebuilt from status), and only
+	// then do new requests get what is left.
+	keys := make([]ServiceKey, 0, len(st.Services))
+	for k := range st.Services {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		hi, hj := len(st.Services[keys[i]].LoadBalancerIPs) > 0, len(st.Services[keys[j]].LoadBalancerIPs) > 0
+		if hi != hj {
+			return hi
+		}
+		return keys[i].String() < keys[j].String()
+	})
+	for k := range c.alloc.byKey {
+		if svc := st.Services[k]; svc == nil || !c.serves(svc) {
+			c.alloc.Release(k)
+			delete(c.failed, k)
+		}
+	}
+	nsLabels := map[string]map[string]string{}
+	for _, k := range keys {
+		svc := st.Services[k]
+		if !c.serves(svc) {
+			continue
+		}
+		if _, ok := nsLabels[k.Namespace]; !ok {
+			if ns, err := c.client.CoreV1().Namespaces().Get(ctx, k.Namespace, metav1.GetOptions{}); err == nil {
+				nsLabels[k.Namespace] = ns.Labels
+			} else {
+				nsLabels[k.Namespace] = nil
+			}
+		}
+		ips, pool, err := c.alloc.Assign(LBRequest{Service: svc, NamespaceLabels: nsLabels[k.Namespace], Current: svc.LoadBalancerIPs})
+		if err != nil {
+			reason := strings.TrimPrefix(err.Error(), ErrPending.Error()+": ")
+			if c.failed[k] != reason {
+				c.failed[k] = reason
+				c.log.Warn("allocation failed", "service", k.String(), "reason", reason)
+				c.event(ctx, k, corev1.EventTypeWarning, EventAllocationFailed, reason)
+			}
+			continue
+		}
+		delete(c.failed, k)
+		if slices.Equal(ips, svc.LoadBalancerIPs) {
+			continue
+		}
+		if err := c.writeStatus(ctx, k, ips); err != nil {
+			c.log.Error("writing status", "service", k.String(), "err", err)
+			c.alloc.Release(k)
+			continue
+		}
+		strs := make([]string, len(ips))
+		for i, ip := range ips {
+			strs[i] = ip.String()
+		}
+		c.log.Info("allocated", "service", k.String(), "ips", strings.Join(strs, ","), "pool", pool)
+		c.event(ctx, k, corev1.EventTypeNormal, EventIPAllocated, fmt.Sprintf("Assigned IP %s from pool %s", strings.Join(strs, ","), pool))
+	}
+}
+
+func (c *LBController) writeStatus(ctx context.Context, k ServiceKey, ips []netip.Addr) error {
+	svc, err := c.client.CoreV1().Services(k.Namespace).Get(ctx, k.Name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	svc.Status.LoadBalancer.Ingress = nil
+	for _, ip := range ips {
+		svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip.String()})
+	}
+	_, err = c.client.CoreV1().Services(k.Namespace).UpdateStatus(ctx, svc, metav1.UpdateOptions{})
+	return err
+}
+
+func (c *LBController) event(ctx context.Context, k ServiceKey, typ, reason, msg string) {
+	svc, err := c.client.CoreV1().Services(k.Namespace).Get(ctx, k.Name, metav1.GetOptions{})
+	if err != nil {
+		return
+	}
+	c.recorder.Event(svc, typ, reason, msg)
+}
+
+func poolsOf(m *MetalLBConfig) []*metallbv1beta1.IPAddressPool {
+	if m == nil {
+		return nil
+	}
+	return m.IPAddressPools
+}
+
+func findPool(m *MetalLBConfig, name string) *metallbv1beta1.IPAddressPool {
+	for _, p := range poolsOf(m) {
+		if p.Namespace+"/"+p.Name == name {
+			return p
+		}
+	}
+	return nil
+}
