@@ -203,7 +203,34 @@ func readConfigFile(path string) ([]byte, error) {
 	if len(data) > maxConfigSize {
 		return nil, fmt.Errorf("config %s is larger than %d bytes", path, maxConfigSize)
 	}
-	return data, nil
+	out, err := expandEnv(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return out, nil
+}
+
+// envRef is a ${NAME} reference in a config file.
+var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+
+// expandEnv replaces ${NAME} with the environment variable NAME, so one ConfigMap serves every node
+// of a DaemonSet (nodeName: ${NODE_NAME}, nodeIPs: ["${NODE_IP}"] from the downward API). An unset
+// variable is an error: an empty node name or address must not pass silently. Only the ${NAME} form
+// is expanded; a lone $ stays as it is.
+func expandEnv(data []byte) ([]byte, error) {
+	var missing []string
+	out := envRef.ReplaceAllFunc(data, func(m []byte) []byte {
+		name := string(envRef.FindSubmatch(m)[1])
+		v, ok := os.LookupEnv(name)
+		if !ok {
+			missing = append(missing, name)
+		}
+		return []byte(v)
+	})
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("environment variables referenced but not set: %s", strings.Join(missing, ", "))
+	}
+	return out, nil
 }
 
 // configKind reads apiVersion and kind, and checks apiVersion.

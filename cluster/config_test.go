@@ -238,3 +238,27 @@ func TestExampleConfigs(t *testing.T) {
 		}
 	}
 }
+
+func TestConfigExpandsEnvironment(t *testing.T) {
+	t.Setenv("VG_TEST_NODE", "node7")
+	t.Setenv("VG_TEST_IP", "192.0.2.17")
+	dir := t.TempDir()
+	path := dir + "/node.yaml"
+	body := "apiVersion: vipgate.io/v1alpha1\nkind: NodeConfig\nnodeName: ${VG_TEST_NODE}\nnodeIPs: [\"${VG_TEST_IP}\"]\n"
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadNodeConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NodeName != "node7" || len(c.NodeIPs) != 1 || c.NodeIPs[0].String() != "192.0.2.17" {
+		t.Fatalf("got %q %v", c.NodeName, c.NodeIPs)
+	}
+	if err := os.WriteFile(path, []byte(strings.Replace(body, "VG_TEST_NODE", "VG_TEST_UNSET_XYZ", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadNodeConfig(path); err == nil || !strings.Contains(err.Error(), "VG_TEST_UNSET_XYZ") {
+		t.Fatalf("unset variable: %v", err)
+	}
+}
