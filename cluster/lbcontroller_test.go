@@ -3,7 +3,9 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -178,4 +180,92 @@ func lbWaitEventFor(t *testing.T, c kubernetes.Interface, ns, name, reason, cont
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestLBControllerScale5000 (VIPGATE_SCALE=1): 5,000 LoadBalancer Services from a /18; reports the
+// time from the first creation until every one has an IP in its status.
+func TestLBControllerScale5000(t *testing.T) {
+	if os.Getenv("VIPGATE_SCALE") == "" {
+		t.Skip("set VIPGATE_SCALE=1 (creates 5,000 Services)")
+	}
+	srv := apiserver.Start(t, apiserver.Options{})
+	srv.InstallMetalLBCRDs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c := srv.Client
+	for _, ns := range []string{"vipgate-system", "metallb-system", "apps"} {
+		if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+		"metadata": map[string]any{"name": "big", "namespace": "metallb-system"},
+		"spec":     map[string]any{"addresses": []any{"10.200.0.0/18"}},
+	}}
+	if _, err := srv.Dynamic.Resource(metallbKinds[0].gvr).Namespace("metallb-system").Create(ctx, u, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ctrl, err := NewLBController(srv.RESTConfig(), LBControllerConfig{Identity: "scale"}, hclog.New(&hclog.LoggerOptions{Level: hclog.Warn}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = ctrl.Run(ctx) }()
+	const n = 5000
+	start := time.Now()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(i int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			s := lbAPIService(fmt.Sprintf("s%04d", i), nil)
+			no := false // 5,000 > the 2,768 NodePorts of the range
+			s.Spec.AllocateLoadBalancerNodePorts = &no
+			if _, err := c.CoreV1().Services("apps").Create(ctx, s, metav1.CreateOptions{}); err != nil {
+				t.Error(err)
+			}
+		}(i)
+	}
+	wg.Wait()
+	created := time.Since(start)
+	for {
+		list, err := c.CoreV1().Services("apps").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := 0
+		seen := map[string]bool{}
+		for _, s := range list.Items {
+			if len(s.Status.LoadBalancer.Ingress) > 0 {
+				ip := s.Status.LoadBalancer.Ingress[0].IP
+				if seen[ip] {
+					t.Fatalf("IP %s given twice", ip)
+				}
+				seen[ip] = true
+				done++
+			}
+		}
+		if done == n {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("only %d of %d allocated", done, n)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("5,000 LoadBalancer Services from a /18: created in %v, all allocated %v after the first creation (%s)",
+		created.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), vmRSS())
+}
+
+func vmRSS() string {
+	b, _ := os.ReadFile("/proc/self/status")
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "VmRSS:") {
+			return "test process " + strings.Join(strings.Fields(l), " ")
+		}
+	}
+	return ""
 }
