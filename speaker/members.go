@@ -39,7 +39,12 @@ type Members struct {
 	HeartbeatInterval time.Duration
 	DeadAfter         time.Duration
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// since is when the member list first became non-empty: until DeadAfter has passed, this host
+	// has not had the chance to hear everyone and announces nothing (else at start-up every node
+	// would briefly believe it is alone and answer for every IP).
+	since    time.Time
+	settled  bool
 	peers    map[string]netip.Addr
 	lastSeen map[string]time.Time
 	live     map[string]bool
@@ -73,6 +78,9 @@ func (m *Members) SetPeers(peers map[string]netip.Addr) {
 			m.peers[n] = a
 		}
 	}
+	if len(m.peers) > 0 && m.since.IsZero() {
+		m.since = time.Now()
+	}
 }
 
 // OnChange sets a function called (from the membership goroutine) whenever the live set changes.
@@ -98,7 +106,8 @@ func (m *Members) Live() (map[string]bool, bool) {
 			alive++
 		}
 	}
-	return out, total <= 2 || 2*alive > total
+	settled := len(m.peers) == 0 || time.Since(m.since) >= m.DeadAfter
+	return out, settled && (total <= 2 || 2*alive > total)
 }
 
 // Run sends heartbeats and tracks liveness until ctx ends.
@@ -167,6 +176,11 @@ func (m *Members) evaluate(now time.Time) {
 			delete(m.live, n)
 			changed = true
 		}
+	}
+	if !m.settled && !m.since.IsZero() && now.Sub(m.since) >= m.DeadAfter {
+		// The start-up grace is over: decide again now that everyone had time to be heard.
+		m.settled = true
+		changed = true
 	}
 	f := m.onChange
 	m.mu.Unlock()

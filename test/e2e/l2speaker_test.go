@@ -17,7 +17,7 @@ import (
 // vipgate is killed and its link goes down) and the IP moves to another node: the gap seen by a probe
 // every 10 ms is reported (target <= 1 s).
 func TestL2Failover(t *testing.T) {
-	l := lab.NewForTest(t, lab.Spec{IPv4Only: true, Nodes: []lab.NodeSpec{
+	l := lab.NewForTest(t, lab.Spec{Nodes: []lab.NodeSpec{
 		{Name: "n1", Pods: []string{"w1"}},
 		{Name: "n2", Pods: []string{"w2"}},
 		{Name: "n3", Pods: []string{"w3"}},
@@ -38,7 +38,7 @@ func TestL2Failover(t *testing.T) {
 kind: IPAddressPool
 metadata: {name: lan, namespace: metallb-system}
 spec:
-  addresses: [192.0.2.200-192.0.2.220]
+  addresses: [192.0.2.200-192.0.2.220, "2001:db8:1::200-2001:db8:1::220"]
 `, `apiVersion: metallb.io/v1beta1
 kind: L2Advertisement
 metadata: {name: lan, namespace: metallb-system}
@@ -51,6 +51,9 @@ spec:
 		ndService("l2web", "LoadBalancer", "10.96.3.1", "Cluster", []ndPort{{"http", "TCP", 80, 30200, "http"}}, ndStatus(vip)),
 		ndSlice("l2web", "IPv4", []ndSlicePort{{"http", "TCP", 8080}}, ndEp(w1, "n1"), ndEp(w2, "n2"), ndEp(w3, "n3")))
 
+	// An IPv6 VIP on the LAN, answered by NDP.
+	w.write("svc6.yaml", ndServiceV6("l2web6", "2001:db8:96::30", "2001:db8:1::200"),
+		ndSlice("l2web6", "IPv6", []ndSlicePort{{"http", "TCP", 8080}}, ndEp6(w1, "n1"), ndEp6(w2, "n2"), ndEp6(w3, "n3")))
 	procs := map[string]*lab.Proc{}
 	for _, n := range l.Nodes() {
 		cfg := filepath.Join(dir, n.Name+".yaml")
@@ -74,7 +77,16 @@ spec:
 	// Reachable from the LAN and from behind the router (which resolves the VIP by ARP on the LAN).
 	ndWait(t, l, "lanclient", "tcp", vip+":80", func(r lab.ProbeResult) bool { return r.OK() })
 	ndWait(t, l, "client", "tcp", vip+":80", func(r lab.ProbeResult) bool { return r.OK() })
+	ndWait(t, l, "lanclient", "tcp", "[2001:db8:1::200]:80", func(r lab.ProbeResult) bool { return r.OK() })
+	if out, _ := l.Exec("lanclient", "ip", "-6", "neigh", "show", "2001:db8:1::200"); !strings.Contains(out, "lladdr") {
+		t.Errorf("no NDP neighbour entry for the IPv6 VIP on the LAN client: %q", out)
+	}
 
+	// Right after start the owner can still change while the members first see each other (an owner
+	// is computed from the live set). Give membership a second to settle, then learn the owner afresh.
+	time.Sleep(time.Second)
+	_, _ = l.Exec("lanclient", "ip", "neigh", "flush", "dev", "eth0")
+	ndWait(t, l, "lanclient", "tcp", vip+":80", func(r lab.ProbeResult) bool { return r.OK() })
 	owner := ""
 	neigh, _ := l.Exec("lanclient", "ip", "neigh", "show", vip)
 	for _, n := range l.Nodes() {
