@@ -72,6 +72,21 @@ type KubeSource struct {
 	cfg      *rest.Config
 	nodeName string
 	logger   hclog.Logger
+
+	recMu    sync.Mutex
+	recorder record.EventRecorder
+}
+
+// Event records an Event on the object ref points at, through the source's recorder (a no-op before
+// Run has started or after it ended). Other components of the node (the speakers) use it, so the node
+// has one Event sink and the RBAC one place to look.
+func (k *KubeSource) Event(ref *corev1.ObjectReference, eventType, reason, message string) {
+	k.recMu.Lock()
+	r := k.recorder
+	k.recMu.Unlock()
+	if r != nil {
+		r.Event(ref, eventType, reason, message)
+	}
 }
 
 // NewKubeSource returns a source for the cluster cfg points at. nodeName names this node on the
@@ -118,6 +133,14 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
 	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: EventComponent, Host: k.nodeName})
+	k.recMu.Lock()
+	k.recorder = recorder
+	k.recMu.Unlock()
+	defer func() {
+		k.recMu.Lock()
+		k.recorder = nil
+		k.recMu.Unlock()
+	}()
 
 	changed := make(chan struct{}, 1)
 	notify := func() {

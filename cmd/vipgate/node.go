@@ -145,6 +145,12 @@ func runNode(args []string) error {
 		return err
 	}
 	defer spk.Stop()
+	if ks, ok := src.(kubeSource); ok {
+		// With the Kubernetes source the speakers also tell in Events which node announces what.
+		if e, ok := spk.(interface{ setEventer(eventer) }); ok {
+			e.setEventer(ks.KubeSource)
+		}
+	}
 	if vl, ok := spk.(vipLister); ok {
 		admin.setVIPLister(vl)
 	}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/vipgate/vipgate/bgp"
 	"github.com/vipgate/vipgate/cluster"
@@ -15,6 +17,29 @@ import (
 	"github.com/vipgate/vipgate/l2"
 	"github.com/vipgate/vipgate/speaker"
 )
+
+// eventer records a Kubernetes Event (cluster.KubeSource implements it).
+type eventer interface {
+	Event(ref *corev1.ObjectReference, eventType, reason, message string)
+}
+
+func (s *l2Speaker) setEventer(e eventer) {
+	s.mu.Lock()
+	s.events = e
+	s.mu.Unlock()
+}
+
+// announce records, once per start, that this node announces ip of svc (MetalLB's "nodeAssigned").
+// Called with s.mu held.
+func (s *l2Speaker) announce(now map[string]bool, mode string, d speaker.VIPDecision, detail string) {
+	key := mode + " " + d.IP.String()
+	now[key] = true
+	if s.announced[key] || s.events == nil {
+		return
+	}
+	ref := &corev1.ObjectReference{APIVersion: "v1", Kind: "Service", Namespace: d.Service.Namespace, Name: d.Service.Name}
+	s.events.Event(ref, corev1.EventTypeNormal, "nodeAssigned", fmt.Sprintf("announcing %s from node %q with protocol %q%s", d.IP, s.self, mode, detail))
+}
 
 // nodeSpeaker announces this node's LoadBalancer IPs (L2 or BGP). Update is called after every
 // successful dataplane sync with the snapshot it programmed.
@@ -79,6 +104,11 @@ type l2Speaker struct {
 	decisions []speaker.VIPDecision
 	lastErr   string
 
+	// events records Kubernetes Events (nil with the file source); announced remembers which
+	// (mode, IP) this node already told about, so each start of an announcement is one Event.
+	events    eventer
+	announced map[string]bool
+
 	// The BGP side starts with the first State that has BGPPeers for this node.
 	bgp          *bgp.Speaker
 	bgpDecisions []speaker.VIPDecision
@@ -114,7 +144,37 @@ func (s *l2Speaker) updateBGP(st *cluster.State) {
 		seen[p.Object] = p.Reason
 		if s.bgpProblems[p.Object] != p.Reason {
 			s.log.Warn("rejected", "object", p.Object, "reason", p.Reason)
+			if kind, nsName, ok := strings.Cut(p.Object, " "); ok && s.events != nil {
+				ns, name, _ := strings.Cut(nsName, "/")
+				apiVersion := "metallb.io/v1beta1"
+				if kind == "BGPPeer" {
+					apiVersion = "metallb.io/v1beta2"
+				}
+				s.events.Event(&corev1.ObjectReference{APIVersion: apiVersion, Kind: kind, Namespace: ns, Name: name},
+					corev1.EventTypeWarning, "Rejected", p.Reason)
+			}
 		}
+	}
+	now := map[string]bool{}
+	for _, d := range decisions {
+		if d.Owner == s.self {
+			peerNames := make([]string, 0, len(peers))
+			for _, p := range peers {
+				peerNames = append(peerNames, p.Name)
+			}
+			s.announce(now, "bgp", d, " to peers "+strings.Join(peerNames, ", "))
+		}
+	}
+	for k := range s.announced {
+		if strings.HasPrefix(k, "bgp ") && !now[k] {
+			delete(s.announced, k)
+		}
+	}
+	if s.announced == nil {
+		s.announced = map[string]bool{}
+	}
+	for k := range now {
+		s.announced[k] = true
 	}
 	s.bgpProblems = seen
 	if s.bgp == nil {
@@ -153,6 +213,23 @@ func (s *l2Speaker) recompute() {
 	live, quorum := s.mem.Live()
 	owned, decisions := speaker.DecideL2(speaker.L2Input{Self: s.self, Live: live, Quorum: quorum, DefaultInterface: s.defIface, State: s.st})
 	s.decisions = decisions
+	now := map[string]bool{}
+	for _, d := range decisions {
+		if d.Owner == s.self && len(d.Interfaces) > 0 {
+			s.announce(now, "layer2", d, "")
+		}
+	}
+	for k := range s.announced {
+		if strings.HasPrefix(k, "layer2 ") && !now[k] {
+			delete(s.announced, k)
+		}
+	}
+	if s.announced == nil {
+		s.announced = map[string]bool{}
+	}
+	for k := range now {
+		s.announced[k] = true
+	}
 	if err := s.ann.SetOwned(owned); err != nil {
 		if e := err.Error(); e != s.lastErr {
 			s.lastErr = e

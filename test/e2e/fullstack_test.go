@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -127,4 +128,24 @@ func TestFullStackThroughTheAPI(t *testing.T) {
 	r := kubeWaitProbe(t, l, ip+":80", func(r lab.ProbeResult) bool { return r.OK() })
 	t.Logf("Service created -> IP %s in status after %v -> first answer through it (ARP-announced, client behind the router) after %v, from %s",
 		ip, allocated.Round(time.Millisecond), time.Since(created).Round(time.Millisecond), r.Pod)
+
+	// The Service's Events tell where its IP came from and which node announces it.
+	want := map[string]string{cluster.EventIPAllocated: "Assigned IP " + ip, "nodeAssigned": "announcing " + ip + " from node"}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(want) > 0 {
+		evs, err := c.CoreV1().Events("default").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs.Items {
+			if e.InvolvedObject.Name == "web" && strings.Contains(e.Message, want[e.Reason]) && want[e.Reason] != "" {
+				t.Logf("Event %s: %s", e.Reason, e.Message)
+				delete(want, e.Reason)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("missing Events on Service web: %v", want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
