@@ -20,8 +20,14 @@ import (
 )
 
 // kubeOutage is how long TestKubeAPIOutage keeps the API server down while traffic must keep
-// flowing. Ten seconds covers several client-go retry rounds and keeps CI short.
-const kubeOutage = 10 * time.Second
+// flowing. Ten seconds covers several client-go retry rounds and keeps CI short; the full
+// minute is VIPGATE_API_OUTAGE=60s.
+var kubeOutage = func() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("VIPGATE_API_OUTAGE")); err == nil && d > 0 && d <= 10*time.Minute {
+		return d
+	}
+	return 10 * time.Second
+}()
 
 // kubeVIP is the LoadBalancer IP the test writes into the Service's status (the allocator is not
 // part of this test) and routes from the router to node1.
