@@ -48,11 +48,12 @@ fuzz:
 demo: deps build
 	$(GO) run ./test/demo --vipgate $(CURDIR)/$(BIN)/vipgate --labserver $(CURDIR)/$(BIN)/labserver
 
-# bench: one table of dataplane figures (full and incremental syncs, rule counts, memory, per-packet
-# cost, throughput), measured in throwaway network namespaces; appended to BENCH.md. Go benchmarks of
+# bench: one table of dataplane figures (full and incremental syncs vs kube-proxy and nft -f, rule
+# counts, memory, per-packet cost, throughput, control-plane latency), measured in throwaway network
+# namespaces; appended to BENCH.md. `go run ./test/bench --quick` takes about a minute. Go benchmarks of
 # the pure parts: `go test -run '^$$' -bench . -benchmem ./dataplane/`.
 bench: deps build
-	VIPGATE_LABSERVER=$(CURDIR)/$(BIN)/labserver $(GO) run ./test/perf --out BENCH.md
+	VIPGATE_LABSERVER=$(CURDIR)/$(BIN)/labserver VIPGATE_BIN=$(CURDIR)/$(BIN)/vipgate $(GO) run ./test/bench --out BENCH.md
 
 # apiserver builds the real kube-apiserver for the Kubernetes integration tests (about 7 minutes the
 # first time, cached afterwards).
