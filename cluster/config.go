@@ -145,8 +145,11 @@ type SNATMode string
 
 // SNAT modes.
 const (
-	// SNATAuto masquerades only when the reply would otherwise not come back through the gateway
-	// (nodePort forwarding, or a Service without externalTrafficPolicy Local).
+	// SNATAuto masquerades only where the client address is lost anyway and SNAT makes the return
+	// path independent of the cluster's routing: nodePort forwarding to a Service with
+	// externalTrafficPolicy Cluster (the node masquerades such traffic itself). Direct forwarding and
+	// eTP=Local Services keep the client address; their replies must be routed back through the
+	// gateway (docs/gateway.md).
 	SNATAuto SNATMode = "auto"
 	// SNATAlways always masquerades.
 	SNATAlways SNATMode = "always"
@@ -170,23 +173,37 @@ type GatewayConfig struct {
 	ServiceCIDRs []netip.Prefix
 	// TableName is the nftables table vipgate owns (default "vipgate").
 	TableName string
+	// Nodes are the cluster's nodes and their addresses, for nodePort forwarding when the source
+	// knows no Node objects (a directory of manifests without Nodes). Node objects win when present.
+	Nodes []Node
+	// MaglevTableSize is the number of consistent-hash slots per VIP port (a prime, 251-65537; 0
+	// means the dataplane's default, 1021).
+	MaglevTableSize int
 	// Logging is logLevel and logFormat.
 	Logging Logging
 }
 
+// gatewayNodeFile is one entry of a GatewayConfig's nodes list.
+type gatewayNodeFile struct {
+	Name      string   `json:"name"`
+	Addresses []string `json:"addresses"`
+}
+
 // gatewayConfigFile is the on-disk form of GatewayConfig.
 type gatewayConfigFile struct {
-	APIVersion          string   `json:"apiVersion"`
-	Kind                string   `json:"kind"`
-	GatewayIPs          []string `json:"gatewayIPs"`
-	Forwarding          string   `json:"forwarding"`
-	SNAT                string   `json:"snat"`
-	HealthCheckInterval string   `json:"healthCheckInterval"`
-	ClusterCIDRs        []string `json:"clusterCIDRs"`
-	ServiceCIDRs        []string `json:"serviceCIDRs"`
-	TableName           string   `json:"tableName"`
-	LogLevel            string   `json:"logLevel"`
-	LogFormat           string   `json:"logFormat"`
+	APIVersion          string            `json:"apiVersion"`
+	Kind                string            `json:"kind"`
+	GatewayIPs          []string          `json:"gatewayIPs"`
+	Forwarding          string            `json:"forwarding"`
+	SNAT                string            `json:"snat"`
+	HealthCheckInterval string            `json:"healthCheckInterval"`
+	ClusterCIDRs        []string          `json:"clusterCIDRs"`
+	ServiceCIDRs        []string          `json:"serviceCIDRs"`
+	TableName           string            `json:"tableName"`
+	Nodes               []gatewayNodeFile `json:"nodes"`
+	MaglevTableSize     int               `json:"maglevTableSize"`
+	LogLevel            string            `json:"logLevel"`
+	LogFormat           string            `json:"logFormat"`
 }
 
 // readConfigFile reads a configuration file, bounded in size.
@@ -446,6 +463,7 @@ func ParseGatewayConfig(data []byte) (*GatewayConfig, error) {
 		SNAT:                SNATMode(cmp.Or(f.SNAT, string(SNATAuto))),
 		HealthCheckInterval: DefaultHealthCheckInterval,
 		TableName:           cmp.Or(f.TableName, DefaultTableName),
+		MaglevTableSize:     f.MaglevTableSize,
 	}
 	if f.HealthCheckInterval != "" {
 		if c.HealthCheckInterval, err = time.ParseDuration(f.HealthCheckInterval); err != nil {
@@ -463,6 +481,13 @@ func ParseGatewayConfig(data []byte) (*GatewayConfig, error) {
 	}
 	if c.Logging, err = parseLogging(f.LogLevel, f.LogFormat); err != nil {
 		return nil, err
+	}
+	for i, n := range f.Nodes {
+		node := Node{Name: n.Name}
+		if node.Addresses, err = parseAddrList(fmt.Sprintf("nodes[%d].addresses", i), n.Addresses); err != nil {
+			return nil, err
+		}
+		c.Nodes = append(c.Nodes, node)
 	}
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -500,6 +525,26 @@ func (c *GatewayConfig) Validate() error {
 	}
 	if err := checkPrefixes("serviceCIDRs", c.ServiceCIDRs, families, "gatewayIPs"); err != nil {
 		return err
+	}
+	if c.MaglevTableSize != 0 && (c.MaglevTableSize < 251 || c.MaglevTableSize > 65537 || !isPrime(c.MaglevTableSize)) {
+		return fmt.Errorf("maglevTableSize: %d is not a prime between 251 and 65537 (e.g. 1021, 4093, 16381)", c.MaglevTableSize)
+	}
+	seen := map[string]bool{}
+	for i, n := range c.Nodes {
+		field := fmt.Sprintf("nodes[%d]", i)
+		if errs := validation.IsDNS1123Subdomain(n.Name); len(errs) > 0 {
+			return fmt.Errorf("%s.name: %q is not a valid node name: %s", field, n.Name, strings.Join(errs, "; "))
+		}
+		if seen[n.Name] {
+			return fmt.Errorf("%s.name: node %q is listed twice", field, n.Name)
+		}
+		seen[n.Name] = true
+		if len(n.Addresses) == 0 {
+			return fmt.Errorf("%s.addresses: node %q needs at least one address", field, n.Name)
+		}
+		if err := checkHostAddrs(field+".addresses", n.Addresses, true); err != nil {
+			return err
+		}
 	}
 	return checkTableName(c.TableName)
 }
@@ -620,4 +665,16 @@ func familiesOf(addrs []netip.Addr) []Family {
 		}
 	}
 	return fs
+}
+
+func isPrime(n int) bool {
+	if n < 2 {
+		return false
+	}
+	for d := 2; d*d <= n; d++ {
+		if n%d == 0 {
+			return false
+		}
+	}
+	return true
 }

@@ -678,7 +678,7 @@ func (e *encoder) action(a Action) ([]expr.Any, error) {
 			&expr.NAT{Type: expr.NATTypeDestNAT, Family: e.natFamily(), RegAddrMin: reg1, RegProtoMin: reg2},
 		}, nil
 	}
-	return nil, fmt.Errorf("unknown action kind %d", a.Kind)
+	return e.gatewayAction(a) // gateway_ir.go; unknown kinds fail there
 }
 
 // ipsDstNAT is IPS_DST_NAT from the kernel's nf_conntrack_common.h: the connection was DNATed.

@@ -446,7 +446,7 @@ func actionText(f *Flat, fam nftFamily, a Action) (string, error) {
 		return fmt.Sprintf("meta l4proto { tcp, udp, sctp } update @%s { %s saddr } dnat %s to %s:%d", a.Set, ip, ip, addr, a.Port),
 			needSet(f, a.Set, KindAffinity)
 	}
-	return "", fmt.Errorf("unknown action kind %d", a.Kind)
+	return gatewayActionText(f, fam, a) // gateway_ir.go; unknown kinds fail there
 }
 
 // quote makes s an nft string literal. nft strings cannot escape a double quote, and comments are

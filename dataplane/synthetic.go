@@ -52,4 +52,3 @@ func SyntheticState(n, m int) *cluster.State {
 	}
 	return st
 }
-

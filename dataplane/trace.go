@@ -731,8 +731,7 @@ func (t *tracer) act(st pstate, ch *Chain, idx int, r Rule, text string, done fu
 		done(st, vAccept, by)
 		return st, false
 	}
-	t.fail("%s: unknown action kind %d", by, a.Kind)
-	return st, false
+	return t.gatewayAct(st, ch, idx, r, text, by, done) // gateway_ir.go; unknown kinds fail there
 }
 
 // entryKey is the packet's (daddr, proto, dport) or (proto, dport) lookup key, and its nft spelling.

@@ -1,6 +1,7 @@
 // Command vipgate is a kube-proxy replacement and LoadBalancer speaker for bare-metal Kubernetes.
 //
 //	vipgate node    program this host's kernel for Services (the DaemonSet)
+//	vipgate gateway forward LoadBalancer-IP traffic into the cluster from a host in front of it
 //	vipgate render  print the ruleset vipgate would program, in nft syntax
 //	vipgate explain trace one packet through the live (or rendered) ruleset
 //	vipgate status  show a running node's syncs, tables, refused objects and VIPs
@@ -21,6 +22,7 @@ Usage:
   vipgate node    --config FILE (--manifests DIR | --kubeconfig FILE)   run on a node: program nftables
   vipgate render  --config FILE --manifests DIR                         print the nftables ruleset (nft -f syntax)
   vipgate controller --kubeconfig FILE                                 allocate LoadBalancer IPs from MetalLB pools (a Deployment)
+  vipgate gateway --config FILE (--manifests DIR | --kubeconfig FILE)   run on a gateway in front of the cluster: forward LoadBalancer IPs
   vipgate explain --from SRC --to DST:PORT[/PROTO] [--host]             trace one packet through the live (or rendered) ruleset
   vipgate status  [--admin 127.0.0.1:10249]                             show what vipgate node is doing
   vipgate version                                                       print the version
@@ -39,6 +41,8 @@ func main() {
 		err = runNode(os.Args[2:])
 	case "controller":
 		err = runController(os.Args[2:])
+	case "gateway":
+		err = runGateway(os.Args[2:])
 	case "render":
 		err = runRender(os.Args[2:])
 	case "explain":

@@ -17,6 +17,9 @@ const renderHelp = `Usage: vipgate render --config FILE --manifests DIR [flags]
 Prints the nftables ruleset vipgate would program for these manifests, in "nft -f" syntax, without
 touching the kernel. Check it with "nft -c -f FILE"; read it to see what vipgate does.
 
+With a GatewayConfig it prints the gateway's ruleset; health checks are not run, so an eTP=Local
+Service's nodes are the ones its EndpointSlices put a ready endpoint on (what the probes would find).
+
 Flags:
 `
 
@@ -31,10 +34,14 @@ func runRender(args []string) error {
 	if nf.manifests == "" {
 		return errors.New("--manifests is required")
 	}
-	cfg, err := cluster.LoadNodeConfig(nf.config)
+	anyCfg, err := cluster.LoadConfig(nf.config)
 	if err != nil {
 		return err
 	}
+	if gcfg, ok := anyCfg.(*cluster.GatewayConfig); ok {
+		return renderGateway(gcfg, nf)
+	}
+	cfg := anyCfg.(*cluster.NodeConfig)
 	log := cfg.Logging.NewLogger("vipgate", os.Stderr)
 	if nf.logLevel != "" {
 		log.SetLevel(hclog.LevelFromString(nf.logLevel))
@@ -52,6 +59,35 @@ func runRender(args []string) error {
 			return fmt.Errorf("building the IPv%d ruleset failed", f)
 		}
 		if err := dataplane.Render(os.Stdout, rs.Flatten()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// renderGateway prints the gateway ruleset of the manifests (both families).
+func renderGateway(cfg *cluster.GatewayConfig, nf *nodeFlags) error {
+	log := cfg.Logging.NewLogger("vipgate", os.Stderr)
+	if nf.logLevel != "" {
+		log.SetLevel(hclog.LevelFromString(nf.logLevel))
+	}
+	src := cluster.NewFileSource(nf.manifests, log.Named("manifests"))
+	src.AllowWorldWritable = nf.allowWorldWritable
+	st, err := src.Load()
+	if err != nil {
+		return err
+	}
+	dpCfg := gatewayDataplaneConfig(cfg)
+	health := dataplane.ExpectedHealth(dpCfg, st)
+	for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
+		grs, err := dataplane.BuildGatewayRuleset(dpCfg, f, st, health)
+		if err != nil {
+			return fmt.Errorf("building the IPv%d gateway ruleset: %w", f, err)
+		}
+		for _, c := range grs.Conflicts {
+			log.Warn("rejected", "object", c.Object, "reason", c.Reason)
+		}
+		if err := dataplane.Render(os.Stdout, grs.Ruleset.Flatten()); err != nil {
 			return err
 		}
 	}

@@ -1,0 +1,31 @@
+package cluster
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestGatewayConfigNodesAndMaglevSize(t *testing.T) {
+	base := "apiVersion: vipgate.io/v1alpha1\nkind: GatewayConfig\ngatewayIPs: [192.0.2.100]\n"
+	c, err := ParseGatewayConfig([]byte(base + "maglevTableSize: 4093\nnodes:\n- {name: node1, addresses: [192.0.2.11, \"2001:db8:1::11\"]}\n- {name: node2, addresses: [192.0.2.12]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Nodes) != 2 || c.Nodes[0].Name != "node1" || len(c.Nodes[0].Addresses) != 2 || c.MaglevTableSize != 4093 {
+		t.Errorf("parsed %+v", c)
+	}
+	for _, bad := range []struct{ yaml, want string }{
+		{"nodes:\n- {name: node1, addresses: [192.0.2.11]}\n- {name: node1, addresses: [192.0.2.12]}\n", "listed twice"},
+		{"nodes:\n- {name: node1}\n", "at least one address"},
+		{"nodes:\n- {name: Node_1, addresses: [192.0.2.11]}\n", "not a valid node name"},
+		{"nodes:\n- {name: node1, addresses: [192.0.2.11, 192.0.2.12]}\n", "nodes[0].addresses"},
+		{"nodes:\n- {name: node1, address: [192.0.2.11]}\n", "address"},
+		{"maglevTableSize: 1000\n", "not a prime"},
+		{"maglevTableSize: 101\n", "not a prime between"},
+	} {
+		_, err := ParseGatewayConfig([]byte(base + bad.yaml))
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%q: error %v, want one containing %q", bad.yaml, err, bad.want)
+		}
+	}
+}

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
+)
+
+const gatewayHelp = `Usage: vipgate gateway --config FILE (--manifests DIR | --kubeconfig FILE) [flags]
+
+Runs on a host in front of the cluster (not a node): forwards the traffic of every LoadBalancer IP to
+the cluster, to the pods themselves (forwarding: direct) or to the nodes' NodePorts (forwarding:
+nodePort; for externalTrafficPolicy Local only to nodes whose healthCheckNodePort answers 200). The
+backend of a flow is chosen by Maglev consistent hashing of its addresses and ports, so gateways
+behind one ECMP router agree. The config is a GatewayConfig (see docs/gateway.md). The host must
+forward IP packets (net.ipv4.ip_forward=1, net.ipv6.conf.all.forwarding=1).
+
+Flags:
+`
+
+// gatewayAnnouncer is the hook for the speaker that makes the routers send the VIPs' traffic to this
+// gateway (ARP/NDP answers or BGP routes). The gateway calls Update with every VIP it forwards after
+// each successful sync. Until a speaker is wired in here, the VIPs must be routed to the gateway by
+// the network (static routes, or a router's ECMP group of gateways).
+type gatewayAnnouncer interface {
+	Update(vips []netip.Addr)
+	Stop()
+}
+
+// startGatewayAnnouncer returns the gateway's speaker. The L2/BGP speaker (speaker/, l2/, bgp/)
+// plugs in here; for now the VIPs are only logged when they change.
+func startGatewayAnnouncer(_ context.Context, _ *cluster.GatewayConfig, log hclog.Logger) (gatewayAnnouncer, error) {
+	return &logAnnouncer{log: log.Named("speaker")}, nil
+}
+
+type logAnnouncer struct {
+	log  hclog.Logger
+	last string
+}
+
+func (a *logAnnouncer) Update(vips []netip.Addr) {
+	s := fmt.Sprint(vips)
+	if s != a.last {
+		a.last = s
+		a.log.Info("VIPs to announce (no speaker configured: route them to this gateway)", "vips", s)
+	}
+}
+
+func (a *logAnnouncer) Stop() {}
+
+// gatewayDataplaneConfig is the dataplane's view of a GatewayConfig.
+func gatewayDataplaneConfig(cfg *cluster.GatewayConfig) dataplane.GatewayConfig {
+	return dataplane.GatewayConfig{
+		Table:      cfg.TableName,
+		Forwarding: cfg.Forwarding,
+		SNAT:       cfg.SNAT,
+		Nodes:      cfg.Nodes,
+		MaglevSize: cfg.MaglevTableSize,
+	}
+}
+
+func runGateway(args []string) error {
+	nf, err := parseNodeFlags("gateway", gatewayHelp, args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	cfg, err := cluster.LoadGatewayConfig(nf.config)
+	if err != nil {
+		return err
+	}
+	if nf.logLevel != "" {
+		cfg.Logging.Level = hclog.LevelFromString(nf.logLevel)
+	}
+	log := cfg.Logging.NewLogger("vipgate", os.Stderr)
+	prog := &dataplane.NetlinkProgrammer{}
+	if nf.cleanup {
+		for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
+			if err := prog.DeleteTable(f, cfg.TableName); err != nil {
+				return fmt.Errorf("deleting table %s: %w", cfg.TableName, err)
+			}
+		}
+		log.Info("removed vipgate's nftables tables", "table", cfg.TableName)
+		return nil
+	}
+	warnIfNotForwarding(log, cfg)
+	src, err := newSource(nf, log)
+	if err != nil {
+		return err
+	}
+	dpCfg := gatewayDataplaneConfig(cfg)
+	gw := dataplane.NewGatewayProxier(log.Named("dataplane"), dpCfg, prog)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	// Health changes and new snapshots both wake the one loop below, which owns the dataplane.
+	healthChanged := make(chan struct{}, 1)
+	prober := dataplane.NewProber(log.Named("health"), dataplane.ProberOptions{
+		Interval: cfg.HealthCheckInterval,
+		OnChange: func() {
+			select {
+			case healthChanged <- struct{}{}:
+			default:
+			}
+		},
+	})
+	defer prober.Close()
+	ct, err := dataplane.NewConntrackCleaner(log.Named("conntrack"))
+	if err != nil {
+		log.Warn("conntrack cleanup disabled", "err", err)
+	}
+	ann, err := startGatewayAnnouncer(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer ann.Stop()
+
+	states := make(chan *cluster.State, 1)
+	srcErr := make(chan error, 1)
+	go func() {
+		srcErr <- src.Run(ctx, func(st *cluster.State) {
+			select {
+			case <-states:
+			default:
+			}
+			states <- st
+		})
+	}()
+	log.Info("vipgate gateway started", "forwarding", cfg.Forwarding, "snat", cfg.SNAT, "table", cfg.TableName,
+		"healthCheckInterval", cfg.HealthCheckInterval, "source", src.String(), "version", version)
+
+	var current *cluster.State
+	dirty, first := false, true
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("stopping; the nftables rules stay in place")
+			return nil
+		case err := <-srcErr:
+			if err != nil && ctx.Err() == nil {
+				return fmt.Errorf("source: %w", err)
+			}
+			return nil
+		case st := <-states:
+			current, dirty = st, true
+			prober.SetTargets(dataplane.GatewayHealthTargets(dpCfg, st))
+		case <-healthChanged:
+			dirty = true
+		case <-retry.C:
+		}
+		if current == nil || !dirty {
+			continue
+		}
+		if first {
+			// The table a previous run left keeps forwarding meanwhile.
+			prober.WaitProbed(ctx, prober.Timeout()+100*time.Millisecond)
+			first = false
+		}
+		rep, err := gw.Sync(current, prober.Snapshot())
+		if err != nil {
+			log.Error("gateway sync failed, retrying in 1s", "err", err)
+			retry.Reset(time.Second)
+			continue
+		}
+		dirty = false
+		for _, c := range rep.Conflicts {
+			log.Warn("rejected", "object", c.Object, "reason", c.Reason)
+		}
+		for _, r := range current.Rejected {
+			log.Debug("rejected", "object", r.Object, "reason", r.Reason)
+		}
+		ann.Update(rep.VIPs)
+		if ct != nil && len(rep.StaleFlows) > 0 {
+			filters := make([]dataplane.StaleFlow, 0, len(rep.StaleFlows))
+			for _, f := range rep.StaleFlows {
+				filters = append(filters, dataplane.StaleFlow(f))
+			}
+			if n, err := ct.Delete(filters); err != nil {
+				log.Warn("conntrack cleanup", "err", err)
+			} else if n > 0 {
+				log.Debug("deleted stale conntrack entries", "count", n)
+			}
+		}
+		log.Info("synced", "full", rep.Full, "duration", rep.Duration, "vips", len(rep.VIPs), "backends", gatewayBackendSummary(rep.Entries))
+	}
+}
+
+// gatewayBackendSummary formats "vip:port/proto=backend,backend; ..." for the sync log line, so the
+// log shows when a node leaves or joins a VIP's set.
+func gatewayBackendSummary(entries []dataplane.GatewayEntry) string {
+	var b strings.Builder
+	for i, e := range entries {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "%s=", netip.AddrPortFrom(e.VIP, e.Port))
+		if len(e.Backends) == 0 {
+			b.WriteString("none (" + e.Why + ")")
+			continue
+		}
+		for j, be := range e.Backends {
+			if j > 0 {
+				b.WriteString(",")
+			}
+			b.WriteString(be.String())
+		}
+		if e.SNAT {
+			b.WriteString(" snat")
+		}
+	}
+	return b.String()
+}
+
+// warnIfNotForwarding warns when the host does not forward packets of a family the gateway serves:
+// the rules would DNAT and the kernel would then drop everything.
+func warnIfNotForwarding(log hclog.Logger, cfg *cluster.GatewayConfig) {
+	for _, ip := range cfg.GatewayIPs {
+		path := "/proc/sys/net/ipv4/ip_forward"
+		if cluster.FamilyOf(ip) == cluster.IPv6 {
+			path = "/proc/sys/net/ipv6/conf/all/forwarding"
+		}
+		if b, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(b)) != "1" {
+			log.Warn("IP forwarding is off: VIP traffic will not reach the cluster", "sysctl", path)
+		}
+	}
+}

@@ -1,0 +1,614 @@
+package dataplane
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/vipgate/vipgate/cluster"
+)
+
+// This file is the gateway's dataplane: a host in front of the cluster that owns the LoadBalancer IPs
+// (VIPs) and forwards their traffic into the cluster, either straight to the pods (forwarding:
+// direct) or to the nodes' NodePorts (forwarding: nodePort). It uses the same model, netlink edge,
+// renderer and tracer as the node; only the table's shape differs:
+//
+//	nat-prerouting / nat-output   jump services
+//	services                      ip daddr . meta l4proto . th dport vmap @service-ips
+//	                                -> goto gateway-pick | gateway-masq-pick  (per VIP port)
+//	gateway-pick                  dnat to ... jhash(5-tuple) mod M map @gateway-backends
+//	gateway-masq-pick             mark for masquerade, goto gateway-pick
+//	nat-postrouting               masquerade marked packets
+//	filter-forward/input/output   ip daddr @gateway-vips reject  (a VIP port nobody serves)
+//
+// gateway-backends holds a Maglev table per VIP port: (vip, proto, port, slot) -> backend, M slots
+// each. Every gateway with the same backends holds the same elements, and the slot is a fixed hash
+// of the flow, so gateways behind one ECMP router agree on the backend of every flow. Only one rule
+// binds the big map, whatever the number of VIPs (see dataplane/README.md for why that matters).
+
+// Names of the gateway table's own chains and sets (the rest are the node's names from schema.go).
+const (
+	ChainGatewayPick     = "gateway-pick"
+	ChainGatewayMasqPick = "gateway-masq-pick"
+	SetGatewayVIPs       = "gateway-vips"
+	MapGatewayBackends   = "gateway-backends"
+)
+
+// GatewayConfig is what the gateway dataplane needs to know.
+type GatewayConfig struct {
+	Table      string
+	Forwarding cluster.Forwarding
+	SNAT       cluster.SNATMode
+	// Nodes are used for nodePort forwarding when the State knows no nodes.
+	Nodes []cluster.Node
+	// MaglevSize is the number of slots per VIP port (a prime; default DefaultMaglevSize).
+	MaglevSize    int
+	MasqueradeBit int
+	// Families lists the families to program (default: IPv4 and IPv6).
+	Families []cluster.Family
+}
+
+func (c GatewayConfig) withDefaults() GatewayConfig {
+	c.Table = cmp.Or(c.Table, cluster.DefaultTableName)
+	c.Forwarding = cmp.Or(c.Forwarding, cluster.ForwardNodePort)
+	c.SNAT = cmp.Or(c.SNAT, cluster.SNATAuto)
+	c.MaglevSize = cmp.Or(c.MaglevSize, DefaultMaglevSize)
+	c.MasqueradeBit = cmp.Or(c.MasqueradeBit, cluster.DefaultMasqueradeBit)
+	if len(c.Families) == 0 {
+		c.Families = []cluster.Family{cluster.IPv4, cluster.IPv6}
+	}
+	return c
+}
+
+// HealthTarget is one node's healthCheckNodePort, which the gateway probes for Services with
+// externalTrafficPolicy Local and nodePort forwarding.
+type HealthTarget struct {
+	Addr netip.Addr
+	Port uint16
+}
+
+// String formats the target as addr:port.
+func (h HealthTarget) String() string { return netip.AddrPortFrom(h.Addr, h.Port).String() }
+
+// Health says which health targets answered 200 at their last probe. A target that is missing has
+// not answered yet and is not used.
+type Health map[HealthTarget]bool
+
+// GatewayEntry is one VIP port the gateway forwards, and where to.
+type GatewayEntry struct {
+	Service cluster.ServiceKey
+	VIP     netip.Addr
+	Proto   uint8
+	Port    uint16
+	// Backends are pod addr:port (direct) or node addr:NodePort (nodePort), sorted.
+	Backends []netip.AddrPort
+	// SNAT says the gateway masquerades this entry's traffic.
+	SNAT bool
+	// Why explains an entry without backends.
+	Why string
+}
+
+// String formats the entry for logs.
+func (e GatewayEntry) String() string {
+	return fmt.Sprintf("%s %s:%d", ProtoName(e.Proto), e.VIP, e.Port)
+}
+
+// gatewayNode is one node address of one family.
+type gatewayNode struct {
+	name string
+	addr netip.Addr
+}
+
+// gatewayNodes lists the nodes' addresses of family f, by name: the State's nodes, or the configured
+// ones if the State has none.
+func gatewayNodes(cfg GatewayConfig, st *cluster.State, f cluster.Family) []gatewayNode {
+	var out []gatewayNode
+	add := func(n *cluster.Node) {
+		for _, a := range n.Addresses {
+			if cluster.FamilyOf(a) == f {
+				out = append(out, gatewayNode{n.Name, a.Unmap()})
+				return
+			}
+		}
+	}
+	if st != nil && len(st.Nodes) > 0 {
+		for _, n := range st.Nodes {
+			add(n)
+		}
+	} else {
+		for i := range cfg.Nodes {
+			add(&cfg.Nodes[i])
+		}
+	}
+	slices.SortFunc(out, func(a, b gatewayNode) int { return cmp.Compare(a.name, b.name) })
+	return out
+}
+
+// gatewayVIPs returns the Service's LoadBalancer IPs of family f: what the gateway owns.
+func gatewayVIPs(svc *cluster.Service, f cluster.Family) []netip.Addr {
+	if svc.Type != cluster.TypeLoadBalancer {
+		return nil
+	}
+	var out []netip.Addr
+	for _, ip := range svc.LoadBalancerIPs {
+		if cluster.FamilyOf(ip) == f && !slices.Contains(out, ip.Unmap()) {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out
+}
+
+// GatewayHealthTargets lists the healthCheckNodePorts the gateway must probe: with nodePort
+// forwarding, every node address of each family an eTP=Local LoadBalancer Service has VIPs in, on the
+// Service's healthCheckNodePort. Sorted, without duplicates.
+func GatewayHealthTargets(cfg GatewayConfig, st *cluster.State) []HealthTarget {
+	cfg = cfg.withDefaults()
+	if cfg.Forwarding != cluster.ForwardNodePort || st == nil {
+		return nil
+	}
+	seen := map[HealthTarget]bool{}
+	var out []HealthTarget
+	for _, f := range cfg.Families {
+		nodes := gatewayNodes(cfg, st, f)
+		for _, svc := range st.Services {
+			if !svc.ExternalPolicyLocal || svc.HealthCheckNodePort == 0 || len(gatewayVIPs(svc, f)) == 0 {
+				continue
+			}
+			for _, n := range nodes {
+				t := HealthTarget{n.addr, svc.HealthCheckNodePort}
+				if !seen[t] {
+					seen[t] = true
+					out = append(out, t)
+				}
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b HealthTarget) int {
+		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
+	})
+	return out
+}
+
+// ExpectedHealth is the health the probes would find if every node's healthCheckNodePort told the
+// truth about the EndpointSlices: a node is healthy for a Service when a ready endpoint of the Service
+// runs on it. `vipgate render` uses it, having no probes.
+func ExpectedHealth(cfg GatewayConfig, st *cluster.State) Health {
+	cfg = cfg.withDefaults()
+	h := Health{}
+	if st == nil {
+		return h
+	}
+	for _, f := range cfg.Families {
+		byName := map[string]netip.Addr{}
+		for _, n := range gatewayNodes(cfg, st, f) {
+			byName[n.name] = n.addr
+		}
+		for key, svc := range st.Services {
+			if !svc.ExternalPolicyLocal || svc.HealthCheckNodePort == 0 {
+				continue
+			}
+			for _, es := range st.EndpointSlices[key] {
+				for _, ep := range es.Endpoints {
+					if a, ok := byName[ep.NodeName]; ok && ep.Ready {
+						h[HealthTarget{a, svc.HealthCheckNodePort}] = true
+					}
+				}
+			}
+		}
+	}
+	return h
+}
+
+// gatewaySNAT decides whether the gateway masquerades a Service's traffic. auto masquerades only
+// nodePort forwarding to eTP=Cluster Services: the node masquerades those itself, so the client
+// address is lost anyway, and SNAT at the gateway makes replies come back through it whatever the
+// nodes' routes. Everything else keeps the client address, which needs the replies routed back
+// through the gateway (docs/gateway.md).
+func gatewaySNAT(cfg GatewayConfig, svc *cluster.Service) bool {
+	switch cfg.SNAT {
+	case cluster.SNATAlways:
+		return true
+	case cluster.SNATNever:
+		return false
+	}
+	return cfg.Forwarding == cluster.ForwardNodePort && !svc.ExternalPolicyLocal
+}
+
+// GatewayServiceEntries decides where each VIP port of svc goes in family f: the pure heart of the
+// gateway. Entries without backends are returned too (with Why), so they can be reported.
+func GatewayServiceEntries(cfg GatewayConfig, f cluster.Family, svc *cluster.Service, slices_ []*cluster.EndpointSlice, nodes []gatewayNode, health Health) []GatewayEntry {
+	vips := gatewayVIPs(svc, f)
+	if len(vips) == 0 {
+		return nil
+	}
+	snat := gatewaySNAT(cfg, svc)
+	var out []GatewayEntry
+	for _, sp := range svc.Ports {
+		proto := ProtoNumber(sp.Protocol)
+		if proto == 0 {
+			continue
+		}
+		var backends []netip.AddrPort
+		why := ""
+		switch cfg.Forwarding {
+		case cluster.ForwardDirect:
+			eps := PortEndpoints(sp, slices_, f, "")
+			ready := filter(eps, func(e Endpoint) bool { return e.Ready })
+			if len(ready) == 0 {
+				// As the node does: while nothing is ready, what is still serving while terminating
+				// keeps existing and new connections working through a rolling update.
+				ready = filter(eps, func(e Endpoint) bool { return e.Serving && e.Terminating })
+			}
+			for _, e := range ready {
+				backends = append(backends, e.AddrPort())
+			}
+			if len(backends) == 0 {
+				why = "no ready endpoints"
+			}
+		default:
+			if sp.NodePort == 0 {
+				why = "the Service port has no NodePort (allocateLoadBalancerNodePorts: false?): nodePort forwarding cannot reach it"
+				break
+			}
+			for _, n := range nodes {
+				if svc.ExternalPolicyLocal && svc.HealthCheckNodePort != 0 && !health[HealthTarget{n.addr, svc.HealthCheckNodePort}] {
+					continue
+				}
+				backends = append(backends, netip.AddrPortFrom(n.addr, sp.NodePort))
+			}
+			if len(backends) == 0 {
+				if svc.ExternalPolicyLocal {
+					why = "no node's healthCheckNodePort answers 200"
+				} else {
+					why = "no nodes known"
+				}
+			}
+		}
+		slices.SortFunc(backends, netip.AddrPort.Compare)
+		backends = slices.Compact(backends)
+		for _, vip := range vips {
+			out = append(out, GatewayEntry{Service: svc.Key, VIP: vip, Proto: proto, Port: sp.Port, Backends: backends, SNAT: snat, Why: why})
+		}
+	}
+	return out
+}
+
+// gatewayPart turns a Service's entries into its part: a service-ips element and a Maglev table in
+// gateway-backends per entry with backends.
+func gatewayPart(cfg GatewayConfig, entries []GatewayEntry) (*Part, error) {
+	p := &Part{}
+	for _, e := range entries {
+		p.Entries = append(p.Entries, EntryRef{Proto: e.Proto, Addr: e.VIP, Port: e.Port, HasEndpoints: len(e.Backends) > 0})
+		if len(e.Backends) == 0 {
+			continue
+		}
+		names := make([]string, len(e.Backends))
+		for i, b := range e.Backends {
+			names[i] = b.String()
+			p.Backends = append(p.Backends, Backend{Proto: e.Proto, Endpoint: b})
+		}
+		table, err := MaglevTable(names, cfg.MaglevSize)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", e, err)
+		}
+		pick := ChainGatewayPick
+		if e.SNAT {
+			pick = ChainGatewayMasqPick
+		}
+		p.Elements = append(p.Elements, Element{Set: MapServiceIPs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Verdict: VerdictGoto, Chain: pick})
+		for slot, bi := range table {
+			b := e.Backends[bi]
+			p.Elements = append(p.Elements, Element{Set: MapGatewayBackends, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: b.Addr(), DataPort: b.Port()})
+		}
+	}
+	return p, nil
+}
+
+// BuildGatewayBase builds the fixed part of a gateway table, with the set of every VIP it owns.
+func BuildGatewayBase(cfg GatewayConfig, f cluster.Family, vips []netip.Addr) *Part {
+	cfg = cfg.withDefaults()
+	mark := uint32(1) << uint(cfg.MasqueradeBit)
+	p := &Part{}
+	chain := func(c *Chain) { p.Chains = append(p.Chains, c) }
+	jump := func(to string) Rule { return Rule{Action: Action{Kind: ActJump, Chain: to}} }
+	rejectVIP := Rule{
+		Matches: []Match{{Kind: MatchDaddrInSet, Set: SetGatewayVIPs}},
+		Action:  Action{Kind: ActReject},
+		Comment: "a VIP port without backends",
+	}
+	// A packet that was DNATed no longer has a VIP as its destination, so only traffic to a VIP port
+	// with no backend (or no Service) meets the reject rules; without them it would be routed back
+	// out towards the router that sent it.
+	chain(&Chain{Name: ChainFilterForward, Type: FilterType, Hook: HookForward, Priority: PriorityFilter, Rules: []Rule{rejectVIP}})
+	chain(&Chain{Name: ChainFilterInput, Type: FilterType, Hook: HookInput, Priority: PriorityFilter, Rules: []Rule{rejectVIP}})
+	chain(&Chain{Name: ChainFilterOutput, Type: FilterType, Hook: HookOutput, Priority: PriorityFilter, Rules: []Rule{rejectVIP}})
+	chain(&Chain{Name: ChainNATPrerouting, Type: NATType, Hook: HookPrerouting, Priority: PriorityDstNAT, Rules: []Rule{jump(ChainServices)}})
+	chain(&Chain{Name: ChainNATOutput, Type: NATType, Hook: HookOutput, Priority: PriorityDstNAT, Rules: []Rule{jump(ChainServices)}})
+	chain(&Chain{Name: ChainNATPostrouting, Type: NATType, Hook: HookPostrouting, Priority: PrioritySrcNAT, Rules: []Rule{jump(ChainMasquerading)}})
+	chain(&Chain{Name: ChainServices, Comment: "VIP dispatch", Rules: []Rule{{Action: Action{Kind: ActVmapTuple, Map: MapServiceIPs}}}})
+	chain(&Chain{Name: ChainGatewayPick, Comment: "Maglev: a fixed hash of the flow picks the slot", Rules: []Rule{
+		{Action: Action{Kind: ActDNATJhashMap, Map: MapGatewayBackends, Value: uint32(cfg.MaglevSize)}},
+	}})
+	chain(&Chain{Name: ChainGatewayMasqPick, Rules: []Rule{
+		{Action: Action{Kind: ActMarkSet, Value: mark}},
+		{Action: Action{Kind: ActGoto, Chain: ChainGatewayPick}},
+	}})
+	chain(&Chain{Name: ChainMasquerading, Comment: "source NAT where the gateway must see the replies", Rules: []Rule{
+		{Matches: []Match{{Kind: MatchMarkAny, Value: mark}}, Action: Action{Kind: ActMasqClearMark, Value: mark}},
+	}})
+	p.Sets = []*Set{
+		{Name: SetGatewayVIPs, Kind: KindAddr, Comment: "LoadBalancer IPs this gateway forwards"},
+		{Name: MapServiceIPs, Kind: KindTupleVmap, Comment: "VIP ports with backends"},
+		{Name: MapGatewayBackends, Kind: KindTupleEndpoints, Comment: "VIP . proto . port . Maglev slot -> backend"},
+	}
+	for _, v := range vips {
+		if cluster.FamilyOf(v) == f {
+			p.Elements = append(p.Elements, Element{Set: SetGatewayVIPs, Addr: v.Unmap()})
+		}
+	}
+	return p
+}
+
+// GatewayRuleset is one family's gateway table and the decisions behind it.
+type GatewayRuleset struct {
+	Ruleset   *Ruleset
+	Entries   []GatewayEntry
+	Conflicts []cluster.Rejection
+	// inputs and kept remember what each Service's part was built from, so the next build reuses the
+	// parts of unchanged Services (a Maglev table is M elements to build and to diff).
+	inputs map[cluster.ServiceKey]gwInput
+	kept   map[cluster.ServiceKey][]GatewayEntry
+}
+
+// gwInput is everything a Service's gateway part depends on besides the configuration.
+type gwInput struct {
+	svc    *cluster.Service
+	slices []*cluster.EndpointSlice
+	// nodes and health are the node addresses and, for eTP=Local with nodePort forwarding, which of
+	// them answer the Service's health check, as strings.
+	nodes, health string
+}
+
+func (a gwInput) equal(b gwInput) bool {
+	return a.svc == b.svc && slices.Equal(a.slices, b.slices) && a.nodes == b.nodes && a.health == b.health
+}
+
+// BuildGatewayRuleset builds one family's complete gateway table for st and health.
+func BuildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State, health Health) (*GatewayRuleset, error) {
+	return buildGatewayRuleset(cfg, f, st, health, nil)
+}
+
+// buildGatewayRuleset is BuildGatewayRuleset reusing the parts of prev (may be nil) whose inputs did
+// not change.
+func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State, health Health, prev *GatewayRuleset) (*GatewayRuleset, error) {
+	cfg = cfg.withDefaults()
+	out := &GatewayRuleset{Ruleset: &Ruleset{Family: f, Table: cfg.Table, Services: map[cluster.ServiceKey]*Part{}, Shared: map[string]*Chain{}},
+		inputs: map[cluster.ServiceKey]gwInput{}, kept: map[cluster.ServiceKey][]GatewayEntry{}}
+	nodes := gatewayNodes(cfg, st, f)
+	var nodesKey strings.Builder
+	for _, n := range nodes {
+		nodesKey.WriteString(n.addr.String() + ",")
+	}
+	keys := make([]cluster.ServiceKey, 0, len(st.Services))
+	for k := range st.Services {
+		keys = append(keys, k)
+	}
+	sortServiceKeys(keys)
+	type entryID struct {
+		vip   netip.Addr
+		proto uint8
+		port  uint16
+	}
+	owner := map[entryID]cluster.ServiceKey{}
+	var vips []netip.Addr
+	for _, k := range keys {
+		svc := st.Services[k]
+		in := gwInput{svc: svc, slices: st.EndpointSlices[k], nodes: nodesKey.String()}
+		if cfg.Forwarding == cluster.ForwardNodePort && svc.ExternalPolicyLocal {
+			hk := make([]byte, len(nodes))
+			for i, n := range nodes {
+				hk[i] = '0'
+				if health[HealthTarget{n.addr, svc.HealthCheckNodePort}] {
+					hk[i] = '1'
+				}
+			}
+			in.health = string(hk)
+		}
+		out.inputs[k] = in
+		entries := GatewayServiceEntries(cfg, f, svc, st.EndpointSlices[k], nodes, health)
+		kept := entries[:0]
+		for _, e := range entries {
+			id := entryID{e.VIP, e.Proto, e.Port}
+			if o, ok := owner[id]; ok && o != k {
+				out.Conflicts = append(out.Conflicts, cluster.Rejection{Kind: "Service", Object: k.String(),
+					Reason: fmt.Sprintf("%s is already used by Service %s; not forwarded for this Service", e, o)})
+				continue
+			}
+			owner[id] = k
+			kept = append(kept, e)
+			if !slices.Contains(vips, e.VIP) {
+				vips = append(vips, e.VIP)
+			}
+		}
+		if len(kept) == 0 {
+			continue
+		}
+		out.kept[k] = kept
+		out.Entries = append(out.Entries, kept...)
+		if prev != nil {
+			if old, ok := prev.inputs[k]; ok && old.equal(in) && slices.EqualFunc(prev.kept[k], kept, gatewayEntryEqual) {
+				if part := prev.Ruleset.Services[k]; part != nil {
+					out.Ruleset.Services[k] = part
+					continue
+				}
+			}
+		}
+		part, err := gatewayPart(cfg, kept)
+		if err != nil {
+			return nil, fmt.Errorf("Service %s: %w", k, err)
+		}
+		out.Ruleset.Services[k] = part
+	}
+	slices.SortFunc(vips, netip.Addr.Compare)
+	out.Ruleset.Base = BuildGatewayBase(cfg, f, vips)
+	return out, nil
+}
+
+func gatewayEntryEqual(a, b GatewayEntry) bool {
+	return a.Service == b.Service && a.VIP == b.VIP && a.Proto == b.Proto && a.Port == b.Port && a.SNAT == b.SNAT &&
+		a.Why == b.Why && slices.Equal(a.Backends, b.Backends)
+}
+
+// GatewaySyncReport tells the caller what a gateway sync did.
+type GatewaySyncReport struct {
+	Duration time.Duration
+	Full     bool
+	Txs      []*Tx
+	// Entries are every VIP port of every family, with their backends.
+	Entries []GatewayEntry
+	// VIPs are the LoadBalancer IPs the gateway forwards (for the speaker that announces them).
+	VIPs      []netip.Addr
+	Conflicts []cluster.Rejection
+	// StaleFlows are the gateway's conntrack entries of UDP/SCTP flows to backends that went away.
+	StaleFlows []StaleFlowFilter
+}
+
+// GatewayProxier owns the gateway's dataplane state, as Proxier does the node's: one goroutine calls
+// Sync; every sync rebuilds the whole desired table (a gateway holds at most a few hundred VIPs and its
+// input also changes with node health, not only with objects) and sends only the difference.
+type GatewayProxier struct {
+	log  hclog.Logger
+	cfg  GatewayConfig
+	prog Programmer
+
+	mu       sync.Mutex
+	fams     map[cluster.Family]*GatewayRuleset
+	sets     map[cluster.Family]map[string]*Set
+	needFull bool
+}
+
+// NewGatewayProxier returns a GatewayProxier that programs through prog. The first Sync replaces the
+// table.
+func NewGatewayProxier(log hclog.Logger, cfg GatewayConfig, prog Programmer) *GatewayProxier {
+	return &GatewayProxier{log: log, cfg: cfg.withDefaults(), prog: prog, needFull: true}
+}
+
+// Sync brings the kernel to the gateway table for st and health. On error the kernel keeps its
+// previous ruleset and the next Sync replaces the table wholesale.
+func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncReport, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	start := time.Now()
+	rep := &GatewaySyncReport{Full: p.needFull}
+	newFams := map[cluster.Family]*GatewayRuleset{}
+	newSets := map[cluster.Family]map[string]*Set{}
+	for _, f := range p.cfg.Families {
+		var prev *GatewayRuleset
+		if !p.needFull {
+			prev = p.fams[f]
+		}
+		grs, err := buildGatewayRuleset(p.cfg, f, st, health, prev)
+		if err != nil {
+			return rep, err
+		}
+		var old *GatewayRuleset
+		sets := map[string]*Set{}
+		if !p.needFull && p.fams[f] != nil {
+			old = p.fams[f]
+			sets = p.sets[f]
+		}
+		tx := &Tx{Family: f, Table: p.cfg.Table, Full: old == nil}
+		d := &diffState{tx: tx, elemRefs: map[Element]int{}, sharedRefs: map[string]int{}, sharedDelta: map[string]int{}, sets: sets}
+		var oldBase *Part
+		oldSvcs := map[cluster.ServiceKey]*Part{}
+		if old != nil {
+			oldBase, oldSvcs = old.Ruleset.Base, old.Ruleset.Services
+		}
+		d.diffPart(oldBase, grs.Ruleset.Base)
+		keys := make([]cluster.ServiceKey, 0, len(oldSvcs)+len(grs.Ruleset.Services))
+		for k := range oldSvcs {
+			keys = append(keys, k)
+		}
+		for k := range grs.Ruleset.Services {
+			if oldSvcs[k] == nil {
+				keys = append(keys, k)
+			}
+		}
+		sortServiceKeys(keys)
+		for _, k := range keys {
+			o, n := oldSvcs[k], grs.Ruleset.Services[k]
+			if o == n {
+				continue // reused: nothing changed
+			}
+			d.diffPart(o, n)
+			rep.StaleFlows = append(rep.StaleFlows, gatewayStaleFlows(o, n)...)
+		}
+		d.finish()
+		tx.Sets = sets
+		if !tx.Empty() {
+			rep.Txs = append(rep.Txs, tx)
+		}
+		newFams[f], newSets[f] = grs, sets
+		rep.Entries = append(rep.Entries, grs.Entries...)
+		rep.Conflicts = append(rep.Conflicts, grs.Conflicts...)
+		for _, e := range grs.Entries {
+			if !slices.Contains(rep.VIPs, e.VIP) {
+				rep.VIPs = append(rep.VIPs, e.VIP)
+			}
+		}
+	}
+	slices.SortFunc(rep.VIPs, netip.Addr.Compare)
+	for _, tx := range rep.Txs {
+		if err := p.prog.Apply(tx); err != nil {
+			p.needFull, p.fams, p.sets = true, nil, nil
+			p.log.Error("gateway sync failed; the kernel keeps the previous ruleset, next sync replaces the table",
+				"tx", tx.String(), "err", err)
+			return rep, fmt.Errorf("programming IPv%d table %s: %w", tx.Family, tx.Table, err)
+		}
+	}
+	p.fams, p.sets, p.needFull = newFams, newSets, false
+	rep.Duration = time.Since(start)
+	return rep, nil
+}
+
+// Flatten returns the current gateway table of family f (nil before the first successful sync).
+func (p *GatewayProxier) Flatten(f cluster.Family) *Flat {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if g := p.fams[f]; g != nil {
+		return g.Ruleset.Flatten()
+	}
+	return nil
+}
+
+// gatewayStaleFlows lists the conntrack entries of datagram flows whose backend left the entry: the
+// gateway's conntrack would keep sending a client's UDP "connection" to it forever otherwise. TCP
+// connections to a vanished backend fail on their own, and flows whose backend stays keep it (conntrack
+// pins a flow to its backend; Maglev only changes the choice for new flows).
+func gatewayStaleFlows(old, nw *Part) []StaleFlowFilter {
+	if old == nil {
+		return nil
+	}
+	keep := map[Backend]bool{}
+	if nw != nil {
+		for _, b := range nw.Backends {
+			keep[b] = true
+		}
+	}
+	var out []StaleFlowFilter
+	seen := map[Backend]bool{}
+	for _, b := range old.Backends {
+		if (b.Proto != ProtoUDP && b.Proto != ProtoSCTP) || keep[b] || seen[b] {
+			continue
+		}
+		seen[b] = true
+		out = append(out, StaleFlowFilter{Proto: b.Proto, ReplySrc: b.Endpoint.Addr(), ReplySrcPort: b.Endpoint.Port()})
+	}
+	return out
+}

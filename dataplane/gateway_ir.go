@@ -1,0 +1,232 @@
+package dataplane
+
+import (
+	"cmp"
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+	"net/netip"
+	"slices"
+
+	"github.com/google/nftables/expr"
+
+	"github.com/vipgate/vipgate/cluster"
+)
+
+// This file adds the gateway's one new rule shape to the model's vocabulary, with its meaning in each
+// consumer: the netlink encoding (encoder.gatewayAction), the nft text (gatewayActionText) and the
+// tracer (tracer.gatewayAct). model.go, netlink.go, render.go and trace.go reach these from the
+// default branch of their action switches, so the closed vocabulary stays closed: a kind nobody knows
+// still fails loudly.
+
+// ActDNATJhashMap is the gateway's consistent-hash DNAT:
+//
+//	dnat ip addr . port to ip daddr . meta l4proto . th dport .
+//	    jhash ip saddr . th sport . ip daddr . th dport mod Value seed GatewayHashSeed map @Map
+//
+// The slot is a Jenkins hash of the flow's addresses and ports, modulo Value (the Maglev table size):
+// deterministic, the same on every gateway and in every packet of the flow, so a flow that moves to
+// another gateway (ECMP rehash, failover) maps to the same slot there, and through the same Maglev
+// table to the same backend. The number 128 is far from model.go's iota range, so kinds added there
+// cannot collide with it, and is not 99 or 200, which the render and trace tests use as unknown kinds.
+const ActDNATJhashMap ActionKind = 128
+
+// GatewayHashSeed is the jhash seed of ActDNATJhashMap. It must be fixed and equal on every gateway:
+// without an explicit seed the kernel draws a random one per rule, and two gateways would hash the same
+// flow to different slots.
+const GatewayHashSeed uint32 = 0x76697067 // "vipg"
+
+// Payload offset of the transport source port.
+func loadSport(reg uint32) expr.Any {
+	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2}
+}
+
+// gatewayAction encodes the gateway's action kinds (see netlink.go's encoder.action).
+func (e *encoder) gatewayAction(a Action) ([]expr.Any, error) {
+	if a.Kind != ActDNATJhashMap {
+		return nil, fmt.Errorf("unknown action kind %d", a.Kind)
+	}
+	if a.Value == 0 {
+		return nil, fmt.Errorf("jhash modulus 0")
+	}
+	l, err := e.mapLookup(a.Map, reg32, reg1)
+	if err != nil {
+		return nil, err
+	}
+	hash := func(src, dst, length uint32) expr.Any {
+		return &expr.Hash{SourceRegister: src, DestRegister: dst, Length: length, Modulus: a.Value, Seed: GatewayHashSeed, Type: expr.HashTypeJenkins}
+	}
+	// The lookup key daddr . l4proto . dport . slot starts at reg32 8; the slot is the register after
+	// dport. The hash input saddr . sport . daddr . dport is 16 bytes (IPv4) or 40 bytes (IPv6).
+	if e.f != cluster.IPv6 {
+		// IPv4: the layout nft itself generates for this statement, so `nft list` prints it back.
+		return []expr.Any{
+			e.loadDaddr(reg32), loadL4Proto(reg32 + 1), loadDport(reg32 + 2),
+			e.loadSaddr(reg32 + 8), loadSport(reg32 + 9), e.loadDaddr(reg32 + 10), loadDport(reg32 + 11),
+			hash(reg32+8, reg32+3, 16),
+			l, e.dnatFromMap(),
+		}, nil
+	}
+	// IPv6: key and hash input together need 17 of the 16 four-byte registers, so the hash input is
+	// loaded first at reg32 8..17, hashed into the slot register (reg32 14; the kernel reads the input
+	// before it writes the result), and then overwritten by the key fields. nft 1.0.6 lists this
+	// encoding as the rendered text, but cannot compile that text for ip6 itself (it runs out of
+	// registers, "BUG: register reg_low 12 invalid"), so `nft -c` cannot check rendered ip6 gateway
+	// tables; the kernel accepts the encoding.
+	return []expr.Any{
+		e.loadSaddr(reg32), loadSport(reg32 + 4), e.loadDaddr(reg32 + 5), loadDport(reg32 + 9),
+		hash(reg32, reg32+6, 40),
+		e.loadDaddr(reg32), loadL4Proto(reg32 + 4), loadDport(reg32 + 5),
+		l, e.dnatFromMap(),
+	}, nil
+}
+
+// gatewayActionText is the nft spelling of the gateway's action kinds (see render.go's actionText).
+func gatewayActionText(f *Flat, fam nftFamily, a Action) (string, error) {
+	if a.Kind != ActDNATJhashMap {
+		return "", fmt.Errorf("unknown action kind %d", a.Kind)
+	}
+	if a.Value == 0 {
+		return "", fmt.Errorf("jhash modulus 0")
+	}
+	ip := fam.table
+	return fmt.Sprintf("dnat %[1]s addr . port to %[1]s daddr . meta l4proto . th dport . jhash %[1]s saddr . th sport . %[1]s daddr . th dport mod %[2]d seed %#[3]x map @%[4]s",
+		ip, a.Value, GatewayHashSeed, a.Map), needSet(f, a.Map, KindTupleEndpoints)
+}
+
+// gatewayAct traces the gateway's action kinds (see trace.go's act). A Packet has no source port, so
+// the hash is not computed: every backend the entry's slots lead to is a branch (use GatewaySlot to
+// find the one a given flow takes).
+func (t *tracer) gatewayAct(st pstate, ch *Chain, idx int, r Rule, text, by string, done func(pstate, verdict, string)) (pstate, bool) {
+	a := r.Action
+	if a.Kind != ActDNATJhashMap {
+		t.fail("%s: unknown action kind %d", by, a.Kind)
+		return st, false
+	}
+	if err := t.checkNAT(st, "dnat", HookPrerouting, HookOutput); err != nil {
+		t.fail("%s: %v", by, err)
+		return st, false
+	}
+	if a.Value == 0 {
+		t.fail("%s: jhash modulus 0", by)
+		return st, false
+	}
+	type target struct {
+		found bool
+		ep    netip.AddrPort
+	}
+	slots := map[target]int{}
+	key, keyText := t.entryKey(st, true)
+	for i := uint32(0); i < a.Value; i++ {
+		key.Index = i
+		e, found, err := t.lookup(a.Map, key, KindTupleEndpoints)
+		if err != nil {
+			t.fail("%s: %v", by, err)
+			return st, false
+		}
+		tg := target{found: found}
+		if found {
+			tg.ep = netip.AddrPortFrom(e.DataAddr.Unmap(), e.DataPort)
+		}
+		slots[tg]++
+	}
+	targets := make([]target, 0, len(slots))
+	for tg := range slots {
+		targets = append(targets, tg)
+	}
+	slices.SortFunc(targets, func(x, y target) int {
+		if x.found != y.found {
+			return cmp.Compare(boolInt(x.found), boolInt(y.found))
+		}
+		return x.ep.Compare(y.ep)
+	})
+	for _, tg := range targets {
+		b := st
+		if len(targets) > 1 {
+			b = st.fork(fmt.Sprintf("jhash slots %d of %d", slots[tg], a.Value))
+		}
+		if !tg.found {
+			// The kernel's map lookup fails for these slots: the rule does not match.
+			t.step(b, ch.Name, idx, text, fmt.Sprintf("no match: %s . <slot> not in @%s for %d slots", keyText, a.Map, slots[tg]))
+			t.exec(b, done)
+			continue
+		}
+		b.dst, b.port, b.dnat, b.dnatBy = tg.ep.Addr(), tg.ep.Port(), true, by
+		t.step(b, ch.Name, idx, text, fmt.Sprintf("match: DNAT to %s (%d of %d slots)", tg.ep, slots[tg], a.Value))
+		done(b, vAccept, by)
+	}
+	return st, false
+}
+
+// GatewaySlot returns the slot the kernel's ActDNATJhashMap rule computes for a flow from src to dst
+// with a table of m slots: jhash over saddr . sport . daddr . dport as they sit in nftables registers
+// (ports in network order, each field padded to 4 bytes), seed GatewayHashSeed, scaled to m the way
+// the kernel's nft_jhash does.
+func GatewaySlot(src, dst netip.AddrPort, m uint32) uint32 {
+	var buf [40]byte
+	b := buf[:0]
+	port := func(p uint16) []byte { return []byte{byte(p >> 8), byte(p), 0, 0} }
+	b = append(b, src.Addr().Unmap().AsSlice()...)
+	b = append(b, port(src.Port())...)
+	b = append(b, dst.Addr().Unmap().AsSlice()...)
+	b = append(b, port(dst.Port())...)
+	h := jhash(b, GatewayHashSeed)
+	// reciprocal_scale(h, m) in include/linux/kernel.h.
+	return uint32((uint64(h) * uint64(m)) >> 32)
+}
+
+// jhash is the kernel's jhash() (include/linux/jhash.h, Bob Jenkins' lookup3), reading 4-byte words
+// in the CPU's byte order as the kernel does on the little-endian machines vipgate runs on.
+func jhash(k []byte, initval uint32) uint32 {
+	const initVal = 0xdeadbeef
+	a := initVal + uint32(len(k)) + initval
+	b, c := a, a
+	rol := bits.RotateLeft32
+	for len(k) > 12 {
+		a += binary.LittleEndian.Uint32(k[0:])
+		b += binary.LittleEndian.Uint32(k[4:])
+		c += binary.LittleEndian.Uint32(k[8:])
+		a -= c
+		a ^= rol(c, 4)
+		c += b
+		b -= a
+		b ^= rol(a, 6)
+		a += c
+		c -= b
+		c ^= rol(b, 8)
+		b += a
+		a -= c
+		a ^= rol(c, 16)
+		c += b
+		b -= a
+		b ^= rol(a, 19)
+		a += c
+		c -= b
+		c ^= rol(b, 4)
+		b += a
+		k = k[12:]
+	}
+	if len(k) == 0 {
+		return c
+	}
+	var tail [12]byte
+	copy(tail[:], k)
+	a += binary.LittleEndian.Uint32(tail[0:])
+	b += binary.LittleEndian.Uint32(tail[4:])
+	c += binary.LittleEndian.Uint32(tail[8:])
+	c ^= b
+	c -= rol(b, 14)
+	a ^= c
+	a -= rol(c, 11)
+	b ^= a
+	b -= rol(a, 25)
+	c ^= b
+	c -= rol(b, 16)
+	a ^= c
+	a -= rol(c, 4)
+	b ^= a
+	b -= rol(a, 14)
+	c ^= b
+	c -= rol(b, 24)
+	return c
+}
