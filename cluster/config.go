@@ -91,6 +91,8 @@ type NodeConfig struct {
 	// TableName is the nftables table vipgate owns (default "vipgate"), in both the ip and ip6
 	// families.
 	TableName string
+	// Speaker configures the L2 speakers' membership (speakerconfig.go).
+	Speaker SpeakerConfig
 	// Logging is logLevel and logFormat.
 	Logging Logging
 }
@@ -110,23 +112,24 @@ func (c *NodeConfig) NodeIP(f Family) (netip.Addr, bool) {
 
 // nodeConfigFile is the on-disk form of NodeConfig; its field names are the file format.
 type nodeConfigFile struct {
-	APIVersion           string            `json:"apiVersion"`
-	Kind                 string            `json:"kind"`
-	NodeName             string            `json:"nodeName"`
-	NodeIPs              []string          `json:"nodeIPs"`
-	ClusterCIDRs         []string          `json:"clusterCIDRs"`
-	ServiceCIDRs         []string          `json:"serviceCIDRs"`
-	NodePortAddresses    []string          `json:"nodePortAddresses"`
-	MasqueradeAll        bool              `json:"masqueradeAll"`
-	MasqueradeBit        *int              `json:"masqueradeBit"`
-	NodeZone             string            `json:"nodeZone"`
-	NodeLabels           map[string]string `json:"nodeLabels"`
-	HealthzBindAddress   string            `json:"healthzBindAddress"`
-	MetricsBindAddress   string            `json:"metricsBindAddress"`
-	HealthCheckAddresses []string          `json:"healthCheckAddresses"`
-	TableName            string            `json:"tableName"`
-	LogLevel             string            `json:"logLevel"`
-	LogFormat            string            `json:"logFormat"`
+	APIVersion           string             `json:"apiVersion"`
+	Kind                 string             `json:"kind"`
+	NodeName             string             `json:"nodeName"`
+	NodeIPs              []string           `json:"nodeIPs"`
+	ClusterCIDRs         []string           `json:"clusterCIDRs"`
+	ServiceCIDRs         []string           `json:"serviceCIDRs"`
+	NodePortAddresses    []string           `json:"nodePortAddresses"`
+	MasqueradeAll        bool               `json:"masqueradeAll"`
+	MasqueradeBit        *int               `json:"masqueradeBit"`
+	NodeZone             string             `json:"nodeZone"`
+	NodeLabels           map[string]string  `json:"nodeLabels"`
+	HealthzBindAddress   string             `json:"healthzBindAddress"`
+	MetricsBindAddress   string             `json:"metricsBindAddress"`
+	HealthCheckAddresses []string           `json:"healthCheckAddresses"`
+	TableName            string             `json:"tableName"`
+	Speaker              *speakerConfigFile `json:"speaker"`
+	LogLevel             string             `json:"logLevel"`
+	LogFormat            string             `json:"logFormat"`
 }
 
 // Forwarding is how the gateway sends Service traffic into the cluster.
@@ -390,6 +393,9 @@ func ParseNodeConfig(data []byte) (*NodeConfig, error) {
 	if c.Logging, err = parseLogging(f.LogLevel, f.LogFormat); err != nil {
 		return nil, err
 	}
+	if c.Speaker, err = parseSpeakerConfig(f.Speaker); err != nil {
+		return nil, err
+	}
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -440,6 +446,9 @@ func (c *NodeConfig) Validate() error {
 		return fmt.Errorf("metricsBindAddress: %s is the same as healthzBindAddress", c.MetricsBindAddress)
 	}
 	if err := checkHostAddrs("healthCheckAddresses", c.HealthCheckAddresses, false); err != nil {
+		return err
+	}
+	if err := c.Speaker.validate(c.NodeName); err != nil {
 		return err
 	}
 	return checkTableName(c.TableName)

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	metallbv1beta1 "go.universe.tf/metallb/api/v1beta1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vipgate/vipgate/bgp"
 	"github.com/vipgate/vipgate/cluster"
@@ -181,16 +180,6 @@ func peerName(ns, name string) string {
 		return name
 	}
 	return ns + "/" + name
-}
-
-func adSelectsPool(names []string, sels []metav1.LabelSelector, pool *metallbv1beta1.IPAddressPool) bool {
-	if len(names) == 0 && len(sels) == 0 {
-		return true
-	}
-	if slices.Contains(names, pool.Name) {
-		return true
-	}
-	return len(sels) > 0 && selects(sels, pool.Labels)
 }
 
 func bfdProfile(p *metallbv1beta1.BFDProfile) *bgp.BFDProfile {

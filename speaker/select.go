@@ -6,6 +6,7 @@ package speaker
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	metallbv1beta1 "go.universe.tf/metallb/api/v1beta1"
@@ -76,26 +77,38 @@ func selects(sels []metav1.LabelSelector, set map[string]string) bool {
 	return false
 }
 
-// l2AdsFor lists the L2Advertisements that announce IPs of pool: the advertisement names the pool
-// (ipAddressPools), selects it by label (ipAddressPoolSelectors) or names none (all pools).
-// MetalLB v0.15's L2Advertisement has no serviceSelectors (Services are selected per pool, by its
-// serviceAllocation), so there is nothing to match against the Service here.
+// adSelectsPool reports whether an advertisement (L2 or BGP) with these ipAddressPools and
+// ipAddressPoolSelectors covers pool: it names the pool, selects it by label, or names and selects
+// nothing (then it covers every pool).
+func adSelectsPool(names []string, sels []metav1.LabelSelector, pool *metallbv1beta1.IPAddressPool) bool {
+	if len(names) == 0 && len(sels) == 0 {
+		return true
+	}
+	if slices.Contains(names, pool.Name) {
+		return true
+	}
+	return len(sels) > 0 && selects(sels, pool.Labels)
+}
+
+// l2AdsFor lists the L2Advertisements of the pool's namespace that announce IPs of pool.
+// MetalLB v0.15's L2Advertisement has no serviceSelectors: Services are chosen per pool (the pool's
+// serviceAllocation, which the allocator honours), so nothing is matched against the Service here.
 func l2AdsFor(ads []*metallbv1beta1.L2Advertisement, pool *metallbv1beta1.IPAddressPool) []*metallbv1beta1.L2Advertisement {
 	var out []*metallbv1beta1.L2Advertisement
 	for _, ad := range ads {
-		if ad.Namespace != pool.Namespace {
-			continue
-		}
-		poolOK := len(ad.Spec.IPAddressPools) == 0 && len(ad.Spec.IPAddressPoolSelectors) == 0
-		for _, n := range ad.Spec.IPAddressPools {
-			poolOK = poolOK || n == pool.Name
-		}
-		if !poolOK && len(ad.Spec.IPAddressPoolSelectors) > 0 {
-			poolOK = selects(ad.Spec.IPAddressPoolSelectors, pool.Labels)
-		}
-		if poolOK {
+		if ad.Namespace == pool.Namespace && adSelectsPool(ad.Spec.IPAddressPools, ad.Spec.IPAddressPoolSelectors, pool) {
 			out = append(out, ad)
 		}
 	}
 	return out
+}
+
+// bgpAdvertised reports whether some BGPAdvertisement of the pool's namespace covers pool.
+func bgpAdvertised(ads []*metallbv1beta1.BGPAdvertisement, pool *metallbv1beta1.IPAddressPool) bool {
+	for _, ad := range ads {
+		if ad.Namespace == pool.Namespace && adSelectsPool(ad.Spec.IPAddressPools, ad.Spec.IPAddressPoolSelectors, pool) {
+			return true
+		}
+	}
+	return false
 }

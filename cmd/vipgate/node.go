@@ -52,7 +52,7 @@ func parseNodeFlags(name, help string, args []string) (*nodeFlags, error) {
 	fs.StringVar(&f.logLevel, "log-level", "", "override the config's logLevel (trace, debug, info, warn, error)")
 	fs.BoolVar(&f.cleanup, "cleanup", false, "delete vipgate's nftables tables and exit")
 	fs.DurationVar(&bgpDrain, "bgp-shutdown-drain", 0, "on SIGTERM, advertise routes with GRACEFUL_SHUTDOWN and local-pref 0 for this long, then withdraw (0: keep them for graceful restart)")
-	fs.IntVar(&memberPort, "member-port", memberPort, "UDP port of the speakers' membership heartbeats (the same on every node)")
+	fs.IntVar(&memberPort, "member-port", memberPort, "UDP port of the speakers' membership heartbeats, the same on every node (0: the config's speaker.memberPort, else 7473)")
 	fs.BoolVar(&f.allowWorldWritable, "allow-world-writable-manifests", false, "accept a manifest directory anyone can write to (unsafe)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), help)

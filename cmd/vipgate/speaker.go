@@ -1,9 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -48,35 +51,64 @@ type nodeSpeaker interface {
 	Stop()
 }
 
-// memberPort is the UDP port of the speakers' membership heartbeats (--member-port).
-var memberPort = 7473
+// memberPort is --member-port: the UDP port of the speakers' membership heartbeats. 0 (the
+// default) takes the config's speaker.memberPort, else speaker.DefaultMemberPort.
+var memberPort int
 
 // bgpDrain is --bgp-shutdown-drain: on SIGTERM, announce the routes with the GRACEFUL_SHUTDOWN
 // community and local-pref 0 for this long, then withdraw them. 0 keeps them (a restart: routers
 // with graceful restart keep forwarding until vipgate is back).
 var bgpDrain time.Duration
 
-// startSpeaker starts the L2 speaker: membership heartbeats among the nodes of the State, and ARP/NDP
-// answers for the LoadBalancer IPs this node owns (see speaker.DecideL2).
+// speakerResync is how often the L2 side re-applies its decisions without a change, so that a
+// failed interface (missing, or its socket broken) is retried.
+const speakerResync = 5 * time.Second
+
+// startSpeaker starts the speakers of `vipgate node` (see newSpeaker).
 func startSpeaker(ctx context.Context, cfg *cluster.NodeConfig, log hclog.Logger) (nodeSpeaker, error) {
+	return newSpeaker(ctx, cfg.NodeName, cfg.NodeIPs, cfg.Speaker, log)
+}
+
+// newSpeaker starts the speakers: membership heartbeats among the members (speaker.members, else
+// the Nodes of the State), ARP/NDP answers for the LoadBalancer IPs this host owns
+// (speaker.DecideL2), and BGP once the State has BGPPeers for this host. The l2 and membership
+// metrics go to nodeRegistry(). It needs only a name, the host's IPs and the speaker section, so a
+// gateway can run it as well as a node.
+func newSpeaker(ctx context.Context, name string, ips []netip.Addr, sc cluster.SpeakerConfig, log hclog.Logger) (*l2Speaker, error) {
 	log = log.Named("speaker")
-	mem, err := speaker.NewMembers(log.Named("members"), cfg.NodeName, memberPort)
+	mem, err := speaker.NewMembers(log.Named("members"), name, speaker.MemberOptions{
+		Port:              cmp.Or(memberPort, sc.MemberPort),
+		HeartbeatInterval: sc.HeartbeatInterval,
+		DeadAfter:         sc.DeadAfter,
+	})
 	if err != nil {
+		return nil, err
+	}
+	if err := mem.RegisterMetrics(nodeRegistry()); err != nil {
+		mem.Close()
 		return nil, err
 	}
 	ann, err := l2.New(log.Named("l2"), nodeRegistry(), l2.Options{})
 	if err != nil {
+		mem.Close()
 		return nil, err
 	}
 	def := ""
-	for _, ip := range cfg.NodeIPs {
-		if name, err := l2.DefaultInterface(ip); err == nil {
-			def = name
+	for _, ip := range ips {
+		if ifname, err := l2.DefaultInterface(ip); err == nil {
+			def = ifname
 			break
 		}
 	}
-	s := &l2Speaker{log: log, self: cfg.NodeName, mem: mem, ann: ann, defIface: def, stop: make(chan struct{})}
-	for _, ip := range cfg.NodeIPs {
+	s := &l2Speaker{log: log, self: name, mem: mem, ann: ann, defIface: def, problems: map[string]string{}}
+	if len(sc.Members) > 0 {
+		s.fixedPeers = map[string][]netip.Addr{}
+		for _, m := range sc.Members {
+			s.fixedPeers[m.Name] = []netip.Addr{m.Address}
+		}
+		mem.SetPeers(s.fixedPeers)
+	}
+	for _, ip := range ips {
 		if ip.Is4() {
 			s.routerID = ip
 		}
@@ -85,6 +117,18 @@ func startSpeaker(ctx context.Context, cfg *cluster.NodeConfig, log hclog.Logger
 	ctx, cancel := context.WithCancel(ctx)
 	s.cancel = cancel
 	go mem.Run(ctx)
+	go func() {
+		t := time.NewTicker(speakerResync)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				s.recompute()
+			}
+		}
+	}()
 	return s, nil
 }
 
@@ -95,7 +139,8 @@ type l2Speaker struct {
 	ann      *l2.Announcer
 	defIface string
 	cancel   context.CancelFunc
-	stop     chan struct{}
+	// fixedPeers are the members from the config (nil: the Nodes of the State).
+	fixedPeers map[string][]netip.Addr
 
 	routerID netip.Addr
 
@@ -103,6 +148,10 @@ type l2Speaker struct {
 	st        *cluster.State
 	decisions []speaker.VIPDecision
 	lastErr   string
+	// problems are the configuration problems already logged (IP -> reason), so each is logged once.
+	problems map[string]string
+	// alone is set once "no other members known" has been logged.
+	alone bool
 
 	// events records Kubernetes Events (nil with the file source); announced remembers which
 	// (mode, IP) this node already told about, so each start of an announcement is one Event.
@@ -116,21 +165,30 @@ type l2Speaker struct {
 }
 
 func (s *l2Speaker) Update(st *cluster.State, _ *dataplane.SyncReport) {
-	peers := map[string]netip.Addr{}
-	for name, n := range st.Nodes {
-		for _, a := range n.Addresses {
-			if a.Is4() {
-				peers[name] = a
-				break
-			}
-		}
+	if s.fixedPeers == nil {
+		s.mem.SetPeers(nodeMembers(st))
 	}
-	s.mem.SetPeers(peers)
 	s.mu.Lock()
 	s.st = st
 	s.mu.Unlock()
+	// Now this node can answer: tell the others (a no-op after the first State).
+	s.mem.SetWilling(true)
 	s.recompute()
 	s.updateBGP(st)
+}
+
+// nodeMembers lists the Nodes of the State as members: heartbeats go to the first IPv4 address
+// (else the first address) and are accepted from any of them.
+func nodeMembers(st *cluster.State) map[string][]netip.Addr {
+	out := map[string][]netip.Addr{}
+	for name, n := range st.Nodes {
+		addrs := slices.Clone(n.Addresses)
+		slices.SortStableFunc(addrs, func(a, b netip.Addr) int { return cmp.Compare(a.BitLen(), b.BitLen()) })
+		if len(addrs) > 0 {
+			out[name] = addrs
+		}
+	}
+	return out
 }
 
 // updateBGP programs the BGP sessions and routes the State asks of this node.
@@ -202,17 +260,25 @@ func (s *l2Speaker) updateBGP(st *cluster.State) {
 	}
 }
 
-// recompute decides again and hands the result to the ARP/NDP responder. It runs on every State and
-// on every membership change.
+// recompute decides again and hands the result to the ARP/NDP responder. It runs on every State, on
+// every membership change and every speakerResync.
 func (s *l2Speaker) recompute() {
+	links := hostLinks()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.st == nil {
 		return
 	}
-	live, quorum := s.mem.Live()
-	owned, decisions := speaker.DecideL2(speaker.L2Input{Self: s.self, Live: live, Quorum: quorum, DefaultInterface: s.defIface, State: s.st})
+	view := s.mem.View()
+	if view.Total == 1 && !s.alone && len(s.st.Nodes) <= 1 {
+		s.alone = true
+		s.log.Warn("no other speakers known (no Node objects and no speaker.members): this node announces alone; " +
+			"run every speaker with the same member list, or each one answers for every IP")
+	}
+	owned, decisions := speaker.DecideL2(speaker.L2Input{Self: s.self, Live: view.Candidates, Links: links,
+		DefaultInterface: s.defIface, State: s.st})
 	s.decisions = decisions
+	s.logProblems(decisions)
 	now := map[string]bool{}
 	for _, d := range decisions {
 		if d.Owner == s.self && len(d.Interfaces) > 0 {
@@ -240,6 +306,54 @@ func (s *l2Speaker) recompute() {
 	}
 }
 
+// logProblems logs each configuration problem of the L2 decisions once (and again only after it
+// went away and came back). Called with s.mu held.
+func (s *l2Speaker) logProblems(decisions []speaker.VIPDecision) {
+	seen := map[string]bool{}
+	for _, d := range decisions {
+		if !d.Problem {
+			continue
+		}
+		key := d.IP.String() + " " + d.Service.String()
+		seen[key] = true
+		if s.problems[key] != d.Reason {
+			s.problems[key] = d.Reason
+			s.log.Warn("LoadBalancer IP not announced by L2 as configured", "ip", d.IP, "service", d.Service, "reason", d.Reason)
+		}
+	}
+	for k := range s.problems {
+		if !seen[k] {
+			delete(s.problems, k)
+		}
+	}
+}
+
+// hostLinks lists this host's interfaces that are up, with their prefixes, for speaker.DecideL2;
+// nil if they cannot be listed (DecideL2 then falls back to the default interface).
+func hostLinks() []speaker.Link {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil
+	}
+	links := []speaker.Link{}
+	for _, ifi := range ifs {
+		if ifi.Flags&net.FlagLoopback != 0 || ifi.Flags&net.FlagUp == 0 {
+			continue
+		}
+		l := speaker.Link{Name: ifi.Name}
+		addrs, _ := ifi.Addrs()
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok {
+				if p, err := netip.ParsePrefix(n.String()); err == nil && !p.Addr().IsLinkLocalUnicast() {
+					l.Prefixes = append(l.Prefixes, p.Masked())
+				}
+			}
+		}
+		links = append(links, l)
+	}
+	return links
+}
+
 // VIPs reports every LoadBalancer IP and its L2 owner for /status.
 func (s *l2Speaker) VIPs() []VIPStatus {
 	s.mu.Lock()
@@ -264,6 +378,7 @@ func (s *l2Speaker) VIPs() []VIPStatus {
 
 func (s *l2Speaker) Stop() {
 	s.cancel()
+	s.mem.Close()
 	s.ann.Close()
 	s.mu.Lock()
 	b := s.bgp

@@ -1,0 +1,120 @@
+package cluster
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// SpeakerConfig is the NodeConfig's `speaker` section: the membership protocol of the L2 speakers
+// (see speaker/README.md). Every field has a default; most clusters set none.
+type SpeakerConfig struct {
+	// MemberPort is the UDP port of the membership heartbeats, the same on every node (0: 7473).
+	MemberPort int
+	// Members lists the speakers by name and address. Empty: the Nodes of the cluster (their first
+	// IPv4 address, else their first address) — a manifest directory without Node objects needs it.
+	Members []SpeakerMember
+	// HeartbeatInterval is how often each speaker sends a heartbeat to every member (0: 100ms).
+	HeartbeatInterval time.Duration
+	// DeadAfter is how long a member may stay silent before its VIPs move (0: 400ms).
+	DeadAfter time.Duration
+}
+
+// SpeakerMember is one entry of SpeakerConfig.Members.
+type SpeakerMember struct {
+	Name    string
+	Address netip.Addr
+}
+
+// speakerConfigFile is the on-disk form of SpeakerConfig.
+type speakerConfigFile struct {
+	MemberPort        int                 `json:"memberPort"`
+	Members           []speakerMemberFile `json:"members"`
+	HeartbeatInterval string              `json:"heartbeatInterval"`
+	DeadAfter         string              `json:"deadAfter"`
+}
+
+type speakerMemberFile struct {
+	Name    string `json:"name"`
+	Address string `json:"address"`
+}
+
+// parseSpeakerConfig converts the file form; Validate checks the values.
+func parseSpeakerConfig(f *speakerConfigFile) (SpeakerConfig, error) {
+	var c SpeakerConfig
+	if f == nil {
+		return c, nil
+	}
+	c.MemberPort = f.MemberPort
+	var err error
+	for _, d := range []struct {
+		field string
+		in    string
+		out   *time.Duration
+	}{{"speaker.heartbeatInterval", f.HeartbeatInterval, &c.HeartbeatInterval}, {"speaker.deadAfter", f.DeadAfter, &c.DeadAfter}} {
+		if d.in == "" {
+			continue
+		}
+		if *d.out, err = time.ParseDuration(d.in); err != nil {
+			return c, fieldErr(d.field, "%q is not a duration (e.g. 100ms)", d.in)
+		}
+	}
+	for i, m := range f.Members {
+		a, err := parseIP(fmt.Sprintf("speaker.members[%d].address", i), m.Address)
+		if err != nil {
+			return c, err
+		}
+		c.Members = append(c.Members, SpeakerMember{Name: m.Name, Address: a})
+	}
+	return c, nil
+}
+
+// validate checks the speaker section; nodeName is this node's name, which must be a member when
+// members are listed (a speaker that is not in its own list could never count itself).
+func (c *SpeakerConfig) validate(nodeName string) error {
+	if c.MemberPort < 0 || c.MemberPort > 65535 {
+		return fmt.Errorf("speaker.memberPort: %d is not a port (1-65535, 0 for 7473)", c.MemberPort)
+	}
+	hb, dead := c.HeartbeatInterval, c.DeadAfter
+	if hb == 0 {
+		hb = 100 * time.Millisecond
+	}
+	if dead == 0 {
+		dead = 400 * time.Millisecond
+	}
+	if hb < 10*time.Millisecond || hb > 10*time.Second {
+		return fmt.Errorf("speaker.heartbeatInterval: %v is outside 10ms-10s", c.HeartbeatInterval)
+	}
+	// Fewer than two heartbeats per DeadAfter would declare a member dead on one lost datagram.
+	if dead < 2*hb || dead > time.Minute {
+		return fmt.Errorf("speaker.deadAfter: %v must be at least twice heartbeatInterval (%v) and at most 1m", dead, hb)
+	}
+	seen := map[string]bool{}
+	addrs := map[netip.Addr]string{}
+	self := false
+	for i, m := range c.Members {
+		field := fmt.Sprintf("speaker.members[%d]", i)
+		if errs := validation.IsDNS1123Subdomain(m.Name); len(errs) > 0 {
+			return fmt.Errorf("%s.name: %q is not a valid node name: %s", field, m.Name, strings.Join(errs, "; "))
+		}
+		if seen[m.Name] {
+			return fmt.Errorf("%s.name: %q is listed twice", field, m.Name)
+		}
+		seen[m.Name] = true
+		if other, ok := addrs[m.Address]; ok {
+			return fmt.Errorf("%s.address: %s is also %q's address", field, m.Address, other)
+		}
+		addrs[m.Address] = m.Name
+		if err := checkHostAddrs(field+".address", []netip.Addr{m.Address}, false); err != nil {
+			return err
+		}
+		self = self || m.Name == nodeName
+	}
+	if len(c.Members) > 0 && !self {
+		return fmt.Errorf("speaker.members: this node (%q) is not listed", nodeName)
+	}
+	return nil
+}

@@ -1,0 +1,35 @@
+package speaker
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// RegisterMetrics registers the membership gauges on reg (never the global registry):
+// vipgate_speaker_members (the member count), vipgate_speaker_members_heard (members this node hears,
+// itself included), vipgate_speaker_members_candidates (members that may announce, as this node sees
+// it) and vipgate_speaker_ready (1 while this node may announce).
+func (m *Members) RegisterMetrics(reg prometheus.Registerer) error {
+	for _, g := range []struct {
+		name, help string
+		f          func(View) float64
+	}{
+		{"vipgate_speaker_members", "Speakers in the member list, this one included.", func(v View) float64 { return float64(v.Total) }},
+		{"vipgate_speaker_members_heard", "Members whose heartbeats this speaker receives, itself included.", func(v View) float64 { return float64(v.Heard) }},
+		{"vipgate_speaker_members_candidates", "Members that may announce LoadBalancer IPs, as this speaker sees it.", func(v View) float64 { return float64(len(v.Candidates)) }},
+		{"vipgate_speaker_ready", "1 while this speaker hears a majority of the members and may announce.", func(v View) float64 {
+			if v.Ready {
+				return 1
+			}
+			return 0
+		}},
+	} {
+		f := g.f
+		if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: g.name, Help: g.help},
+			func() float64 { return f(m.View()) })); err != nil {
+			return fmt.Errorf("registering %s: %w", g.name, err)
+		}
+	}
+	return nil
+}
