@@ -182,9 +182,25 @@ type GatewayConfig struct {
 	// MaglevTableSize is the number of consistent-hash slots per VIP port (a prime, 251-65537; 0
 	// means the dataplane's default, 1021).
 	MaglevTableSize int
+	// Name is this gateway's name among the gateways of its group (default: the host name). It is
+	// the member name of the speakers' membership and the node name MetalLB selectors see.
+	Name string
+	// Labels are what the nodeSelectors of L2Advertisements, BGPAdvertisements and BGPPeers are
+	// matched against on a gateway, as a node's labels are on a node. They are the labels of every
+	// gateway of the group (keep them the same in every gateway's config); vipgate adds
+	// kubernetes.io/hostname (the member's name) and vipgate.io/role: gateway.
+	Labels map[string]string
+	// Speaker configures the membership of the gateways' L2 speakers: speaker.members lists the
+	// gateways of the group (empty: this gateway alone).
+	Speaker SpeakerConfig
 	// Logging is logLevel and logFormat.
 	Logging Logging
 }
+
+// GatewayRoleLabel is the label every gateway carries for MetalLB nodeSelectors, so a BGPPeer or an
+// advertisement can be meant for gateways only (vipgate.io/role: gateway) or nodes only
+// (vipgate.io/role NotIn [gateway]).
+const GatewayRoleLabel = "vipgate.io/role"
 
 // gatewayNodeFile is one entry of a GatewayConfig's nodes list.
 type gatewayNodeFile struct {
@@ -194,19 +210,22 @@ type gatewayNodeFile struct {
 
 // gatewayConfigFile is the on-disk form of GatewayConfig.
 type gatewayConfigFile struct {
-	APIVersion          string            `json:"apiVersion"`
-	Kind                string            `json:"kind"`
-	GatewayIPs          []string          `json:"gatewayIPs"`
-	Forwarding          string            `json:"forwarding"`
-	SNAT                string            `json:"snat"`
-	HealthCheckInterval string            `json:"healthCheckInterval"`
-	ClusterCIDRs        []string          `json:"clusterCIDRs"`
-	ServiceCIDRs        []string          `json:"serviceCIDRs"`
-	TableName           string            `json:"tableName"`
-	Nodes               []gatewayNodeFile `json:"nodes"`
-	MaglevTableSize     int               `json:"maglevTableSize"`
-	LogLevel            string            `json:"logLevel"`
-	LogFormat           string            `json:"logFormat"`
+	APIVersion          string             `json:"apiVersion"`
+	Kind                string             `json:"kind"`
+	GatewayIPs          []string           `json:"gatewayIPs"`
+	Forwarding          string             `json:"forwarding"`
+	SNAT                string             `json:"snat"`
+	HealthCheckInterval string             `json:"healthCheckInterval"`
+	ClusterCIDRs        []string           `json:"clusterCIDRs"`
+	ServiceCIDRs        []string           `json:"serviceCIDRs"`
+	TableName           string             `json:"tableName"`
+	Nodes               []gatewayNodeFile  `json:"nodes"`
+	MaglevTableSize     int                `json:"maglevTableSize"`
+	Name                string             `json:"name"`
+	Labels              map[string]string  `json:"labels"`
+	Speaker             *speakerConfigFile `json:"speaker"`
+	LogLevel            string             `json:"logLevel"`
+	LogFormat           string             `json:"logFormat"`
 }
 
 // readConfigFile reads a configuration file, bounded in size.
@@ -473,6 +492,22 @@ func ParseGatewayConfig(data []byte) (*GatewayConfig, error) {
 		HealthCheckInterval: DefaultHealthCheckInterval,
 		TableName:           cmp.Or(f.TableName, DefaultTableName),
 		MaglevTableSize:     f.MaglevTableSize,
+		Name:                f.Name,
+		Labels:              map[string]string{},
+	}
+	if c.Name == "" {
+		if c.Name, err = os.Hostname(); err != nil {
+			return nil, fmt.Errorf("name: not set and the host name is unknown: %w", err)
+		}
+		c.Name = strings.ToLower(c.Name)
+	}
+	for k, v := range f.Labels {
+		c.Labels[k] = v
+	}
+	c.Labels["kubernetes.io/hostname"] = c.Name
+	c.Labels[GatewayRoleLabel] = "gateway"
+	if c.Speaker, err = parseSpeakerConfig(f.Speaker); err != nil {
+		return nil, err
 	}
 	if f.HealthCheckInterval != "" {
 		if c.HealthCheckInterval, err = time.ParseDuration(f.HealthCheckInterval); err != nil {
@@ -537,6 +572,20 @@ func (c *GatewayConfig) Validate() error {
 	}
 	if c.MaglevTableSize != 0 && (c.MaglevTableSize < 251 || c.MaglevTableSize > 65537 || !isPrime(c.MaglevTableSize)) {
 		return fmt.Errorf("maglevTableSize: %d is not a prime between 251 and 65537 (e.g. 1021, 4093, 16381)", c.MaglevTableSize)
+	}
+	if errs := validation.IsDNS1123Subdomain(c.Name); len(errs) > 0 {
+		return fmt.Errorf("name: %q is not a valid member name: %s", c.Name, strings.Join(errs, "; "))
+	}
+	for k, v := range c.Labels {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			return fmt.Errorf("labels: key %q: %s", k, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			return fmt.Errorf("labels: value %q of %q: %s", v, k, strings.Join(errs, "; "))
+		}
+	}
+	if err := c.Speaker.validate(c.Name); err != nil {
+		return err
 	}
 	seen := map[string]bool{}
 	for i, n := range c.Nodes {

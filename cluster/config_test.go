@@ -161,6 +161,9 @@ func TestParseGatewayConfig(t *testing.T) {
 		TableName:           "vipgate",
 		Logging:             Logging{Level: hclog.Info},
 	}
+	// The name defaults to the host name, and it is a label.
+	want.Name = got.Name
+	want.Labels = map[string]string{"kubernetes.io/hostname": got.Name, GatewayRoleLabel: "gateway"}
 	if diff := cmp.Diff(want, got, cmpOpts); diff != "" {
 		t.Errorf("ParseGatewayConfig (-want +got):\n%s", diff)
 	}

@@ -29,3 +29,34 @@ func TestGatewayConfigNodesAndMaglevSize(t *testing.T) {
 		}
 	}
 }
+
+func TestGatewayConfigSpeaker(t *testing.T) {
+	base := "apiVersion: vipgate.io/v1alpha1\nkind: GatewayConfig\ngatewayIPs: [192.0.2.100]\n"
+	c, err := ParseGatewayConfig([]byte(base + "name: gw1\nlabels: {rack: r1}\nspeaker:\n  members:\n  - {name: gw1, address: 192.0.2.100}\n  - {name: gw2, address: 192.0.2.101}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Name != "gw1" || len(c.Speaker.Members) != 2 || c.Labels["rack"] != "r1" ||
+		c.Labels["kubernetes.io/hostname"] != "gw1" || c.Labels[GatewayRoleLabel] != "gateway" {
+		t.Errorf("parsed %+v", c)
+	}
+	c, err = ParseGatewayConfig([]byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Name == "" || c.Labels["kubernetes.io/hostname"] != c.Name {
+		t.Errorf("default name %q, labels %v: want the host name", c.Name, c.Labels)
+	}
+	for _, bad := range []struct{ yaml, want string }{
+		{"name: GW_1\n", "name: \"GW_1\""},
+		{"name: gw1\nspeaker:\n  members:\n  - {name: gw2, address: 192.0.2.101}\n", "not listed"},
+		{"name: gw1\nlabels: {\"bad key!\": x}\n", "labels: key"},
+		{"name: gw1\nlabels: {rack: \"not a value!\"}\n", "labels: value"},
+		{"name: gw1\nspeaker: {heartbeatInterval: 1ms}\n", "heartbeatInterval"},
+	} {
+		_, err := ParseGatewayConfig([]byte(base + bad.yaml))
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%q: error %v, want one containing %q", bad.yaml, err, bad.want)
+		}
+	}
+}

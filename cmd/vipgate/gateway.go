@@ -16,6 +16,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/speaker"
 )
 
 const gatewayHelp = `Usage: vipgate gateway --config FILE (--manifests DIR | --kubeconfig FILE) [flags]
@@ -30,35 +31,41 @@ forward IP packets (net.ipv4.ip_forward=1, net.ipv6.conf.all.forwarding=1).
 Flags:
 `
 
-// gatewayAnnouncer is the hook for the speaker that makes the routers send the VIPs' traffic to this
-// gateway (ARP/NDP answers or BGP routes). The gateway calls Update with every VIP it forwards after
-// each successful sync. Until a speaker is wired in here, the VIPs must be routed to the gateway by
-// the network (static routes, or a router's ECMP group of gateways).
-type gatewayAnnouncer interface {
-	Update(vips []netip.Addr)
-	Stop()
+// gatewaySpeaker announces the VIPs a gateway forwards, by ARP/NDP or BGP as the MetalLB
+// L2Advertisements and BGPAdvertisements say, with the node's speaker code (speaker.GatewayView turns
+// the cluster's State into the gateways' view: the gateways are the nodes).
+type gatewaySpeaker struct {
+	spk   *l2Speaker
+	group speaker.GatewayGroup
 }
 
-// startGatewayAnnouncer returns the gateway's speaker. The L2/BGP speaker (speaker/, l2/, bgp/)
-// plugs in here; for now the VIPs are only logged when they change.
-func startGatewayAnnouncer(_ context.Context, _ *cluster.GatewayConfig, log hclog.Logger) (gatewayAnnouncer, error) {
-	return &logAnnouncer{log: log.Named("speaker")}, nil
-}
-
-type logAnnouncer struct {
-	log  hclog.Logger
-	last string
-}
-
-func (a *logAnnouncer) Update(vips []netip.Addr) {
-	s := fmt.Sprint(vips)
-	if s != a.last {
-		a.last = s
-		a.log.Info("VIPs to announce (no speaker configured: route them to this gateway)", "vips", s)
+func startGatewaySpeaker(ctx context.Context, cfg *cluster.GatewayConfig, log hclog.Logger) (*gatewaySpeaker, error) {
+	spk, err := newSpeaker(ctx, cfg.Name, cfg.GatewayIPs, cfg.Speaker, log)
+	if err != nil {
+		return nil, err
 	}
+	g := speaker.GatewayGroup{Members: map[string][]netip.Addr{}, Labels: cfg.Labels}
+	for _, m := range cfg.Speaker.Members {
+		g.Members[m.Name] = []netip.Addr{m.Address}
+	}
+	if _, ok := g.Members[cfg.Name]; !ok {
+		g.Members[cfg.Name] = cfg.GatewayIPs
+	}
+	return &gatewaySpeaker{spk: spk, group: g}, nil
 }
 
-func (a *logAnnouncer) Stop() {}
+// Update hands the speaker the VIPs with at least one backend after a successful sync.
+func (g *gatewaySpeaker) Update(st *cluster.State, rep *dataplane.GatewaySyncReport) {
+	forwarding := map[netip.Addr]bool{}
+	for _, e := range rep.Entries {
+		if len(e.Backends) > 0 {
+			forwarding[e.VIP] = true
+		}
+	}
+	g.spk.Update(speaker.GatewayView(st, g.group, forwarding), nil)
+}
+
+func (g *gatewaySpeaker) Stop() { g.spk.Stop() }
 
 // gatewayDataplaneConfig is the dataplane's view of a GatewayConfig.
 func gatewayDataplaneConfig(cfg *cluster.GatewayConfig) dataplane.GatewayConfig {
@@ -124,11 +131,15 @@ func runGateway(args []string) error {
 	if err != nil {
 		log.Warn("conntrack cleanup disabled", "err", err)
 	}
-	ann, err := startGatewayAnnouncer(ctx, cfg, log)
+	// The speaker announces the VIPs (ARP/NDP or BGP) once they are forwarded.
+	spk, err := startGatewaySpeaker(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	defer ann.Stop()
+	defer spk.Stop()
+	if ks, ok := src.(kubeSource); ok {
+		spk.spk.setEventer(ks.KubeSource)
+	}
 
 	states := make(chan *cluster.State, 1)
 	srcErr := make(chan error, 1)
@@ -186,7 +197,7 @@ func runGateway(args []string) error {
 		for _, r := range current.Rejected {
 			log.Debug("rejected", "object", r.Object, "reason", r.Reason)
 		}
-		ann.Update(rep.VIPs)
+		spk.Update(current, rep)
 		if ct != nil && len(rep.StaleFlows) > 0 {
 			filters := make([]dataplane.StaleFlow, 0, len(rep.StaleFlows))
 			for _, f := range rep.StaleFlows {
