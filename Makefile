@@ -44,7 +44,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzFileDocument$$' -fuzztime $(FUZZTIME) ./cluster/
 	$(GO) test -run '^$$' -fuzz '^FuzzRuleset$$' -fuzztime $(FUZZTIME) ./dataplane/
 
-# demo: a two-node lab in network namespaces, vipgate node on each, a tour of the Service types.
+# demo: a lab in network namespaces (two nodes running vipgate node, two running vipgate gateway, BIRD as
+# the router), a tour of the Service types and a gateway failover.
 demo: deps build
 	$(GO) run ./test/demo --vipgate $(CURDIR)/$(BIN)/vipgate --labserver $(CURDIR)/$(BIN)/labserver
 

@@ -128,11 +128,12 @@ func run(ctx context.Context, o options) (err error) {
 	if o.verbose {
 		logf = func(f string, a ...any) { fmt.Printf("  lab: "+f+"\n", a...) }
 	}
-	fmt.Println("building the lab: router, client, lanclient, node1 (web-1, web-2), node2 (web-3) ...")
+	fmt.Println("building the lab: router, client, lanclient, node1 (web-1, web-2), node2 (web-3), gateways gw1 and gw2 ...")
 	l, err := lab.New(lab.Spec{
 		Nodes: []lab.NodeSpec{
 			{Name: "node1", Pods: []string{"web-1", "web-2"}},
 			{Name: "node2", Pods: []string{"web-3"}},
+			{Name: "gw1"}, {Name: "gw2"},
 		},
 		WorkDir:   dir,
 		LabServer: labserver,
@@ -157,6 +158,9 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	nodes := map[string]*lab.Proc{}
 	for _, n := range l.Nodes() {
+		if isGateway(n.Name) {
+			continue
+		}
 		args := []string{o.vipgate, "node", "--config", configs[n.Name], "--manifests", o.manifests}
 		args = append(args, strings.Fields(o.vipgateArgs)...)
 		p, err := l.Start(n.Name, filepath.Join(dir, "vipgate-"+n.Name+".log"), args...)
@@ -175,23 +179,37 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	fmt.Printf("router: 203.0.113.10, 203.0.113.11, 2001:db8:ff::10, 2001:db8:ff::11 routed to node1\n")
 
+	gws, err := startGateways(l, dir, o.vipgate, o.manifests)
+	if err != nil {
+		return err
+	}
+
 	if err := waitReady(ctx, l, nodes, o.timeout); err != nil {
 		return err
 	}
 
 	failed := 0
-	for i, sc := range scenes(l) {
+	for i, sc := range append(scenes(l), gatewayScenes(ctx, gws)...) {
 		if ctx.Err() != nil {
 			return errors.New("interrupted")
 		}
+		note := ""
+		if sc.before != nil {
+			if note, err = sc.before(); err != nil {
+				return err
+			}
+		}
 		rows := sc.run(l, o.probes)
-		failed += sc.print(os.Stdout, i+1, rows)
+		failed += sc.print(os.Stdout, i+1, rows, note)
 		if err := checkAlive(nodes); err != nil {
+			return err
+		}
+		if err := checkAlive(gws.alive()); err != nil {
 			return err
 		}
 	}
 	if failed > 0 {
-		fmt.Printf("\nlogs: %s\n", strings.Join(logPaths(nodes), ", "))
+		fmt.Printf("\nlogs: %s\n", strings.Join(append(logPaths(nodes), logPaths(gws.procs)...), ", "))
 		return fmt.Errorf("%d probe rows did not match what Kubernetes promises", failed)
 	}
 	fmt.Println("\nevery scene behaved as Kubernetes promises ✓")
@@ -254,11 +272,13 @@ func printTopology(l *lab.Lab) {
 	fmt.Println(`
   client 198.51.100.10 ── router ── LAN 192.0.2.0/24 ──┬── node1 192.0.2.11 ── web-1 10.244.1.11, web-2 10.244.1.12
                                                        ├── node2 192.0.2.12 ── web-3 10.244.2.11
+                                                       ├── gw1 192.0.2.13, gw2 192.0.2.14 (vipgate gateway, BGP to the router)
                                                        └── lanclient 192.0.2.100`)
 	if l.IPv6() {
 		fmt.Println("  (IPv6 alike: client 2001:db8:2::10, nodes 2001:db8:1::11/12, pods 2001:db8:244:<node>::<10+i>)")
 	}
 	fmt.Println(`  services (deploy/examples/demo): web ClusterIP 10.96.0.10:80, web-np NodePort 30080,
-  web-local LoadBalancer 203.0.113.10 (eTP=Local), web-cluster LoadBalancer 203.0.113.11 (eTP=Cluster)`)
+  web-local LoadBalancer 203.0.113.10 (eTP=Local), web-cluster LoadBalancer 203.0.113.11 (eTP=Cluster),
+  web-gw LoadBalancer 203.0.113.20 (announced by the gateways)`)
 	fmt.Println()
 }

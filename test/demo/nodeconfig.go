@@ -42,6 +42,9 @@ masqueradeAll: false
 func writeNodeConfigs(l *lab.Lab, dir string) (map[string]string, error) {
 	paths := map[string]string{}
 	for _, n := range l.Nodes() {
+		if isGateway(n.Name) {
+			continue
+		}
 		p := filepath.Join(dir, n.Name+".yaml")
 		if err := os.WriteFile(p, []byte(nodeConfig(n)), 0o644); err != nil {
 			return nil, fmt.Errorf("writing node config for %s: %w", n.Name, err)

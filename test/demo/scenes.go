@@ -41,6 +41,8 @@ type scene struct {
 	protos  []string
 	// check judges one probe summary; "" means as expected, else why not.
 	check func(s lab.ProbeSummary) string
+	// before, if set, runs first (the scene's action) and returns a line to show.
+	before func() (string, error)
 }
 
 // row is one line of a scene's table.
@@ -136,7 +138,7 @@ func (sc scene) run(l *lab.Lab, probes int) []row {
 }
 
 // print writes the scene as a small table.
-func (sc scene) print(w io.Writer, n int, rows []row) (failed int) {
+func (sc scene) print(w io.Writer, n int, rows []row, note string) (failed int) {
 	fmt.Fprintf(w, "\n── Scene %d: %s\n", n, sc.title)
 	var targets []string
 	for _, r := range rows {
@@ -150,6 +152,9 @@ func (sc scene) print(w io.Writer, n int, rows []row) (failed int) {
 	}
 	fmt.Fprintf(w, "   %s$ labserver probe --%s %s --count %d   (each)\n",
 		sc.from, strings.Join(sc.protos, "|--"), strings.Join(targets, " | "), probes)
+	if note != "" {
+		fmt.Fprintf(w, "   %s\n", note)
+	}
 	fmt.Fprintf(w, "   expect: %s\n\n", sc.expect)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "   \tPROBE\tANSWERED BY\tSOURCE SEEN BY THE POD\tLOST\t")
