@@ -141,6 +141,10 @@ const (
 	ForwardDirect Forwarding = "direct"
 	// ForwardNodePort sends to a node's NodePort (works with any CNI).
 	ForwardNodePort Forwarding = "nodePort"
+	// ForwardRoute sends the packet unchanged (no NAT) to a node, whose own Service rules (vipgate
+	// node or kube-proxy) take it to a pod; the node answers the client directly (direct server
+	// return). The gateway keeps no per-flow state, so any gateway of a group can carry any flow.
+	ForwardRoute Forwarding = "route"
 )
 
 // SNATMode says when the gateway rewrites the client's source address to its own.
@@ -548,9 +552,9 @@ func (c *GatewayConfig) Validate() error {
 		return err
 	}
 	switch c.Forwarding {
-	case ForwardDirect, ForwardNodePort:
+	case ForwardDirect, ForwardNodePort, ForwardRoute:
 	default:
-		return fmt.Errorf("forwarding: %q is not supported (want %s or %s)", c.Forwarding, ForwardDirect, ForwardNodePort)
+		return fmt.Errorf("forwarding: %q is not supported (want %s, %s or %s)", c.Forwarding, ForwardDirect, ForwardNodePort, ForwardRoute)
 	}
 	switch c.SNAT {
 	case SNATAuto, SNATAlways, SNATNever:
@@ -563,6 +567,9 @@ func (c *GatewayConfig) Validate() error {
 	families := familiesOf(c.GatewayIPs)
 	if err := checkPrefixes("clusterCIDRs", c.ClusterCIDRs, families, "gatewayIPs"); err != nil {
 		return err
+	}
+	if c.Forwarding == ForwardRoute && c.SNAT == SNATAlways {
+		return errors.New("snat: always cannot be done with forwarding: route (the gateway does not NAT; the nodes answer the clients directly)")
 	}
 	if c.Forwarding == ForwardDirect && len(c.ClusterCIDRs) == 0 {
 		return errors.New("clusterCIDRs: required with forwarding: direct (the gateway routes to pod IPs)")

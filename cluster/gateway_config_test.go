@@ -40,6 +40,9 @@ func TestGatewayConfigSpeaker(t *testing.T) {
 		c.Labels["kubernetes.io/hostname"] != "gw1" || c.Labels[GatewayRoleLabel] != "gateway" {
 		t.Errorf("parsed %+v", c)
 	}
+	if c, err := ParseGatewayConfig([]byte(base + "forwarding: route\n")); err != nil || c.Forwarding != ForwardRoute {
+		t.Errorf("forwarding: route: %v %+v", err, c)
+	}
 	c, err = ParseGatewayConfig([]byte(base))
 	if err != nil {
 		t.Fatal(err)
@@ -53,6 +56,7 @@ func TestGatewayConfigSpeaker(t *testing.T) {
 		{"name: gw1\nlabels: {\"bad key!\": x}\n", "labels: key"},
 		{"name: gw1\nlabels: {rack: \"not a value!\"}\n", "labels: value"},
 		{"name: gw1\nspeaker: {heartbeatInterval: 1ms}\n", "heartbeatInterval"},
+		{"name: gw1\nforwarding: route\nsnat: always\n", "snat: always cannot be done with forwarding: route"},
 	} {
 		_, err := ParseGatewayConfig([]byte(base + bad.yaml))
 		if err == nil || !strings.Contains(err.Error(), bad.want) {

@@ -130,6 +130,16 @@ func TestKubeSource(t *testing.T) {
 		Status:     corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.11"}}},
 	}, metav1.CreateOptions{}))
 
+	// The API server creates its own "kubernetes" Service shortly after it is ready; the first
+	// snapshot is checked for it below, so wait for it here.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := c.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{}); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the API server did not create default/kubernetes: %v", err)
+		}
+	}
+
 	rec := newStateRecorder()
 	src := NewKubeSource(srv.RESTConfig(), "node1", hclog.New(&hclog.LoggerOptions{Name: "kube", Level: hclog.Debug, Output: testWriter{t}}))
 	if got := src.String(); got != "kubernetes "+srv.URL {

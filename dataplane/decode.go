@@ -449,7 +449,7 @@ func serviceRuleComment(chain string, r Rule) string {
 }
 
 // allSetKinds lists every set kind, for matching a kernel set against what the encoder would create.
-var allSetKinds = []SetKind{KindAddr, KindPrefix, KindTupleVmap, KindProtoPortVmap, KindTupleEndpoints, KindProtoPortEndpoints, KindHairpin, KindAffinity}
+var allSetKinds = []SetKind{KindAddr, KindPrefix, KindTupleVmap, KindProtoPortVmap, KindTupleEndpoints, KindProtoPortEndpoints, KindHairpin, KindAffinity, KindTupleAddr}
 
 // decodeSet finds the one set kind whose encoding has this key, data and flags.
 func decodeSet(enc *encoder, ks KernelSet) (*Set, error) {
@@ -589,7 +589,7 @@ func decodeElement(s *Set, alen int, ke KernelElement) (Element, error) {
 	el := Element{Set: s.Name}
 	k := &keyReader{b: ke.Key}
 	d := &keyReader{b: ke.Data}
-	verdictMap, dataMap := false, false
+	verdictMap, dataMap, addrMap := false, false, false
 	switch s.Kind {
 	case KindAddr, KindAffinity:
 		el.Addr = k.addr(alen)
@@ -605,6 +605,9 @@ func decodeElement(s *Set, alen int, ke KernelElement) (Element, error) {
 	case KindProtoPortEndpoints:
 		el.Proto, el.Port, el.Index = k.proto(), k.port(), k.hostU32()
 		dataMap = true
+	case KindTupleAddr:
+		el.Addr, el.Proto, el.Port, el.Index = k.addr(alen), k.proto(), k.port(), k.hostU32()
+		addrMap = true
 	case KindHairpin:
 		el.Addr, el.Addr2, el.Proto, el.Port = k.addr(alen), k.addr(alen), k.proto(), k.port()
 	default:
@@ -631,8 +634,11 @@ func decodeElement(s *Set, alen int, ke KernelElement) (Element, error) {
 		default:
 			return el, fmt.Errorf("verdict %d (chain %q): vipgate's maps only hold goto and drop", v.Kind, v.Chain)
 		}
-	case dataMap:
-		el.DataAddr, el.DataPort = d.addr(alen), d.port()
+	case dataMap, addrMap:
+		el.DataAddr = d.addr(alen)
+		if dataMap {
+			el.DataPort = d.port()
+		}
 		if err := d.done(); err != nil {
 			return el, fmt.Errorf("data: %w", err)
 		}

@@ -149,7 +149,7 @@ func gatewayVIPs(svc *cluster.Service, f cluster.Family) []netip.Addr {
 // Service's healthCheckNodePort. Sorted, without duplicates.
 func GatewayHealthTargets(cfg GatewayConfig, st *cluster.State) []HealthTarget {
 	cfg = cfg.withDefaults()
-	if cfg.Forwarding != cluster.ForwardNodePort || st == nil {
+	if !cfg.toNodes() || st == nil {
 		return nil
 	}
 	seen := map[HealthTarget]bool{}
@@ -220,6 +220,11 @@ func gatewaySNAT(cfg GatewayConfig, svc *cluster.Service) bool {
 	return cfg.Forwarding == cluster.ForwardNodePort && !svc.ExternalPolicyLocal
 }
 
+// toNodes says the gateway sends VIP traffic to nodes (nodePort or route forwarding), not to pods.
+func (cfg GatewayConfig) toNodes() bool {
+	return cfg.Forwarding == cluster.ForwardNodePort || cfg.Forwarding == cluster.ForwardRoute
+}
+
 // GatewayServiceEntries decides where each VIP port of svc goes in family f: the pure heart of the
 // gateway. Entries without backends are returned too (with Why), so they can be reported.
 func GatewayServiceEntries(cfg GatewayConfig, f cluster.Family, svc *cluster.Service, slices_ []*cluster.EndpointSlice, nodes []gatewayNode, health Health) []GatewayEntry {
@@ -252,7 +257,12 @@ func GatewayServiceEntries(cfg GatewayConfig, f cluster.Family, svc *cluster.Ser
 				why = "no ready endpoints"
 			}
 		default:
-			if sp.NodePort == 0 {
+			// nodePort: to the node's NodePort; route: the packet as it is, to the VIP port, through
+			// the node.
+			port := sp.NodePort
+			if cfg.Forwarding == cluster.ForwardRoute {
+				port = sp.Port
+			} else if sp.NodePort == 0 {
 				why = "the Service port has no NodePort (allocateLoadBalancerNodePorts: false?): nodePort forwarding cannot reach it"
 				break
 			}
@@ -260,7 +270,7 @@ func GatewayServiceEntries(cfg GatewayConfig, f cluster.Family, svc *cluster.Ser
 				if svc.ExternalPolicyLocal && svc.HealthCheckNodePort != 0 && !health[HealthTarget{n.addr, svc.HealthCheckNodePort}] {
 					continue
 				}
-				backends = append(backends, netip.AddrPortFrom(n.addr, sp.NodePort))
+				backends = append(backends, netip.AddrPortFrom(n.addr, port))
 			}
 			if len(backends) == 0 {
 				if svc.ExternalPolicyLocal {
@@ -297,6 +307,13 @@ func gatewayPart(cfg GatewayConfig, entries []GatewayEntry) (*Part, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", e, err)
 		}
+		if cfg.Forwarding == cluster.ForwardRoute {
+			p.Elements = append(p.Elements, Element{Set: MapServiceIPs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Verdict: VerdictGoto, Chain: ChainGatewayRoute})
+			for slot, bi := range table {
+				p.Elements = append(p.Elements, Element{Set: MapGatewayRoutes, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: e.Backends[bi].Addr()})
+			}
+			continue
+		}
 		pick := ChainGatewayPick
 		if e.SNAT {
 			pick = ChainGatewayMasqPick
@@ -313,6 +330,9 @@ func gatewayPart(cfg GatewayConfig, entries []GatewayEntry) (*Part, error) {
 // BuildGatewayBase builds the fixed part of a gateway table, with the set of every VIP it owns.
 func BuildGatewayBase(cfg GatewayConfig, f cluster.Family, vips []netip.Addr) *Part {
 	cfg = cfg.withDefaults()
+	if cfg.Forwarding == cluster.ForwardRoute {
+		return buildGatewayRouteBase(cfg, f, vips)
+	}
 	mark := uint32(1) << uint(cfg.MasqueradeBit)
 	p := &Part{}
 	chain := func(c *Chain) { p.Chains = append(p.Chains, c) }
@@ -410,7 +430,7 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 	for _, k := range keys {
 		svc := st.Services[k]
 		in := gwInput{svc: svc, slices: st.EndpointSlices[k], nodes: nodesKey.String()}
-		if cfg.Forwarding == cluster.ForwardNodePort && svc.ExternalPolicyLocal {
+		if cfg.toNodes() && svc.ExternalPolicyLocal {
 			hk := make([]byte, len(nodes))
 			for i, n := range nodes {
 				hk[i] = '0'

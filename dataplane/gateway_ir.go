@@ -9,8 +9,6 @@ import (
 	"slices"
 
 	"github.com/google/nftables/expr"
-
-	"github.com/vipgate/vipgate/cluster"
 )
 
 // This file adds the gateway's one new rule shape to the model's vocabulary, with its meaning in each
@@ -41,48 +39,34 @@ func loadSport(reg uint32) expr.Any {
 	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2}
 }
 
-// gatewayAction encodes the gateway's action kinds (see netlink.go's encoder.action).
+// gatewayAction encodes the gateway's action kinds (see netlink.go's encoder.action). The key and
+// hash loads are gatewayJhashLookup's (gateway_route.go), shared with ActDupJhashMap. For IPv4 they
+// are the layout nft itself generates for this statement, so `nft list` prints it back. For IPv6, key
+// and hash input together need 17 of the 16 four-byte registers, so the hash input is loaded first,
+// hashed into the slot register (the kernel reads the input before it writes the result), and then
+// overwritten by the key fields. nft 1.0.6 lists this encoding as the rendered text, but cannot
+// compile that text for ip6 itself (it runs out of registers, "BUG: register reg_low 12 invalid"),
+// so `nft -c` cannot check rendered ip6 gateway tables; the kernel accepts the encoding.
 func (e *encoder) gatewayAction(a Action) ([]expr.Any, error) {
-	if a.Kind != ActDNATJhashMap {
+	switch a.Kind {
+	case ActDupJhashMap:
+		return e.gatewayRouteAction(a)
+	case ActDNATJhashMap:
+	default:
 		return nil, fmt.Errorf("unknown action kind %d", a.Kind)
 	}
-	if a.Value == 0 {
-		return nil, fmt.Errorf("jhash modulus 0")
-	}
-	l, err := e.mapLookup(a.Map, reg32, reg1)
+	xs, err := e.gatewayJhashLookup(a)
 	if err != nil {
 		return nil, err
 	}
-	hash := func(src, dst, length uint32) expr.Any {
-		return &expr.Hash{SourceRegister: src, DestRegister: dst, Length: length, Modulus: a.Value, Seed: GatewayHashSeed, Type: expr.HashTypeJenkins}
-	}
-	// The lookup key daddr . l4proto . dport . slot starts at reg32 8; the slot is the register after
-	// dport. The hash input saddr . sport . daddr . dport is 16 bytes (IPv4) or 40 bytes (IPv6).
-	if e.f != cluster.IPv6 {
-		// IPv4: the layout nft itself generates for this statement, so `nft list` prints it back.
-		return []expr.Any{
-			e.loadDaddr(reg32), loadL4Proto(reg32 + 1), loadDport(reg32 + 2),
-			e.loadSaddr(reg32 + 8), loadSport(reg32 + 9), e.loadDaddr(reg32 + 10), loadDport(reg32 + 11),
-			hash(reg32+8, reg32+3, 16),
-			l, e.dnatFromMap(),
-		}, nil
-	}
-	// IPv6: key and hash input together need 17 of the 16 four-byte registers, so the hash input is
-	// loaded first at reg32 8..17, hashed into the slot register (reg32 14; the kernel reads the input
-	// before it writes the result), and then overwritten by the key fields. nft 1.0.6 lists this
-	// encoding as the rendered text, but cannot compile that text for ip6 itself (it runs out of
-	// registers, "BUG: register reg_low 12 invalid"), so `nft -c` cannot check rendered ip6 gateway
-	// tables; the kernel accepts the encoding.
-	return []expr.Any{
-		e.loadSaddr(reg32), loadSport(reg32 + 4), e.loadDaddr(reg32 + 5), loadDport(reg32 + 9),
-		hash(reg32, reg32+6, 40),
-		e.loadDaddr(reg32), loadL4Proto(reg32 + 4), loadDport(reg32 + 5),
-		l, e.dnatFromMap(),
-	}, nil
+	return append(xs, e.dnatFromMap()), nil
 }
 
 // gatewayActionText is the nft spelling of the gateway's action kinds (see render.go's actionText).
 func gatewayActionText(f *Flat, fam nftFamily, a Action) (string, error) {
+	if a.Kind == ActDupJhashMap {
+		return gatewayRouteActionText(f, fam, a)
+	}
 	if a.Kind != ActDNATJhashMap {
 		return "", fmt.Errorf("unknown action kind %d", a.Kind)
 	}
@@ -99,6 +83,9 @@ func gatewayActionText(f *Flat, fam nftFamily, a Action) (string, error) {
 // find the one a given flow takes).
 func (t *tracer) gatewayAct(st pstate, ch *Chain, idx int, r Rule, text, by string, done func(pstate, verdict, string)) (pstate, bool) {
 	a := r.Action
+	if a.Kind == ActDupJhashMap {
+		return t.gatewayRouteAct(st, ch, idx, r, text, by, done)
+	}
 	if a.Kind != ActDNATJhashMap {
 		t.fail("%s: unknown action kind %d", by, a.Kind)
 		return st, false

@@ -231,6 +231,9 @@ func (e *encoder) nftSet(s *Set) (*nftables.Set, error) {
 	case KindProtoPortEndpoints:
 		ns.KeyType = nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark)
 		ns.IsMap, ns.DataType = true, nftables.MustConcatSetType(a, nftables.TypeInetService)
+	case KindTupleAddr:
+		ns.KeyType = nftables.MustConcatSetType(a, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark)
+		ns.IsMap, ns.DataType = true, a
 	case KindHairpin:
 		ns.KeyType = nftables.MustConcatSetType(a, a, nftables.TypeInetProto, nftables.TypeInetService)
 	case KindAffinity:
@@ -411,6 +414,12 @@ func (e *encoder) appendElement(dst []nftables.SetElement, ar *arena, s *Set, el
 		putU32(putPort(putProto(putAddr(k, el.Addr), el.Proto), el.Port), el.Index)
 		v := ar.take(alen + 4)
 		putPort(putAddr(v, el.DataAddr), el.DataPort)
+		return append(dst, nftables.SetElement{Key: k, Val: v}), nil
+	case KindTupleAddr:
+		k := ar.take(tupleAddrKeyLen(alen))
+		putU32(putPort(putProto(putAddr(k, el.Addr), el.Proto), el.Port), el.Index)
+		v := ar.take(alen)
+		putAddr(v, el.DataAddr)
 		return append(dst, nftables.SetElement{Key: k, Val: v}), nil
 	case KindProtoPortEndpoints:
 		k := ar.take(12)

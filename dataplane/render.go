@@ -127,6 +127,8 @@ func setDecl(fam nftFamily, s *Set) (keyword string, lines []string, err error) 
 		return "map", []string{fmt.Sprintf("typeof %[1]s daddr . meta l4proto . th dport . numgen random mod 1 : %[1]s daddr . th dport", fam.table)}, nil
 	case KindProtoPortEndpoints:
 		return "map", []string{fmt.Sprintf("typeof meta l4proto . th dport . numgen random mod 1 : %s daddr . th dport", fam.table)}, nil
+	case KindTupleAddr:
+		return "map", []string{fmt.Sprintf("typeof %[1]s daddr . meta l4proto . th dport . numgen random mod 1 : %[1]s daddr", fam.table)}, nil
 	case KindHairpin:
 		return "set", []string{"type " + a + " . " + a + " . inet_proto . inet_service"}, nil
 	case KindAffinity:
@@ -270,6 +272,16 @@ func elementText(f *Flat, fam nftFamily, s *Set, e Element) (string, error) {
 			return "", wrap(err)
 		}
 		return a + " . " + proto + " . " + port + " : " + v, nil
+	case KindTupleAddr:
+		d, err := addrText(fam, e.DataAddr)
+		if err != nil {
+			return "", wrap(err)
+		}
+		a, err := addrText(fam, e.Addr)
+		if err != nil {
+			return "", wrap(err)
+		}
+		return a + " . " + proto + " . " + port + " . " + strconv.FormatUint(uint64(e.Index), 10) + " : " + d, nil
 	case KindTupleEndpoints, KindProtoPortEndpoints:
 		d, err := addrText(fam, e.DataAddr)
 		if err != nil {

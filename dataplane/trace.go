@@ -59,6 +59,9 @@ const (
 	// OutcomeDrop and OutcomeReject: a rule drops or rejects the packet.
 	OutcomeDrop   Outcome = "DROP"
 	OutcomeReject Outcome = "REJECT"
+	// OutcomeRoute: the packet is sent, unchanged, to one of Result.Candidates as its next hop (a
+	// gateway with forwarding: route); the original is dropped.
+	OutcomeRoute Outcome = "ROUTE"
 	// OutcomeAccept: the packet passes untouched (it is not Service traffic).
 	OutcomeAccept Outcome = "ACCEPT"
 	// OutcomeMixed: different random choices lead to different outcomes (Candidates and Others).
@@ -115,7 +118,8 @@ type Result struct {
 }
 
 // String summarises the result in the style of kube-proxy's flow tests:
-// "10.244.1.10:8080, 10.244.2.10:8080 masq", "DROP", "REJECT", "ACCEPT".
+// "10.244.1.10:8080, 10.244.2.10:8080 masq", "DROP", "REJECT", "ACCEPT"; a gateway's routed flow
+// "ROUTE via 192.0.2.11:80, 192.0.2.12:80" (next hop and the packet's unchanged port).
 func (r Result) String() string {
 	if r.Outcome == OutcomeError {
 		return "ERROR: " + r.Reason
@@ -140,6 +144,9 @@ func (r Result) String() string {
 	}
 	for _, o := range r.Others {
 		parts = append(parts, string(o))
+	}
+	if r.Outcome == OutcomeRoute {
+		return "ROUTE via " + strings.Join(parts, ", ")
 	}
 	return strings.Join(parts, ", ")
 }
@@ -498,7 +505,7 @@ func keyOf(k SetKind, e Element) (Element, error) {
 		return Element{Addr: e.Addr.Unmap(), Proto: e.Proto, Port: e.Port}, nil
 	case KindProtoPortVmap:
 		return Element{Proto: e.Proto, Port: e.Port}, nil
-	case KindTupleEndpoints:
+	case KindTupleEndpoints, KindTupleAddr:
 		return Element{Addr: e.Addr.Unmap(), Proto: e.Proto, Port: e.Port, Index: e.Index}, nil
 	case KindProtoPortEndpoints:
 		return Element{Proto: e.Proto, Port: e.Port, Index: e.Index}, nil
@@ -755,11 +762,15 @@ func (t *tracer) result() Result {
 	seenCand := map[Candidate]bool{}
 	seenOther := map[Outcome]bool{}
 	var reasons []string
+	routed := false
 	for _, fi := range t.finals {
 		if fi.by != "" && !slices.Contains(reasons, fi.by) {
 			reasons = append(reasons, fi.by)
 		}
-		if fi.outcome != OutcomeDNAT {
+		if fi.outcome == OutcomeRoute {
+			routed = true
+		}
+		if fi.outcome != OutcomeDNAT && fi.outcome != OutcomeRoute {
 			if !seenOther[fi.outcome] {
 				seenOther[fi.outcome] = true
 				r.Others = append(r.Others, fi.outcome)
@@ -782,6 +793,8 @@ func (t *tracer) result() Result {
 	})
 	slices.SortFunc(r.Others, func(a, b Outcome) int { return cmp.Compare(outcomeOrder[a], outcomeOrder[b]) })
 	switch {
+	case len(r.Candidates) > 0 && len(r.Others) == 0 && routed:
+		r.Outcome = OutcomeRoute
 	case len(r.Candidates) > 0 && len(r.Others) == 0:
 		r.Outcome = OutcomeDNAT
 	case len(r.Candidates) == 0 && len(r.Others) == 1:

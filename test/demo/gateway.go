@@ -18,8 +18,9 @@ import (
 )
 
 // The gateway scenes: two `vipgate gateway`s (lab hosts gw1 and gw2, no pods) announce 203.0.113.20
-// to the router by BGP, the router (BIRD) spreads flows over both (ECMP), and the gateways forward to
-// the nodes' NodePort. Then gw1 dies and gw2 carries on.
+// to the router by BGP, the router (BIRD) spreads flows over both (ECMP), and the gateways steer each
+// flow, unchanged, to the node its Maglev slot names (forwarding: route); the node answers the client
+// directly. Then gw1 dies: gw2 carries on, and the connections gw1 carried survive.
 var gatewayVIPv4 = netip.MustParseAddr("203.0.113.20")
 
 // gatewayNames are the lab hosts that run `vipgate gateway` rather than `vipgate node`.
@@ -88,7 +89,7 @@ func gatewayConfig(l *lab.Lab, gw *lab.Node) string {
 kind: GatewayConfig
 name: %s
 gatewayIPs: [%q]
-forwarding: nodePort
+forwarding: route
 snat: auto
 healthCheckInterval: 250ms
 clusterCIDRs: [%q]
@@ -180,7 +181,7 @@ func gatewayScenes(ctx context.Context, g *gateways) []scene {
 		{
 			title:   "LoadBalancer through two gateways (BGP + ECMP at the router, Maglev at the gateways)",
 			from:    "client",
-			expect:  "any pod answers through gw1 or gw2 and the nodes' NodePort; the pods see a node address (eTP=Cluster)",
+			expect:  "any pod answers through gw1 or gw2 and a node; the pods see a node address (eTP=Cluster: the node SNATs)",
 			targets: target,
 			protos:  []string{"tcp", "udp"},
 			check:   all(answered, podsIn(allPods...)),
@@ -196,11 +197,20 @@ func gatewayScenes(ctx context.Context, g *gateways) []scene {
 		{
 			title:   "gw1 dies (link down, process killed): BFD takes it out of the router, gw2 carries on",
 			from:    "client",
-			expect:  "every probe still answered, now all through gw2",
+			expect:  "every probe still answered, now all through gw2; the connections open across the failure survive",
 			targets: target,
 			protos:  []string{"tcp", "udp"},
 			check:   all(answered, podsIn(allPods...)),
 			before: func() (string, error) {
+				// 40 connections held open (pinged) across the failure: the router spread them over
+				// both gateways; gw2 must take gw1's to the same nodes.
+				hold, err := g.l.StartHold(lab.RoleClient, netip.AddrPortFrom(gatewayVIPv4, servicePort).String(), 40, 4*time.Second)
+				if err != nil {
+					return "", err
+				}
+				if _, err := hold.WaitOpened(10 * time.Second); err != nil {
+					return "", err
+				}
 				if err := g.killGW1(); err != nil {
 					return "", err
 				}
@@ -208,8 +218,17 @@ func gatewayScenes(ctx context.Context, g *gateways) []scene {
 				if err != nil {
 					return "", err
 				}
-				return fmt.Sprintf("router: gw1's route gone %v after it died; %s/32 via %s",
-					d.Round(time.Millisecond), gatewayVIPv4, strings.Join(g.nextHops(), " ")), nil
+				wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				defer cancel()
+				res, err := hold.Wait(wctx)
+				if err != nil {
+					return "", err
+				}
+				if res.Broken > 0 {
+					return "", fmt.Errorf("%d of %d connections held across gw1's death broke: %v", res.Broken, res.Opened, res.Errors)
+				}
+				return fmt.Sprintf("router: gw1's route gone %v after it died; %s/32 via %s\n   connections open through both gateways while gw1 died: %d of %d survived",
+					d.Round(time.Millisecond), gatewayVIPv4, strings.Join(g.nextHops(), " "), res.Opened-res.Broken, res.Opened), nil
 			},
 		},
 	}

@@ -272,7 +272,7 @@ func printTopology(l *lab.Lab) {
 	fmt.Println(`
   client 198.51.100.10 ── router ── LAN 192.0.2.0/24 ──┬── node1 192.0.2.11 ── web-1 10.244.1.11, web-2 10.244.1.12
                                                        ├── node2 192.0.2.12 ── web-3 10.244.2.11
-                                                       ├── gw1 192.0.2.13, gw2 192.0.2.14 (vipgate gateway, BGP to the router)
+                                                       ├── gw1 192.0.2.13, gw2 192.0.2.14 (vipgate gateway: BGP to the router, forwarding: route)
                                                        └── lanclient 192.0.2.100`)
 	if l.IPv6() {
 		fmt.Println("  (IPv6 alike: client 2001:db8:2::10, nodes 2001:db8:1::11/12, pods 2001:db8:244:<node>::<10+i>)")

@@ -30,7 +30,16 @@ import (
 // throughput through a gateway against the direct path to the pod (iperf3), and — killing the gateway
 // that owns the L2 VIP (link down, then SIGKILL, as a machine that dies) — the time until its BGP
 // route leaves the router, the L2 takeover gap, and how many of 100 long-lived connections survive.
+// It runs twice: forwarding nodePort (the gateways NAT; eTP=Cluster traffic is SNATed, so the dead
+// gateway's connections cannot survive) and forwarding route (no NAT, no state on the gateways:
+// every connection must survive).
 func TestGatewayPair(t *testing.T) {
+	for _, fwd := range []string{"nodePort", "route"} {
+		t.Run(fwd, func(t *testing.T) { testGatewayPair(t, fwd) })
+	}
+}
+
+func testGatewayPair(t *testing.T, forwarding string) {
 	routers.RequireRoot(t, "bird", "birdc", "iperf3")
 	l := lab.NewForTest(t, lab.Spec{IPv4Only: true, Nodes: []lab.NodeSpec{
 		{Name: "gw1"}, {Name: "gw2"},
@@ -121,7 +130,7 @@ spec:
 	}
 	for _, g := range gws {
 		cfg := filepath.Join(dir, g.Name+".yaml")
-		if err := os.WriteFile(cfg, []byte(gwPairConfig(g, gws, node1, node2)), 0o644); err != nil {
+		if err := os.WriteFile(cfg, []byte(gwPairConfig(forwarding, g, gws, node1, node2)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		p, err := l.Start(g.Name, filepath.Join(dir, g.Name+".log"), bin, "gateway", "--config", cfg, "--manifests", manifests)
@@ -189,7 +198,7 @@ spec:
 	}
 	t.Logf("L2 VIP 192.0.2.200 is owned by %s", owner.Name)
 
-	t.Run("throughput through a gateway vs direct", func(t *testing.T) {
+	t.Run("throughput", func(t *testing.T) {
 		// Direct: the router reaches node1's pods through node1; routed: through gw1 as a plain
 		// router (the same extra hop as the VIP path, without vipgate's rules in the way).
 		measure := func(via string) float64 {
@@ -203,8 +212,8 @@ spec:
 		routed := measure("gw1")
 		vip := iperf(t, l, "a1", "203.0.113.11")
 		t.Logf("iperf3 client -> pod a1 (3 s, 1 stream): direct %.2f Gbit/s; routed through a gateway host %.2f Gbit/s; "+
-			"to the VIP through a gateway (Maglev DNAT to node:NodePort, node DNAT to the pod) %.2f Gbit/s: %.2fx direct, %.2fx routed",
-			direct/1e9, routed/1e9, vip/1e9, vip/direct, vip/routed)
+			"to the VIP through a gateway (forwarding %s) %.2f Gbit/s: %.2fx direct, %.2fx routed",
+			direct/1e9, routed/1e9, forwarding, vip/1e9, vip/direct, vip/routed)
 	})
 
 	// The owner of the L2 VIP dies: its link goes down, then its process is killed (a dead machine,
@@ -254,10 +263,13 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("100 long-lived connections (nodePort, eTP=Cluster: SNAT at the gateway) across the death of %s: %d opened, %d survived, %d broken %v",
-		owner.Name, res.Opened, res.Opened-res.Broken, res.Broken, res.Errors)
+	t.Logf("100 long-lived connections (forwarding %s, eTP=Cluster) across the death of %s: %d opened, %d survived, %d broken %v",
+		forwarding, owner.Name, res.Opened, res.Opened-res.Broken, res.Broken, res.Errors)
 	if res.Broken == res.Opened {
 		t.Errorf("no connection survived: the surviving gateway's own flows must not be disturbed")
+	}
+	if forwarding == "route" && res.Broken > 0 {
+		t.Errorf("forwarding route: %d connections broke; the surviving gateway must carry the dead one's flows to the same nodes", res.Broken)
 	}
 	s = gwMany(t, l, lab.RoleClient, "tcp", "203.0.113.10:80", 20)
 	if s.OK != s.Sent {
@@ -265,21 +277,21 @@ spec:
 	}
 }
 
-// gwPairConfig is the GatewayConfig of gateway g of a group, forwarding to the nodes' NodePorts.
-func gwPairConfig(g *lab.Node, group []*lab.Node, nodes ...*lab.Node) string {
+// gwPairConfig is the GatewayConfig of gateway g of a group, forwarding to the nodes.
+func gwPairConfig(forwarding string, g *lab.Node, group []*lab.Node, nodes ...*lab.Node) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `apiVersion: vipgate.io/v1alpha1
 kind: GatewayConfig
 name: %s
 gatewayIPs: [%q]
-forwarding: nodePort
+forwarding: %s
 snat: auto
 healthCheckInterval: 250ms
 clusterCIDRs: [%q]
 serviceCIDRs: [%q]
 speaker:
   members:
-`, g.Name, g.IPv4, lab.ClusterCIDRv4, lab.ServiceCIDRv4)
+`, g.Name, g.IPv4, forwarding, lab.ClusterCIDRv4, lab.ServiceCIDRv4)
 	for _, m := range group {
 		fmt.Fprintf(&b, "  - {name: %s, address: %q}\n", m.Name, m.IPv4)
 	}

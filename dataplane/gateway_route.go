@@ -1,0 +1,193 @@
+package dataplane
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/google/nftables/expr"
+
+	"github.com/vipgate/vipgate/cluster"
+)
+
+// This file is the gateway's routed forwarding (forwarding: route), a stateless "direct server
+// return" mode: the gateway does not NAT. Each packet to a VIP port is steered, unchanged, to the node
+// the Maglev slot of its flow names:
+//
+//	dup to ip daddr . meta l4proto . th dport . jhash ip saddr . th sport . ip daddr . th dport mod M
+//	    seed GatewayHashSeed map @gateway-routes drop
+//
+// `dup to ADDR` sends a copy of the packet out with ADDR as its next hop (the kernel's nf_dup_ipv4:
+// a route lookup for ADDR, the packet's own destination untouched, TTL decremented, the copy
+// untracked); `drop` ends the original. It runs in a filter chain at raw priority, before conntrack:
+// the gateway keeps no state at all. The node's own Service rules (vipgate node or kube-proxy) DNAT
+// the packet to a pod and the node answers the client directly with the VIP as source. So the gateway
+// that carries a flow does not matter: when one dies and the router moves its flows to another, that
+// one picks the same node (same hash, same Maglev table) and the node's connection goes on.
+//
+// The nodes must be on a subnet the gateway reaches directly (next hop = node address) and must accept
+// traffic to the VIPs (their rules for LoadBalancer IPs); the network must let the nodes' replies,
+// sourced from the VIP, reach the clients (no strict uRPF for VIP sources at the router).
+
+// Names of the routed mode's chains and map.
+const (
+	ChainGatewayPrerouting = "gateway-prerouting"
+	ChainGatewayRoute      = "gateway-route"
+	MapGatewayRoutes       = "gateway-routes"
+)
+
+// PriorityRaw is netfilter's raw priority: before conntrack (-200).
+const PriorityRaw = -300
+
+// ActDupJhashMap steers a packet to the next hop its Maglev slot names and drops the original:
+//
+//	dup to <ActDNATJhashMap's key and hash> map @Map drop
+//
+// Map is a KindTupleAddr map (VIP . proto . port . slot -> node address), Value the table size.
+const ActDupJhashMap ActionKind = 129
+
+// KindTupleAddr: Addr . inet_proto . inet_service . mark (slot) : Addr. Like ActionKind's gateway
+// values, the number is far from model.go's iota range.
+const KindTupleAddr SetKind = 64
+
+// buildGatewayRouteBase is BuildGatewayBase for forwarding: route.
+func buildGatewayRouteBase(cfg GatewayConfig, f cluster.Family, vips []netip.Addr) *Part {
+	p := &Part{}
+	rejectVIP := Rule{
+		Matches: []Match{{Kind: MatchDaddrInSet, Set: SetGatewayVIPs}},
+		Action:  Action{Kind: ActReject},
+		Comment: "a VIP port without backends",
+	}
+	p.Chains = []*Chain{
+		// Every packet to a VIP port with nodes is sent on by gateway-route before conntrack sees it;
+		// what is left (a port without nodes, or no Service) is rejected where it would be forwarded
+		// or delivered. No output rule: the copies dup sends pass the output hook.
+		{Name: ChainGatewayPrerouting, Type: FilterType, Hook: HookPrerouting, Priority: PriorityRaw,
+			Comment: "VIP traffic to its node, before conntrack", Rules: []Rule{
+				{Matches: []Match{{Kind: MatchDaddrInSet, Set: SetGatewayVIPs}}, Action: Action{Kind: ActJump, Chain: ChainServices}},
+			}},
+		{Name: ChainFilterForward, Type: FilterType, Hook: HookForward, Priority: PriorityFilter, Rules: []Rule{rejectVIP}},
+		{Name: ChainFilterInput, Type: FilterType, Hook: HookInput, Priority: PriorityFilter, Rules: []Rule{rejectVIP}},
+		{Name: ChainServices, Comment: "VIP dispatch", Rules: []Rule{{Action: Action{Kind: ActVmapTuple, Map: MapServiceIPs}}}},
+		{Name: ChainGatewayRoute, Comment: "Maglev: a fixed hash of the flow picks the node; the packet goes there unchanged", Rules: []Rule{
+			{Action: Action{Kind: ActDupJhashMap, Map: MapGatewayRoutes, Value: uint32(cfg.MaglevSize)}},
+		}},
+	}
+	p.Sets = []*Set{
+		{Name: SetGatewayVIPs, Kind: KindAddr, Comment: "LoadBalancer IPs this gateway forwards"},
+		{Name: MapServiceIPs, Kind: KindTupleVmap, Comment: "VIP ports with nodes"},
+		{Name: MapGatewayRoutes, Kind: KindTupleAddr, Comment: "VIP . proto . port . Maglev slot -> node"},
+	}
+	for _, v := range vips {
+		if cluster.FamilyOf(v) == f {
+			p.Elements = append(p.Elements, Element{Set: SetGatewayVIPs, Addr: v.Unmap()})
+		}
+	}
+	return p
+}
+
+// gatewayJhashLookup loads the key VIP . proto . port . jhash-slot and looks it up in a.Map, leaving
+// the data in reg1 (the encoding nft generates for these statements, see gatewayAction).
+func (e *encoder) gatewayJhashLookup(a Action) ([]expr.Any, error) {
+	if a.Value == 0 {
+		return nil, fmt.Errorf("jhash modulus 0")
+	}
+	l, err := e.mapLookup(a.Map, reg32, reg1)
+	if err != nil {
+		return nil, err
+	}
+	hash := func(src, dst, length uint32) expr.Any {
+		return &expr.Hash{SourceRegister: src, DestRegister: dst, Length: length, Modulus: a.Value, Seed: GatewayHashSeed, Type: expr.HashTypeJenkins}
+	}
+	if e.f != cluster.IPv6 {
+		return []expr.Any{
+			e.loadDaddr(reg32), loadL4Proto(reg32 + 1), loadDport(reg32 + 2),
+			e.loadSaddr(reg32 + 8), loadSport(reg32 + 9), e.loadDaddr(reg32 + 10), loadDport(reg32 + 11),
+			hash(reg32+8, reg32+3, 16),
+			l,
+		}, nil
+	}
+	return []expr.Any{
+		e.loadSaddr(reg32), loadSport(reg32 + 4), e.loadDaddr(reg32 + 5), loadDport(reg32 + 9),
+		hash(reg32, reg32+6, 40),
+		e.loadDaddr(reg32), loadL4Proto(reg32 + 4), loadDport(reg32 + 5),
+		l,
+	}, nil
+}
+
+// gatewayRouteAction encodes ActDupJhashMap.
+func (e *encoder) gatewayRouteAction(a Action) ([]expr.Any, error) {
+	xs, err := e.gatewayJhashLookup(a)
+	if err != nil {
+		return nil, err
+	}
+	return append(xs, &expr.Dup{RegAddr: reg1}, &expr.Verdict{Kind: expr.VerdictDrop}), nil
+}
+
+// gatewayRouteActionText is the nft spelling of ActDupJhashMap.
+func gatewayRouteActionText(f *Flat, fam nftFamily, a Action) (string, error) {
+	if a.Value == 0 {
+		return "", fmt.Errorf("jhash modulus 0")
+	}
+	ip := fam.table
+	return fmt.Sprintf("dup to %[1]s daddr . meta l4proto . th dport . jhash %[1]s saddr . th sport . %[1]s daddr . th dport mod %[2]d seed %#[3]x map @%[4]s drop",
+		ip, a.Value, GatewayHashSeed, a.Map), needSet(f, a.Map, KindTupleAddr)
+}
+
+// gatewayRouteAct traces ActDupJhashMap: one branch per node the VIP port's slots lead to (the
+// source port is unknown; GatewaySlot finds a given flow's slot).
+func (t *tracer) gatewayRouteAct(st pstate, ch *Chain, idx int, r Rule, text, by string, done func(pstate, verdict, string)) (pstate, bool) {
+	a := r.Action
+	if a.Value == 0 {
+		t.fail("%s: jhash modulus 0", by)
+		return st, false
+	}
+	type target struct {
+		found bool
+		addr  netip.Addr
+	}
+	slots := map[target]int{}
+	key, keyText := t.entryKey(st, true)
+	for i := uint32(0); i < a.Value; i++ {
+		key.Index = i
+		e, found, err := t.lookup(a.Map, key, KindTupleAddr)
+		if err != nil {
+			t.fail("%s: %v", by, err)
+			return st, false
+		}
+		tg := target{found: found}
+		if found {
+			tg.addr = e.DataAddr.Unmap()
+		}
+		slots[tg]++
+	}
+	targets := make([]target, 0, len(slots))
+	for tg := range slots {
+		targets = append(targets, tg)
+	}
+	slices.SortFunc(targets, func(x, y target) int {
+		if x.found != y.found {
+			return cmp.Compare(boolInt(x.found), boolInt(y.found))
+		}
+		return x.addr.Compare(y.addr)
+	})
+	for _, tg := range targets {
+		b := st
+		if len(targets) > 1 {
+			b = st.fork(fmt.Sprintf("jhash slots %d of %d", slots[tg], a.Value))
+		}
+		if !tg.found {
+			t.step(b, ch.Name, idx, text, fmt.Sprintf("no match: %s . <slot> not in @%s for %d slots", keyText, a.Map, slots[tg]))
+			t.exec(b, done)
+			continue
+		}
+		t.step(b, ch.Name, idx, text, fmt.Sprintf("match: sent unchanged to next hop %s (%d of %d slots); the original is dropped", tg.addr, slots[tg], a.Value))
+		t.finals = append(t.finals, final{outcome: OutcomeRoute,
+			cand: Candidate{Endpoint: netip.AddrPortFrom(tg.addr, st.port), Why: b.branch}, by: "routed by " + by})
+	}
+	return st, false
+}
+
+// tupleAddrKeyLen is the key length of a KindTupleAddr element: address, proto, port, slot.
+func tupleAddrKeyLen(alen int) int { return alen + 12 }
