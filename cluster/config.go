@@ -197,6 +197,8 @@ type GatewayConfig struct {
 	// Speaker configures the membership of the gateways' L2 speakers: speaker.members lists the
 	// gateways of the group (empty: this gateway alone).
 	Speaker SpeakerConfig
+	// MetricsBindAddress serves /metrics and /status (default 127.0.0.1:10249), as on a node.
+	MetricsBindAddress netip.AddrPort
 	// Logging is logLevel and logFormat.
 	Logging Logging
 }
@@ -228,6 +230,7 @@ type gatewayConfigFile struct {
 	Name                string             `json:"name"`
 	Labels              map[string]string  `json:"labels"`
 	Speaker             *speakerConfigFile `json:"speaker"`
+	MetricsBindAddress  string             `json:"metricsBindAddress"`
 	LogLevel            string             `json:"logLevel"`
 	LogFormat           string             `json:"logFormat"`
 }
@@ -513,6 +516,9 @@ func ParseGatewayConfig(data []byte) (*GatewayConfig, error) {
 	if c.Speaker, err = parseSpeakerConfig(f.Speaker); err != nil {
 		return nil, err
 	}
+	if c.MetricsBindAddress, err = parseAddrPort("metricsBindAddress", cmp.Or(f.MetricsBindAddress, DefaultMetricsBindAddress)); err != nil {
+		return nil, err
+	}
 	if f.HealthCheckInterval != "" {
 		if c.HealthCheckInterval, err = time.ParseDuration(f.HealthCheckInterval); err != nil {
 			return nil, fmt.Errorf("healthCheckInterval: %q is not a duration (like 5s or 500ms)", f.HealthCheckInterval)
@@ -592,6 +598,9 @@ func (c *GatewayConfig) Validate() error {
 		}
 	}
 	if err := c.Speaker.validate(c.Name); err != nil {
+		return err
+	}
+	if err := checkBind("metricsBindAddress", c.MetricsBindAddress); err != nil {
 		return err
 	}
 	seen := map[string]bool{}

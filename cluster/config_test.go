@@ -164,6 +164,7 @@ func TestParseGatewayConfig(t *testing.T) {
 	// The name defaults to the host name, and it is a label.
 	want.Name = got.Name
 	want.Labels = map[string]string{"kubernetes.io/hostname": got.Name, GatewayRoleLabel: "gateway"}
+	want.MetricsBindAddress = netip.MustParseAddrPort(DefaultMetricsBindAddress)
 	if diff := cmp.Diff(want, got, cmpOpts); diff != "" {
 		t.Errorf("ParseGatewayConfig (-want +got):\n%s", diff)
 	}

@@ -367,12 +367,19 @@ func BuildGatewayBase(cfg GatewayConfig, f cluster.Family, vips []netip.Addr) *P
 		{Name: MapServiceIPs, Kind: KindTupleVmap, Comment: "VIP ports with backends"},
 		{Name: MapGatewayBackends, Kind: KindTupleEndpoints, Comment: "VIP . proto . port . Maglev slot -> backend"},
 	}
+	p.Elements = gatewayVIPElements(f, vips)
+	return p
+}
+
+// gatewayVIPElements are the gateway-vips elements of family f.
+func gatewayVIPElements(f cluster.Family, vips []netip.Addr) []Element {
+	var out []Element
 	for _, v := range vips {
 		if cluster.FamilyOf(v) == f {
-			p.Elements = append(p.Elements, Element{Set: SetGatewayVIPs, Addr: v.Unmap()})
+			out = append(out, Element{Set: SetGatewayVIPs, Addr: v.Unmap()})
 		}
 	}
-	return p
+	return out
 }
 
 // GatewayRuleset is one family's gateway table and the decisions behind it.

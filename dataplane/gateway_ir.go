@@ -1,12 +1,10 @@
 package dataplane
 
 import (
-	"cmp"
 	"encoding/binary"
 	"fmt"
 	"math/bits"
 	"net/netip"
-	"slices"
 
 	"github.com/google/nftables/expr"
 )
@@ -98,50 +96,11 @@ func (t *tracer) gatewayAct(st pstate, ch *Chain, idx int, r Rule, text, by stri
 		t.fail("%s: jhash modulus 0", by)
 		return st, false
 	}
-	type target struct {
-		found bool
-		ep    netip.AddrPort
-	}
-	slots := map[target]int{}
-	key, keyText := t.entryKey(st, true)
-	for i := uint32(0); i < a.Value; i++ {
-		key.Index = i
-		e, found, err := t.lookup(a.Map, key, KindTupleEndpoints)
-		if err != nil {
-			t.fail("%s: %v", by, err)
-			return st, false
-		}
-		tg := target{found: found}
-		if found {
-			tg.ep = netip.AddrPortFrom(e.DataAddr.Unmap(), e.DataPort)
-		}
-		slots[tg]++
-	}
-	targets := make([]target, 0, len(slots))
-	for tg := range slots {
-		targets = append(targets, tg)
-	}
-	slices.SortFunc(targets, func(x, y target) int {
-		if x.found != y.found {
-			return cmp.Compare(boolInt(x.found), boolInt(y.found))
-		}
-		return x.ep.Compare(y.ep)
-	})
-	for _, tg := range targets {
-		b := st
-		if len(targets) > 1 {
-			b = st.fork(fmt.Sprintf("jhash slots %d of %d", slots[tg], a.Value))
-		}
-		if !tg.found {
-			// The kernel's map lookup fails for these slots: the rule does not match.
-			t.step(b, ch.Name, idx, text, fmt.Sprintf("no match: %s . <slot> not in @%s for %d slots", keyText, a.Map, slots[tg]))
-			t.exec(b, done)
-			continue
-		}
-		b.dst, b.port, b.dnat, b.dnatBy = tg.ep.Addr(), tg.ep.Port(), true, by
-		t.step(b, ch.Name, idx, text, fmt.Sprintf("match: DNAT to %s (%d of %d slots)", tg.ep, slots[tg], a.Value))
+	t.jhashBranches(st, ch, idx, text, a, KindTupleEndpoints, by, done, func(b pstate, ep netip.AddrPort, slots int) {
+		b.dst, b.port, b.dnat, b.dnatBy = ep.Addr(), ep.Port(), true, by
+		t.step(b, ch.Name, idx, text, fmt.Sprintf("match: DNAT to %s (%d of %d slots)", ep, slots, a.Value))
 		done(b, vAccept, by)
-	}
+	})
 	return st, false
 }
 

@@ -79,11 +79,7 @@ func buildGatewayRouteBase(cfg GatewayConfig, f cluster.Family, vips []netip.Add
 		{Name: MapServiceIPs, Kind: KindTupleVmap, Comment: "VIP ports with nodes"},
 		{Name: MapGatewayRoutes, Kind: KindTupleAddr, Comment: "VIP . proto . port . Maglev slot -> node"},
 	}
-	for _, v := range vips {
-		if cluster.FamilyOf(v) == f {
-			p.Elements = append(p.Elements, Element{Set: SetGatewayVIPs, Addr: v.Unmap()})
-		}
-	}
+	p.Elements = gatewayVIPElements(f, vips)
 	return p
 }
 
@@ -143,22 +139,37 @@ func (t *tracer) gatewayRouteAct(st pstate, ch *Chain, idx int, r Rule, text, by
 		t.fail("%s: jhash modulus 0", by)
 		return st, false
 	}
+	t.jhashBranches(st, ch, idx, text, a, KindTupleAddr, by, done, func(b pstate, ep netip.AddrPort, slots int) {
+		t.step(b, ch.Name, idx, text, fmt.Sprintf("match: sent unchanged to next hop %s (%d of %d slots); the original is dropped", ep.Addr(), slots, a.Value))
+		t.finals = append(t.finals, final{outcome: OutcomeRoute,
+			cand: Candidate{Endpoint: netip.AddrPortFrom(ep.Addr(), st.port), Why: b.branch}, by: "routed by " + by})
+	})
+	return st, false
+}
+
+// jhashBranches follows a jhash-slot map rule (ActDNATJhashMap, ActDupJhashMap): it looks up every
+// slot of the packet's VIP port in a.Map (of kind), groups the slots by the address and port they
+// lead to, and forks one branch per group (a Packet has no source port, so every slot is possible).
+// Slots not in the map make the rule not match: that branch goes on with the next rule. hit handles
+// a branch whose slots lead to ep (port 0 for KindTupleAddr).
+func (t *tracer) jhashBranches(st pstate, ch *Chain, idx int, text string, a Action, kind SetKind, by string,
+	done func(pstate, verdict, string), hit func(b pstate, ep netip.AddrPort, slots int)) {
 	type target struct {
 		found bool
-		addr  netip.Addr
+		ep    netip.AddrPort
 	}
 	slots := map[target]int{}
 	key, keyText := t.entryKey(st, true)
 	for i := uint32(0); i < a.Value; i++ {
 		key.Index = i
-		e, found, err := t.lookup(a.Map, key, KindTupleAddr)
+		e, found, err := t.lookup(a.Map, key, kind)
 		if err != nil {
 			t.fail("%s: %v", by, err)
-			return st, false
+			return
 		}
 		tg := target{found: found}
 		if found {
-			tg.addr = e.DataAddr.Unmap()
+			tg.ep = netip.AddrPortFrom(e.DataAddr.Unmap(), e.DataPort)
 		}
 		slots[tg]++
 	}
@@ -170,7 +181,7 @@ func (t *tracer) gatewayRouteAct(st pstate, ch *Chain, idx int, r Rule, text, by
 		if x.found != y.found {
 			return cmp.Compare(boolInt(x.found), boolInt(y.found))
 		}
-		return x.addr.Compare(y.addr)
+		return x.ep.Compare(y.ep)
 	})
 	for _, tg := range targets {
 		b := st
@@ -178,15 +189,13 @@ func (t *tracer) gatewayRouteAct(st pstate, ch *Chain, idx int, r Rule, text, by
 			b = st.fork(fmt.Sprintf("jhash slots %d of %d", slots[tg], a.Value))
 		}
 		if !tg.found {
+			// The kernel's map lookup fails for these slots: the rule does not match.
 			t.step(b, ch.Name, idx, text, fmt.Sprintf("no match: %s . <slot> not in @%s for %d slots", keyText, a.Map, slots[tg]))
 			t.exec(b, done)
 			continue
 		}
-		t.step(b, ch.Name, idx, text, fmt.Sprintf("match: sent unchanged to next hop %s (%d of %d slots); the original is dropped", tg.addr, slots[tg], a.Value))
-		t.finals = append(t.finals, final{outcome: OutcomeRoute,
-			cand: Candidate{Endpoint: netip.AddrPortFrom(tg.addr, st.port), Why: b.branch}, by: "routed by " + by})
+		hit(b, tg.ep, slots[tg])
 	}
-	return st, false
 }
 
 // tupleAddrKeyLen is the key length of a KindTupleAddr element: address, proto, port, slot.

@@ -125,6 +125,21 @@ func newAdminServer(log hclog.Logger, addr netip.AddrPort, reg *prometheus.Regis
 	return &adminServer{log: log, addr: addr, reg: reg, metrics: m, status: base}, nil
 }
 
+// startAdmin creates the admin endpoint (metrics on nodeRegistry()) and starts it. Failing to listen
+// is logged, not fatal, as for healthz: a taken port (an old kube-proxy still holding it) must not
+// stop the dataplane. stop closes it.
+func startAdmin(log hclog.Logger, addr netip.AddrPort, base NodeStatus) (a *adminServer, stop func(), err error) {
+	a, err = newAdminServer(log.Named("admin"), addr, nodeRegistry(), base)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := a.Start(); err != nil {
+		log.Warn("admin endpoint not started", "addr", addr, "err", err)
+		return a, func() {}, nil
+	}
+	return a, func() { _ = a.Close() }, nil
+}
+
 // Start listens on the admin address and serves in the background.
 func (a *adminServer) Start() error {
 	ln, err := net.Listen("tcp", a.addr.String())

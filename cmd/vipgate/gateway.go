@@ -115,6 +115,14 @@ func runGateway(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
+	// /metrics and /status as on a node (`vipgate status --address` reads it).
+	admin, stopAdmin, err := startAdmin(log, cfg.MetricsBindAddress,
+		NodeStatus{Node: cfg.Name, Table: cfg.TableName, Source: src.String(), Version: version})
+	if err != nil {
+		return err
+	}
+	defer stopAdmin()
+
 	// Health changes and new snapshots both wake the one loop below, which owns the dataplane.
 	healthChanged := make(chan struct{}, 1)
 	prober := dataplane.NewProber(log.Named("health"), dataplane.ProberOptions{
@@ -140,6 +148,7 @@ func runGateway(args []string) error {
 	if ks, ok := src.(kubeSource); ok {
 		spk.spk.setEventer(ks.KubeSource)
 	}
+	admin.setVIPLister(spk.spk)
 
 	states := make(chan *cluster.State, 1)
 	srcErr := make(chan error, 1)
@@ -185,6 +194,7 @@ func runGateway(args []string) error {
 			first = false
 		}
 		rep, err := gw.Sync(current, prober.Snapshot())
+		admin.recordSync(current, gatewayReport(rep), err)
 		if err != nil {
 			log.Error("gateway sync failed, retrying in 1s", "err", err)
 			retry.Reset(time.Second)
@@ -211,6 +221,14 @@ func runGateway(args []string) error {
 		}
 		log.Info("synced", "full", rep.Full, "duration", rep.Duration, "vips", len(rep.VIPs), "backends", gatewayBackendSummary(rep.Entries))
 	}
+}
+
+// gatewayReport is a gateway sync as the admin endpoint records a node's.
+func gatewayReport(rep *dataplane.GatewaySyncReport) *dataplane.SyncReport {
+	if rep == nil {
+		return nil
+	}
+	return &dataplane.SyncReport{Duration: rep.Duration, Full: rep.Full, Txs: rep.Txs, Conflicts: rep.Conflicts}
 }
 
 // gatewayBackendSummary formats "vip:port/proto=backend,backend; ..." for the sync log line, so the

@@ -105,17 +105,12 @@ func runNode(args []string) error {
 
 	// The admin endpoint (/metrics, /status) on metricsBindAddress, localhost unless configured
 	// otherwise. Components register their metrics on nodeRegistry().
-	admin, err := newAdminServer(log.Named("admin"), cfg.MetricsBindAddress, nodeRegistry(),
+	admin, stopAdmin, err := startAdmin(log, cfg.MetricsBindAddress,
 		NodeStatus{Node: cfg.NodeName, Table: cfg.TableName, Source: src.String(), Version: version})
 	if err != nil {
 		return err
 	}
-	if err := admin.Start(); err != nil {
-		// Like healthz: a taken port must not stop the dataplane (an old kube-proxy may still hold it).
-		log.Warn("admin endpoint not started", "addr", cfg.MetricsBindAddress, "err", err)
-	} else {
-		defer admin.Close()
-	}
+	defer stopAdmin()
 
 	// /healthz and /livez: QueuedUpdate when a snapshot arrives, Updated when one is programmed, so
 	// a node whose syncs keep failing (or never run) turns unhealthy after staleAfter.

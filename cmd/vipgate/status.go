@@ -18,7 +18,7 @@ import (
 
 const statusHelp = `Usage: vipgate status [--admin ADDR | --config FILE] [--output text|json]
 
-Shows what "vipgate node" on this host is doing, from its admin endpoint (/status on
+Shows what "vipgate node" (or "vipgate gateway") on this host is doing, from its admin endpoint (/status on
 metricsBindAddress, 127.0.0.1:10249 by default): the last sync, what the tables hold, the objects
 it refused and why, and the LoadBalancer IPs with who announces them.
 
@@ -28,7 +28,7 @@ Flags:
 func runStatus(args []string) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	admin := fs.String("admin", "", "admin endpoint of vipgate node (its metricsBindAddress; default from --config, else 127.0.0.1:10249)")
-	config := fs.String("config", "", "NodeConfig file of the node (for its metricsBindAddress)")
+	config := fs.String("config", "", "NodeConfig or GatewayConfig file (for its metricsBindAddress)")
 	output := fs.String("output", "text", "output format: text or json")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the node")
 	fs.Usage = func() {
@@ -47,11 +47,16 @@ func runStatus(args []string) error {
 	if *admin == "" {
 		*admin = cluster.DefaultMetricsBindAddress
 		if *config != "" {
-			cfg, err := cluster.LoadNodeConfig(*config)
+			cfg, err := cluster.LoadConfig(*config)
 			if err != nil {
 				return err
 			}
-			*admin = cfg.MetricsBindAddress.String()
+			switch c := cfg.(type) {
+			case *cluster.NodeConfig:
+				*admin = c.MetricsBindAddress.String()
+			case *cluster.GatewayConfig:
+				*admin = c.MetricsBindAddress.String()
+			}
 		}
 	}
 	body, st, err := fetchStatus(*admin, *timeout)

@@ -275,6 +275,32 @@ spec:
 	if s.OK != s.Sent {
 		t.Errorf("after the failover, new connections through %s: %d of %d answered: %v", survivor.Name, s.OK, s.Sent, s.Errors)
 	}
+
+	// The survivor's admin endpoint: vipgate status lists both VIPs as announced by it.
+	out, err := l.Exec(survivor.Name, bin, "status", "--output", "json")
+	if err != nil {
+		t.Fatalf("vipgate status on %s: %v\n%s", survivor.Name, err, out)
+	}
+	var st struct {
+		Node string `json:"node"`
+		VIPs []struct {
+			IP        string `json:"ip"`
+			Mode      string `json:"mode"`
+			Announced bool   `json:"announced"`
+		} `json:"vips"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status: %v\n%s", err, out)
+	}
+	announced := map[string]string{}
+	for _, v := range st.VIPs {
+		if v.Announced {
+			announced[v.IP] = v.Mode
+		}
+	}
+	if st.Node != survivor.Name || announced["192.0.2.200"] != "l2" || announced["203.0.113.10"] != "bgp" {
+		t.Errorf("vipgate status on %s: node %q, announced %v; want 192.0.2.200 by l2 and 203.0.113.10 by bgp\n%s", survivor.Name, st.Node, announced, out)
+	}
 }
 
 // gwPairConfig is the GatewayConfig of gateway g of a group, forwarding to the nodes.
