@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -37,6 +38,9 @@ const (
 	// ProbeRefused: the node answered with a TCP reset: it is up but nothing serves the health check
 	// (its vipgate is not running). Definitive: the target leaves at once.
 	ProbeRefused
+	// ProbeBadAnswer: something answered on the port, but not HTTP. Definitive: the target leaves at
+	// once (what serves there is not a health check to trust).
+	ProbeBadAnswer
 )
 
 func (o ProbeOutcome) String() string {
@@ -49,6 +53,8 @@ func (o ProbeOutcome) String() string {
 		return "unreachable"
 	case ProbeRefused:
 		return "refused"
+	case ProbeBadAnswer:
+		return "bad-answer"
 	}
 	return "unknown"
 }
@@ -220,6 +226,9 @@ func (p *Prober) probe(ctx context.Context, url string) ProbeOutcome {
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			return ProbeRefused
 		}
+		if strings.Contains(err.Error(), "malformed HTTP") {
+			return ProbeBadAnswer
+		}
 		return ProbeUnreachable
 	}
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
@@ -245,7 +254,7 @@ func (p *Prober) record(t HealthTarget, o ProbeOutcome) {
 	case ProbeHealthy:
 		s.failures = 0
 		usable = true
-	case ProbeNoEndpoints, ProbeRefused:
+	case ProbeNoEndpoints, ProbeRefused, ProbeBadAnswer:
 		s.failures = 0
 		usable = false
 	case ProbeUnreachable:
