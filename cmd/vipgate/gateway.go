@@ -90,19 +90,10 @@ func runGateway(args []string) error {
 	if err != nil {
 		return err
 	}
-	if nf.logLevel != "" {
-		cfg.Logging.Level = hclog.LevelFromString(nf.logLevel)
-	}
-	log := cfg.Logging.NewLogger("vipgate", os.Stderr)
 	prog := &dataplane.NetlinkProgrammer{}
-	if nf.cleanup {
-		for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-			if err := prog.DeleteTable(f, cfg.TableName); err != nil {
-				return fmt.Errorf("deleting table %s: %w", cfg.TableName, err)
-			}
-		}
-		log.Info("removed vipgate's nftables tables", "table", cfg.TableName)
-		return nil
+	log, done, err := startCommand(nf, &cfg.Logging, cfg.TableName, prog)
+	if err != nil || done {
+		return err
 	}
 	warnIfNotForwarding(log, cfg)
 	src, err := newSource(nf, log)

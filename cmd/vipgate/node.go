@@ -67,6 +67,26 @@ func parseNodeFlags(name, help string, args []string) (*nodeFlags, error) {
 	return f, nil
 }
 
+// startCommand is the common start of `vipgate node` and `vipgate gateway`: the logger (the config's
+// logLevel and logFormat, --log-level over them) and --cleanup, which deletes vipgate's tables and
+// is all the command does then (done).
+func startCommand(nf *nodeFlags, logging *cluster.Logging, table string, prog *dataplane.NetlinkProgrammer) (log hclog.Logger, done bool, err error) {
+	if nf.logLevel != "" {
+		logging.Level = hclog.LevelFromString(nf.logLevel)
+	}
+	log = logging.NewLogger("vipgate", os.Stderr)
+	if !nf.cleanup {
+		return log, false, nil
+	}
+	for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
+		if err := prog.DeleteTable(f, table); err != nil {
+			return log, true, fmt.Errorf("deleting table %s: %w", table, err)
+		}
+	}
+	log.Info("removed vipgate's nftables tables", "table", table)
+	return log, true, nil
+}
+
 func runNode(args []string) error {
 	nf, err := parseNodeFlags("node", nodeHelp, args)
 	if err != nil {
@@ -79,19 +99,10 @@ func runNode(args []string) error {
 	if err != nil {
 		return err
 	}
-	if nf.logLevel != "" {
-		cfg.Logging.Level = hclog.LevelFromString(nf.logLevel)
-	}
-	log := cfg.Logging.NewLogger("vipgate", os.Stderr)
 	prog := &dataplane.NetlinkProgrammer{}
-	if nf.cleanup {
-		for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-			if err := prog.DeleteTable(f, cfg.TableName); err != nil {
-				return fmt.Errorf("deleting table %s: %w", cfg.TableName, err)
-			}
-		}
-		log.Info("removed vipgate's nftables tables", "table", cfg.TableName)
-		return nil
+	log, done, err := startCommand(nf, &cfg.Logging, cfg.TableName, prog)
+	if err != nil || done {
+		return err
 	}
 	src, err := newSource(nf, log)
 	if err != nil {

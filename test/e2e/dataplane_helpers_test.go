@@ -21,9 +21,6 @@ import (
 	"github.com/vipgate/vipgate/test/lab"
 )
 
-// dpVIPGateBinEnv names the environment variable holding a prebuilt vipgate binary.
-const dpVIPGateBinEnv = "VIPGATE_BIN"
-
 // Polling of the dataplane tests: a manifest change shows in the kernel within about a second
 // (debounce plus sync), so five seconds is generous, and 100 ms keeps the measured latency honest.
 const (
@@ -42,28 +39,6 @@ type dpLab struct {
 	// Configs holds each node's NodeConfig path, Procs its vipgate process.
 	Configs map[string]string
 	Procs   map[string]*lab.Proc
-}
-
-// dpVipgateBinary returns $VIPGATE_BIN, or builds vipgate into a test directory.
-func dpVipgateBinary(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv(dpVIPGateBinEnv); p != "" {
-		abs, err := filepath.Abs(p)
-		if err != nil {
-			t.Fatalf("%s: %v", dpVIPGateBinEnv, err)
-		}
-		if _, err := os.Stat(abs); err != nil {
-			t.Fatalf("%s: %v", dpVIPGateBinEnv, err)
-		}
-		return abs
-	}
-	out := filepath.Join(t.TempDir(), "vipgate")
-	start := time.Now()
-	if err := lab.BuildBinary("github.com/vipgate/vipgate/cmd/vipgate", out); err != nil {
-		t.Fatalf("building vipgate: %v", err)
-	}
-	t.Logf("built vipgate in %v (set %s to skip this)", time.Since(start).Round(time.Millisecond), dpVIPGateBinEnv)
-	return out
 }
 
 // dpNodeConfigYAML is the NodeConfig of a lab node; zone may be empty.
@@ -91,7 +66,7 @@ func dpStartVIPGate(t *testing.T, l *lab.Lab, zones map[string]string) *dpLab {
 	d := &dpLab{
 		Lab:       l,
 		Manifests: filepath.Join(t.TempDir(), "manifests"),
-		Bin:       dpVipgateBinary(t),
+		Bin:       vipgateBinary(t),
 		Configs:   map[string]string{},
 		Procs:     map[string]*lab.Proc{},
 	}

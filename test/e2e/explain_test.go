@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -48,7 +47,7 @@ func TestExplainAgreesWithProbes(t *testing.T) {
 	}
 	node1 := l.Node("node1")
 	cfgPath := filepath.Join(t.TempDir(), "node1.yaml")
-	if err := os.WriteFile(cfgPath, []byte(exNodeConfig(node1)), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(labNodeConfig(node1)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	proc, err := l.Start("node1", "", bin, "node", "--config", cfgPath, "--manifests", manifests)
@@ -230,30 +229,6 @@ type exStatus struct {
 	Endpoints int
 	LastSync  *struct{ Full bool }
 	Tables    []struct{ Family, Chains int }
-}
-
-// vipgateBinary returns $VIPGATE_BIN, or builds vipgate for this test.
-func vipgateBinary(t *testing.T) string {
-	t.Helper()
-	if b := os.Getenv("VIPGATE_BIN"); b != "" {
-		return b
-	}
-	out := filepath.Join(t.TempDir(), "vipgate")
-	if err := lab.BuildBinary("github.com/vipgate/vipgate/cmd/vipgate", out); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-// exNodeConfig is the NodeConfig of a lab node.
-func exNodeConfig(n *lab.Node) string {
-	return fmt.Sprintf(`apiVersion: vipgate.io/v1alpha1
-kind: NodeConfig
-nodeName: %s
-nodeIPs: [%q, %q]
-clusterCIDRs: [%q, %q]
-serviceCIDRs: [%q, %q]
-`, n.Name, n.IPv4, n.IPv6, lab.ClusterCIDRv4, lab.ClusterCIDRv6, lab.ServiceCIDRv4, lab.ServiceCIDRv6)
 }
 
 // exRemoteOnly is an eTP=Local LoadBalancer whose only endpoint is on node2: node1 drops its traffic.

@@ -66,7 +66,7 @@ func TestFullStackThroughTheAPI(t *testing.T) {
 	go func() { _ = ctrl.Run(cctx); close(done) }()
 	defer func() { ccancel(); <-done }()
 
-	bin := kubeVipgateBinary(t)
+	bin := vipgateBinary(t)
 	procs := map[string]*lab.Proc{}
 	for _, n := range l.Nodes() {
 		if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{
@@ -76,7 +76,7 @@ func TestFullStackThroughTheAPI(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := filepath.Join(t.TempDir(), n.Name+".yaml")
-		if err := os.WriteFile(cfg, []byte(kubeNodeConfig(n)), 0o644); err != nil {
+		if err := os.WriteFile(cfg, []byte(labNodeConfig(n)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		p, err := l.Start(n.Name, "", bin, "node", "--config", cfg, "--kubeconfig", srv.Kubeconfig)

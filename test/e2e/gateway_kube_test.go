@@ -36,7 +36,7 @@ func TestGatewayKube(t *testing.T) {
 	c := srv.Client
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	bin := kubeVipgateBinary(t)
+	bin := vipgateBinary(t)
 	dir := t.TempDir()
 	procs := map[string]*lab.Proc{}
 	for _, name := range []string{"node1", "node2"} {
@@ -48,7 +48,7 @@ func TestGatewayKube(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := filepath.Join(dir, n.Name+".yaml")
-		if err := os.WriteFile(cfg, []byte(kubeNodeConfig(n)), 0o644); err != nil {
+		if err := os.WriteFile(cfg, []byte(labNodeConfig(n)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		p, err := l.Start(n.Name, filepath.Join(dir, n.Name+".log"), bin, "node", "--config", cfg, "--kubeconfig", srv.Kubeconfig)

@@ -273,130 +273,20 @@ nodes:
 	return b.String()
 }
 
-// The helpers below are the gateway test's own, so it does not depend on other tests' files.
+// The gateway tests' names for the shared helpers (node_test.go, helpers_test.go).
+type (
+	gwPort      = ndPort
+	gwSlicePort = ndSlicePort
+	gwWriter    = ndWriter
+)
 
-func gwBinary(t *testing.T) string {
-	t.Helper()
-	if b := os.Getenv("VIPGATE_BIN"); b != "" {
-		return b
-	}
-	out := filepath.Join(t.TempDir(), "vipgate")
-	if err := lab.BuildBinary("github.com/vipgate/vipgate/cmd/vipgate", out); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func gwNodeConfig(n *lab.Node) string {
-	return fmt.Sprintf(`apiVersion: vipgate.io/v1alpha1
-kind: NodeConfig
-nodeName: %s
-nodeIPs: [%q]
-clusterCIDRs: [%q]
-serviceCIDRs: [%q]
-`, n.Name, n.IPv4, lab.ClusterCIDRv4, lab.ServiceCIDRv4)
-}
-
-type gwPort struct {
-	name, proto string
-	port        int
-	nodePort    int
-	target      string
-}
-
-type gwSlicePort struct {
-	name, proto string
-	port        int
-}
-
-// gwService is a Service manifest; extra lines go into spec, a "status:" block at the end.
-func gwService(name, typ, clusterIP, etp string, ports []gwPort, extra ...string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "apiVersion: v1\nkind: Service\nmetadata:\n  name: %s\n  namespace: e2e\nspec:\n  type: %s\n  clusterIP: %s\n  clusterIPs: [%s]\n", name, typ, clusterIP, clusterIP)
-	if etp != "" {
-		fmt.Fprintf(&b, "  externalTrafficPolicy: %s\n", etp)
-	}
-	b.WriteString("  ports:\n")
-	for _, p := range ports {
-		fmt.Fprintf(&b, "  - {name: %s, protocol: %s, port: %d, targetPort: %s, nodePort: %d}\n", p.name, p.proto, p.port, p.target, p.nodePort)
-	}
-	status := ""
-	for _, e := range extra {
-		if strings.HasPrefix(e, "status:") {
-			status = e
-			continue
-		}
-		b.WriteString(e)
-	}
-	b.WriteString(status)
-	return b.String()
-}
-
-func gwStatus(ip string) string {
-	return fmt.Sprintf("status:\n  loadBalancer:\n    ingress: [{ip: %s}]\n", ip)
-}
-
-func gwSlice(svc, family string, ports []gwSlicePort, eps ...string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: %s-%s\n  namespace: e2e\n  labels: {kubernetes.io/service-name: %s}\naddressType: %s\nports:\n", svc, strings.ToLower(family), svc, family)
-	for _, p := range ports {
-		fmt.Fprintf(&b, "- {name: %s, protocol: %s, port: %d}\n", p.name, p.proto, p.port)
-	}
-	b.WriteString("endpoints:\n")
-	for _, e := range eps {
-		b.WriteString(e)
-	}
-	return b.String()
-}
-
-func gwEp(p *lab.Pod, node string) string {
-	return fmt.Sprintf("- addresses: [%q]\n  nodeName: %s\n  conditions: {ready: true, serving: true, terminating: false}\n", p.IPv4, node)
-}
-
-// gwWriter writes manifest files atomically (write + rename).
-type gwWriter struct {
-	t   *testing.T
-	dir string
-}
-
-func (w *gwWriter) write(name string, docs ...string) {
-	w.t.Helper()
-	tmp := filepath.Join(w.dir, "."+name+".tmp")
-	if err := os.WriteFile(tmp, []byte(strings.Join(docs, "---\n")), 0o644); err != nil {
-		w.t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(w.dir, name)); err != nil {
-		w.t.Fatal(err)
-	}
-}
-
-// gwWait probes until ok holds (10 s at most).
-func gwWait(t *testing.T, l *lab.Lab, from, proto, hostport string, ok func(lab.ProbeResult) bool) lab.ProbeResult {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		r, err := l.Probe(from, proto, hostport)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ok(r) {
-			return r
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s %s from %s: last result %v never became what the test waits for", proto, hostport, from, r)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-func gwMany(t *testing.T, l *lab.Lab, from, proto, hostport string, n int) lab.ProbeSummary {
-	t.Helper()
-	s, err := l.ProbeMany(from, proto, hostport, n, 10*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.OK != n {
-		t.Errorf("%s %s from %s: %d of %d probes answered (%v)", proto, hostport, from, s.OK, n, s.Errors)
-	}
-	return s
-}
+var (
+	gwBinary     = vipgateBinary
+	gwNodeConfig = labNodeConfig
+	gwService    = ndService
+	gwStatus     = ndStatus
+	gwSlice      = ndSlice
+	gwEp         = ndEp
+	gwWait       = ndWait
+	gwMany       = ndMany
+)

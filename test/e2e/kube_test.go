@@ -2,11 +2,9 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -49,7 +47,7 @@ func TestKubeAPIOutage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	bin := kubeVipgateBinary(t)
+	bin := vipgateBinary(t)
 	nodes := map[string]*lab.Proc{}
 	for _, n := range l.Nodes() {
 		// The Node objects a kubelet would register; the speaker reads their labels.
@@ -60,7 +58,7 @@ func TestKubeAPIOutage(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := filepath.Join(t.TempDir(), n.Name+".yaml")
-		if err := os.WriteFile(cfg, []byte(kubeNodeConfig(n)), 0o644); err != nil {
+		if err := os.WriteFile(cfg, []byte(labNodeConfig(n)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		p, err := l.Start(n.Name, "", bin, "node", "--config", cfg, "--kubeconfig", srv.Kubeconfig)
@@ -179,35 +177,4 @@ func kubeWaitProbe(t *testing.T, l *lab.Lab, addr string, ok func(lab.ProbeResul
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// kubeVipgateBinary returns $VIPGATE_BIN, or builds vipgate for this test.
-func kubeVipgateBinary(t *testing.T) string {
-	t.Helper()
-	if b := os.Getenv("VIPGATE_BIN"); b != "" {
-		return b
-	}
-	out := filepath.Join(t.TempDir(), "vipgate")
-	if err := lab.BuildBinary("github.com/vipgate/vipgate/cmd/vipgate", out); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-// kubeNodeConfig is the NodeConfig of a node of an IPv4-only lab.
-func kubeNodeConfig(n *lab.Node) string {
-	quote := func(items ...fmt.Stringer) string {
-		q := make([]string, len(items))
-		for i, s := range items {
-			q[i] = fmt.Sprintf("%q", s.String())
-		}
-		return "[" + strings.Join(q, ", ") + "]"
-	}
-	return fmt.Sprintf(`apiVersion: vipgate.io/v1alpha1
-kind: NodeConfig
-nodeName: %s
-nodeIPs: %s
-clusterCIDRs: %s
-serviceCIDRs: %s
-`, n.Name, quote(n.IPv4), quote(lab.ClusterCIDRv4), quote(lab.ServiceCIDRv4))
 }
