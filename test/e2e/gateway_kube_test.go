@@ -166,3 +166,96 @@ healthCheckInterval: 250ms
 		t.Logf("API write after the outage -> the endpoint's new node serves through the gateway: %v", time.Since(written).Round(time.Millisecond))
 	})
 }
+
+// TestGatewayRouteDualStack: forwarding route in a dual-stack lab, IPv4 and IPv6 VIPs of one Service
+// through one gateway (nf_dup_ipv6 with the node as next hop for IPv6), eTP=Local, client address
+// kept in both families.
+func TestGatewayRouteDualStack(t *testing.T) {
+	l := lab.NewForTest(t, lab.Spec{Nodes: []lab.NodeSpec{
+		{Name: "node1", Pods: []string{"d1"}},
+		{Name: "node2", Pods: []string{"d2"}},
+		{Name: "gw1"},
+	}})
+	bin := vipgateBinary(t)
+	dir := t.TempDir()
+	manifests := filepath.Join(dir, "manifests")
+	if err := os.Mkdir(manifests, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d1 := l.Pod("d1")
+	vip4, vip6 := netip.MustParseAddr("203.0.113.41"), netip.MustParseAddr("2001:db8:ff::41")
+	w := &ndWriter{t: t, dir: manifests}
+	w.write("svc.yaml", fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: ds, namespace: e2e}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32041
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIP: 10.96.9.41
+  clusterIPs: [10.96.9.41, "2001:db8:96::41"]
+  ports: [{name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30941}]
+status:
+  loadBalancer:
+    ingress: [{ip: %s}, {ip: %q}]
+`, vip4, vip6),
+		ndSlice("ds", "IPv4", []ndSlicePort{{"http", "TCP", 8080}}, ndEp(d1, "node1")),
+		ndSlice("ds", "IPv6", []ndSlicePort{{"http", "TCP", 8080}}, ndEp6(d1, "node1")))
+	procs := map[string]*lab.Proc{}
+	var nodes strings.Builder
+	for _, name := range []string{"node1", "node2"} {
+		n := l.Node(name)
+		cfg := filepath.Join(dir, name+".yaml")
+		if err := os.WriteFile(cfg, []byte(labNodeConfig(n)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p, err := l.Start(name, filepath.Join(dir, name+".log"), bin, "node", "--config", cfg, "--manifests", manifests)
+		if err != nil {
+			t.Fatal(err)
+		}
+		procs[name] = p
+		fmt.Fprintf(&nodes, "- {name: %s, addresses: [%q, %q]}\n", name, n.IPv4, n.IPv6)
+	}
+	gw := l.Node("gw1")
+	gwCfg := filepath.Join(dir, "gw1.yaml")
+	if err := os.WriteFile(gwCfg, []byte(fmt.Sprintf(`apiVersion: vipgate.io/v1alpha1
+kind: GatewayConfig
+name: gw1
+gatewayIPs: [%q, %q]
+forwarding: route
+healthCheckInterval: 250ms
+nodes:
+%s`, gw.IPv4, gw.IPv6, nodes.String())), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := l.Start("gw1", filepath.Join(dir, "gw1.log"), bin, "gateway", "--config", gwCfg, "--manifests", manifests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs["gw1"] = p
+	t.Cleanup(func() {
+		if t.Failed() {
+			for name, p := range procs {
+				t.Logf("--- vipgate on %s:\n%s", name, p.Tail(30))
+			}
+		}
+	})
+	for _, v := range []netip.Addr{vip4, vip6} {
+		if err := l.AddRoute(netip.PrefixFrom(v, v.BitLen()), "gw1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		vip    netip.Addr
+		client netip.Addr
+	}{{vip4, lab.Clientv4}, {vip6, lab.Clientv6}} {
+		target := netip.AddrPortFrom(c.vip, 80).String()
+		ndWait(t, l, lab.RoleClient, "tcp", target, func(r lab.ProbeResult) bool { return r.OK() })
+		s := ndMany(t, l, lab.RoleClient, "tcp", target, 20)
+		if s.Pods[d1.Name] != s.Sent || s.Sources[c.client.String()] != s.Sent {
+			t.Errorf("%s through the routing gateway: pods %v, sources %v; want %s seeing %s every time", target, s.Pods, s.Sources, d1.Name, c.client)
+		}
+	}
+}
