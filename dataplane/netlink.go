@@ -263,8 +263,22 @@ func (e *encoder) setRef(name string) (*nftables.Set, error) {
 }
 
 // maxElementBytesPerMessage keeps each element list under the 64 KiB netlink attribute limit (the
-// estimate per element, key + value + attribute headers, is generous).
+// estimate per element, key + value + attribute headers, is generous). An attribute past 64 KiB
+// does not fail cleanly: its 16-bit length wraps, the kernel parses the rest of the list as
+// garbage and the whole batch fails (seen as ENOENT for verdict maps, whose chain names were once
+// left out of the estimate).
 const maxElementBytesPerMessage = 60000
+
+// elementSize is the generous estimate of one element's bytes in an element list: its key, value
+// and interval end, a verdict's chain name, and the nested attribute headers around them.
+func elementSize(el nftables.SetElement) int {
+	sz := len(el.Key) + len(el.Val) + len(el.KeyEnd) + 48
+	if el.VerdictData != nil {
+		// NFTA_SET_ELEM_DATA { NFTA_DATA_VERDICT { NFTA_VERDICT_CODE, NFTA_VERDICT_CHAIN "name\0" } }
+		sz += len(el.VerdictData.Chain) + 1 + 32
+	}
+	return sz
+}
 
 func (e *encoder) elements(els []Element, add bool) error {
 	// Sized up front: a full sync encodes ~150,000 elements, and growing slices and small key
@@ -303,7 +317,7 @@ func (e *encoder) elements(els []Element, add bool) error {
 			// As many elements as fit in one 64 KiB attribute: fewer messages, fewer acks to read.
 			n, size := 0, 0
 			for n < len(list) {
-				sz := len(list[n].Key) + len(list[n].Val) + len(list[n].KeyEnd) + 48
+				sz := elementSize(list[n])
 				if size+sz > maxElementBytesPerMessage {
 					break
 				}
