@@ -1,0 +1,393 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vipgate/vipgate/test/lab"
+	"github.com/vipgate/vipgate/test/routers"
+)
+
+// bgpLab is three nodes running `vipgate node` with BGP from MetalLB objects in a manifest directory.
+type bgpLab struct {
+	t     *testing.T
+	l     *lab.Lab
+	bin   string
+	dir   string
+	w     *ndWriter
+	procs map[string]*lab.Proc
+}
+
+func newBGPLab(t *testing.T, nodes ...lab.NodeSpec) *bgpLab {
+	t.Helper()
+	l := lab.NewForTest(t, lab.Spec{IPv4Only: true, Nodes: nodes})
+	dir := t.TempDir()
+	b := &bgpLab{t: t, l: l, bin: vipgateBinary(t), dir: dir, w: &ndWriter{t: t, dir: filepath.Join(dir, "manifests")}, procs: map[string]*lab.Proc{}}
+	if err := os.Mkdir(b.w.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for name, p := range b.procs {
+				t.Logf("--- vipgate on %s:\n%s", name, p.Tail(25))
+			}
+		}
+	})
+	return b
+}
+
+// start starts (or restarts, with a new log) `vipgate node` on a node.
+func (b *bgpLab) start(name string, args ...string) *lab.Proc {
+	b.t.Helper()
+	n := b.l.Node(name)
+	cfg := filepath.Join(b.dir, name+".yaml")
+	if err := os.WriteFile(cfg, []byte(labNodeConfig(n)), 0o644); err != nil {
+		b.t.Fatal(err)
+	}
+	log := filepath.Join(b.dir, fmt.Sprintf("%s-%d.log", name, time.Now().UnixNano()))
+	p, err := b.l.Start(name, log, append([]string{b.bin, "node", "--config", cfg, "--manifests", b.w.dir}, args...)...)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.procs[name] = p
+	return p
+}
+
+// frrNextHops lists the next hops zebra installed for prefix (what the router forwards by).
+func frrNextHops(f *routers.FRR, prefix string) []string {
+	out, err := f.Vtysh("show ip route " + prefix + " json")
+	if err != nil {
+		return nil
+	}
+	var m map[string][]struct {
+		Selected bool `json:"selected"`
+		Nexthops []struct {
+			IP     string `json:"ip"`
+			Active bool   `json:"active"`
+		} `json:"nexthops"`
+	}
+	if json.Unmarshal([]byte(out), &m) != nil {
+		return nil
+	}
+	var hops []string
+	for _, r := range m[prefix] {
+		if !r.Selected {
+			continue
+		}
+		for _, nh := range r.Nexthops {
+			if nh.Active {
+				hops = append(hops, nh.IP)
+			}
+		}
+	}
+	slices.Sort(hops)
+	return slices.Compact(hops)
+}
+
+// waitFor polls cond every 10 ms and returns how long it took (fatal after timeout).
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			t.Fatalf("%s: not after %v", what, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// TestBGPFRRToR: FRR (bgpd + bfdd, zebra installing the routes) is the top-of-rack router of three
+// nodes running `vipgate node`, eBGP (nodes AS 64513, router AS 64512) with BFD 100 ms x 3 from a
+// MetalLB BFDProfile. An eTP=Cluster VIP has all three nodes as next hops in the router's FIB (ECMP)
+// and answers the client behind the router; its communities (standard, large, and one named by a
+// Community object) arrive; when a node dies (link down, then SIGKILL), its next hop leaves the
+// router's FIB — the time is reported (target <= 1 s).
+func TestBGPFRRToR(t *testing.T) {
+	routers.RequireRoot(t, "/usr/lib/frr/bgpd", "/usr/lib/frr/bfdd", "/usr/lib/frr/zebra", "vtysh")
+	b := newBGPLab(t, lab.NodeSpec{Name: "n1", Pods: []string{"f1"}}, lab.NodeSpec{Name: "n2", Pods: []string{"f2"}}, lab.NodeSpec{Name: "n3", Pods: []string{"f3"}})
+	l := b.l
+	var peers []routers.FRRPeer
+	var nodeDocs []string
+	var all []string
+	for _, n := range l.Nodes() {
+		peers = append(peers, routers.FRRPeer{Neighbor: n.IPv4, PeerASN: 64513, BFDProfile: "fast"})
+		all = append(all, n.IPv4.String())
+		nodeDocs = append(nodeDocs, fmt.Sprintf("apiVersion: v1\nkind: Node\nmetadata:\n  name: %s\nstatus:\n  addresses: [{type: InternalIP, address: %q}]\n", n.Name, n.IPv4))
+	}
+	bgpd := routers.FRRBGPConfig(netip.MustParseAddr("192.0.2.1"), 64512, peers...)
+	// ECMP over the nodes: FRR installs up to 8 equal eBGP paths.
+	bgpd = strings.Replace(bgpd, " address-family ipv4 unicast\n", " address-family ipv4 unicast\n  maximum-paths 8\n", 1)
+	frr := routers.StartFRR(t, l.NS(lab.RoleRouter), routers.FRRConfig{BGPD: bgpd, BFDD: routers.FRRBFDConfig("fast", 100*time.Millisecond, 100*time.Millisecond, 3)})
+
+	b.w.write("metallb.yaml", append(nodeDocs, `apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: tor, namespace: metallb-system}
+spec:
+  addresses: [203.0.113.64/26]
+`, `apiVersion: metallb.io/v1beta1
+kind: BFDProfile
+metadata: {name: fast, namespace: metallb-system}
+spec: {receiveInterval: 100, transmitInterval: 100, detectMultiplier: 3}
+`, `apiVersion: metallb.io/v1beta1
+kind: Community
+metadata: {name: names, namespace: metallb-system}
+spec:
+  communities:
+  - {name: no-advertise-to-peers, value: "65535:65282"}
+`, `apiVersion: metallb.io/v1beta2
+kind: BGPPeer
+metadata: {name: tor, namespace: metallb-system}
+spec:
+  myASN: 64513
+  peerASN: 64512
+  peerAddress: 192.0.2.1
+  holdTime: 9s
+  connectTime: 1s
+  bfdProfile: fast
+`, `apiVersion: metallb.io/v1beta1
+kind: BGPAdvertisement
+metadata: {name: tor, namespace: metallb-system}
+spec:
+  ipAddressPools: [tor]
+  communities: ["65000:100", "large:64512:1:2", no-advertise-to-peers]
+`)...)
+	f1, f2, f3 := l.Pod("f1"), l.Pod("f2"), l.Pod("f3")
+	b.w.write("svc.yaml",
+		ndService("torweb", "LoadBalancer", "10.96.6.1", "Cluster", []ndPort{{"http", "TCP", 80, 30600, "http"}}, ndStatus("203.0.113.80")),
+		ndSlice("torweb", "IPv4", []ndSlicePort{{"http", "TCP", 8080}}, ndEp(f1, "n1"), ndEp(f2, "n2"), ndEp(f3, "n3")))
+	for _, n := range l.Nodes() {
+		b.start(n.Name)
+	}
+
+	waitFor(t, "three ECMP next hops in FRR's FIB", 30*time.Second, func() bool { return slices.Equal(frrNextHops(frr, "203.0.113.80/32"), all) })
+	for _, n := range l.Nodes() {
+		waitFor(t, "BFD up with "+n.Name, 10*time.Second, func() bool { up, _ := frr.BFDUp(n.IPv4); return up })
+	}
+	out, _ := frr.Vtysh("show bgp ipv4 unicast 203.0.113.80/32 json")
+	for _, want := range []string{"65000:100", "64512:1:2", "noAdvertise"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("community %s did not arrive at FRR:\n%s", want, out)
+		}
+	}
+	s := ndMany(t, l, lab.RoleClient, "tcp", "203.0.113.80:80", 30)
+	t.Logf("client -> VIP through FRR (ECMP over %v): %v", all, s.Pods)
+
+	// n3 dies: BFD (100 ms x 3) tells FRR, which takes n3 out of the ECMP group.
+	if out, err := l.Exec("n3", "ip", "link", "set", "eth0", "down"); err != nil {
+		t.Fatalf("n3 link down: %v %s", err, out)
+	}
+	if err := b.procs["n3"].Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	gone := waitFor(t, "n3 out of FRR's FIB", 15*time.Second, func() bool { return slices.Equal(frrNextHops(frr, "203.0.113.80/32"), all[:2]) })
+	t.Logf("n3 dead (link down + SIGKILL) -> its next hop gone from FRR's FIB in %v (BFD 100 ms x 3; hold time 9 s without BFD)", gone.Round(time.Millisecond))
+	// The endpoint controller would now drop n3's pod from the slice; then every connection works.
+	b.w.write("svc.yaml",
+		ndService("torweb", "LoadBalancer", "10.96.6.1", "Cluster", []ndPort{{"http", "TCP", 80, 30600, "http"}}, ndStatus("203.0.113.80")),
+		ndSlice("torweb", "IPv4", []ndSlicePort{{"http", "TCP", 8080}}, ndEp(f1, "n1"), ndEp(f2, "n2")))
+	ndWait(t, l, lab.RoleClient, "tcp", "203.0.113.80:80", func(r lab.ProbeResult) bool { return r.OK() })
+	time.Sleep(300 * time.Millisecond)
+	ndMany(t, l, lab.RoleClient, "tcp", "203.0.113.80:80", 20)
+}
+
+// birdECMPConfig is a BIRD router (AS 64512) that installs what it learns into the kernel, merging
+// equal paths, with one session per neighbor; extra goes into every bgp protocol.
+func birdECMPConfig(extra string, neighbors ...*lab.Node) string {
+	var conf strings.Builder
+	conf.WriteString("router id 192.0.2.1;\nlog stderr all;\nprotocol device {}\n" +
+		"protocol kernel { ipv4 { export all; }; merge paths on; }\nprotocol kernel { ipv6 { export all; }; merge paths on; }\n")
+	for _, n := range neighbors {
+		fmt.Fprintf(&conf, "protocol bgp %s {\n  local 192.0.2.1 as 64512;\n  neighbor %s as 64512;\n  direct;\n  hold time 9;\n  connect retry time 1;\n%s  ipv4 { import all; export none; };\n}\n",
+			n.Name, n.IPv4, extra)
+	}
+	return conf.String()
+}
+
+// TestBGPRestartNoFlap: `vipgate node` restarts (SIGTERM, then a new process) under graceful restart
+// (enableGracefulRestart on the BGPPeer, BIRD as helper): the router keeps the route the whole time
+// (polled every 20 ms) and a client connecting every 10 ms through the VIP loses nothing — the rules
+// stay in the kernel and the route at the router while vipgate is away.
+func TestBGPRestartNoFlap(t *testing.T) {
+	routers.RequireRoot(t, "bird", "birdc")
+	b := newBGPLab(t, lab.NodeSpec{Name: "n1", Pods: []string{"r1"}})
+	l := b.l
+	n1 := l.Node("n1")
+	bird := routers.StartBIRD(t, l.NS(lab.RoleRouter), birdECMPConfig("  graceful restart on;\n", n1))
+	b.w.write("metallb.yaml", `apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: gr, namespace: metallb-system}
+spec:
+  addresses: [203.0.113.88/29]
+`, `apiVersion: metallb.io/v1beta2
+kind: BGPPeer
+metadata: {name: tor, namespace: metallb-system}
+spec:
+  myASN: 64512
+  peerASN: 64512
+  peerAddress: 192.0.2.1
+  holdTime: 9s
+  connectTime: 1s
+  enableGracefulRestart: true
+`, `apiVersion: metallb.io/v1beta1
+kind: BGPAdvertisement
+metadata: {name: gr, namespace: metallb-system}
+spec:
+  ipAddressPools: [gr]
+`)
+	b.w.write("svc.yaml",
+		ndService("grweb", "LoadBalancer", "10.96.6.9", "Cluster", []ndPort{{"http", "TCP", 80, 30609, "http"}}, ndStatus("203.0.113.90")),
+		ndSlice("grweb", "IPv4", []ndSlicePort{{"http", "TCP", 8080}}, ndEp(l.Pod("r1"), "n1")))
+	b.start("n1")
+	vip := netip.MustParsePrefix("203.0.113.90/32")
+	present := func() bool {
+		routes, err := bird.Routes()
+		if err != nil {
+			return false
+		}
+		_, ok := routers.Find(routes, vip)
+		return ok
+	}
+	waitFor(t, "the VIP at BIRD", 30*time.Second, present)
+	ndWait(t, l, lab.RoleClient, "tcp", "203.0.113.90:80", func(r lab.ProbeResult) bool { return r.OK() })
+
+	stop := make(chan struct{})
+	type watch struct {
+		polls, missing int
+	}
+	watched := make(chan watch)
+	go func() {
+		var w watch
+		for {
+			select {
+			case <-stop:
+				watched <- w
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			w.polls++
+			if !present() {
+				w.missing++
+			}
+		}
+	}()
+	probed := make(chan lab.ProbeSummary)
+	go func() {
+		s, _ := l.ProbeMany(lab.RoleClient, "tcp", "203.0.113.90:80", 400, 10*time.Millisecond)
+		probed <- s
+	}()
+	time.Sleep(500 * time.Millisecond)
+	start := time.Now()
+	if err := b.procs["n1"].Stop(); err != nil {
+		t.Fatal(err)
+	}
+	b.start("n1")
+	waitFor(t, "the session re-established", 30*time.Second, func() bool { up, _ := bird.Established(n1.IPv4); return up })
+	back := time.Since(start)
+	s := <-probed
+	close(stop)
+	w := <-watched
+	t.Logf("vipgate restarted with graceful restart: session back after %v; route missing at BIRD in %d of %d polls (every 20 ms); %d of %d connections (every 10 ms) failed",
+		back.Round(time.Millisecond), w.missing, w.polls, s.Lost, s.Sent)
+	if w.missing > 0 || s.Lost > 0 {
+		t.Errorf("the restart flapped: route missing in %d polls, %d connections failed (%v)", w.missing, s.Lost, s.Errors)
+	}
+}
+
+// TestBGPScale1000: one node advertises 1,000 LoadBalancer IPs (IPv6, one Service each, from the
+// manifest directory) over IPv6 sessions to two routers, BIRD and FRR. Reported: the time from
+// `vipgate node` starting to every prefix in both routers' tables.
+func TestBGPScale1000(t *testing.T) {
+	routers.RequireRoot(t, "bird", "birdc", "/usr/lib/frr/bgpd", "vtysh")
+	const n = 1000
+	l := lab.NewForTest(t, lab.Spec{Nodes: []lab.NodeSpec{{Name: "n1", Pods: []string{"s1"}}}})
+	dir := t.TempDir()
+	b := &bgpLab{t: t, l: l, bin: vipgateBinary(t), dir: dir, w: &ndWriter{t: t, dir: filepath.Join(dir, "manifests")}, procs: map[string]*lab.Proc{}}
+	if err := os.Mkdir(b.w.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n1 := l.Node("n1")
+	bird := routers.StartBIRD(t, l.NS(lab.RoleRouter), fmt.Sprintf("router id 192.0.2.1;\nprotocol device {}\n"+
+		"protocol bgp n1 {\n  local 2001:db8:1::1 as 64512;\n  neighbor %s as 64512;\n  direct;\n  hold time 9;\n  connect retry time 1;\n  ipv6 { import all; export none; };\n}\n", n1.IPv6))
+	lanRouter := netip.MustParseAddr("2001:db8:1::100")
+	frr := routers.StartFRR(t, l.NS(lab.RoleLANClient), routers.FRRConfig{
+		BGPD: routers.FRRBGPConfig(lab.LANClientv4, 64512, routers.FRRPeer{Neighbor: n1.IPv6, PeerASN: 64512})})
+	b.w.write("metallb.yaml", `apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: many, namespace: metallb-system}
+spec:
+  addresses: ["2001:db8:ff::/112"]
+`, `apiVersion: metallb.io/v1beta2
+kind: BGPPeer
+metadata: {name: bird, namespace: metallb-system}
+spec: {myASN: 64512, peerASN: 64512, peerAddress: "2001:db8:1::1", holdTime: 9s, connectTime: 1s}
+`, fmt.Sprintf(`apiVersion: metallb.io/v1beta2
+kind: BGPPeer
+metadata: {name: frr, namespace: metallb-system}
+spec: {myASN: 64512, peerASN: 64512, peerAddress: %q, holdTime: 9s, connectTime: 1s}
+`, lanRouter), `apiVersion: metallb.io/v1beta1
+kind: BGPAdvertisement
+metadata: {name: many, namespace: metallb-system}
+spec:
+  ipAddressPools: [many]
+`)
+	s1 := l.Pod("s1")
+	var docs []string
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("v%04d", i)
+		docs = append(docs, fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: %s, namespace: e2e}
+spec:
+  type: LoadBalancer
+  allocateLoadBalancerNodePorts: false
+  ipFamilies: [IPv6]
+  clusterIP: "2001:db8:96::%x"
+  clusterIPs: ["2001:db8:96::%x"]
+  ports: [{name: http, protocol: TCP, port: 80, targetPort: 8080}]
+status:
+  loadBalancer:
+    ingress: [{ip: "2001:db8:ff::%x"}]
+`, name, 0x1000+i, 0x1000+i, 0x1000+i), ndSlice(name, "IPv6", []ndSlicePort{{"http", "TCP", 8080}}, ndEp6(s1, "n1")))
+	}
+	b.w.write("svc.yaml", docs...)
+	start := time.Now()
+	b.start("n1")
+	t.Cleanup(func() {
+		if t.Failed() {
+			c, err := bird.Count()
+			out, _ := frr.Vtysh("show bgp ipv6 unicast summary")
+			proto, _ := bird.Birdc("show", "protocols", "all")
+			t.Logf("BIRD: %d routes (%v)\n%s\nFRR:\n%s\nvipgate:\n%s", c, err, proto, out, b.procs["n1"].Tail(30))
+		}
+	})
+	var atBIRD, atFRR time.Duration
+	waitFor(t, "1,000 prefixes at both routers", 120*time.Second, func() bool {
+		if atBIRD == 0 {
+			if c, err := bird.Count(); err == nil && c >= n {
+				atBIRD = time.Since(start)
+			}
+		}
+		if atFRR == 0 {
+			out, err := frr.Vtysh("show bgp ipv6 unicast summary json")
+			if m := regexp.MustCompile(`"pfxRcd":\s*(\d+)`).FindStringSubmatch(out); err == nil && m != nil {
+				if c, _ := strconv.Atoi(m[1]); c >= n {
+					atFRR = time.Since(start)
+				}
+			}
+		}
+		return atBIRD > 0 && atFRR > 0
+	})
+	t.Logf("%d VIPs (IPv6, one Service each): vipgate node started -> all in BIRD after %v, all in FRR after %v",
+		n, atBIRD.Round(time.Millisecond), atFRR.Round(time.Millisecond))
+}
