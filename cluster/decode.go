@@ -157,12 +157,14 @@ func decodeObject(js []byte, inList bool) decoded {
 		}
 	case h.APIVersion == "v1" && h.Kind == "List":
 		d.err = errors.New("a List inside a List is not supported")
+	case h.APIVersion == "v1" && h.Kind == "Secret":
+		d.metallb, d.err = decodeBGPSecret(js)
 	case h.APIVersion == metallbv1beta1.GroupVersion.String():
 		d.metallb, d.err = decodeMetalLB(js, h.Kind, metallbV1beta1Kinds)
 	case h.APIVersion == metallbv1beta2.GroupVersion.String():
 		d.metallb, d.err = decodeMetalLB(js, h.Kind, metallbV1beta2Kinds)
 	default:
-		d.err = fmt.Errorf("unsupported kind (apiVersion=%s): vipgate reads v1 Service, Node and List, "+
+		d.err = fmt.Errorf("unsupported kind (apiVersion=%s): vipgate reads v1 Service, Node, Secret (BGP passwords) and List, "+
 			"discovery.k8s.io/v1 EndpointSlice, metallb.io/v1beta1 IPAddressPool, L2Advertisement, "+
 			"BGPAdvertisement, Community, BFDProfile and metallb.io/v1beta2 BGPPeer", gvk)
 	}
@@ -182,6 +184,34 @@ var (
 		"BGPPeer": func() metav1.Object { return &metallbv1beta2.BGPPeer{} },
 	}
 )
+
+// decodeBGPSecret decodes a v1 Secret that holds a BGP session password (a MetalLB BGPPeer's
+// passwordSecret): type kubernetes.io/basic-auth with a "password" key, as MetalLB requires.
+// stringData is folded into data, as the API server does.
+func decodeBGPSecret(js []byte) (metav1.Object, error) {
+	var s corev1.Secret
+	if err := strictJSON(js, &s); err != nil {
+		return nil, err
+	}
+	defaultNamespace(&s.ObjectMeta)
+	if err := checkMeta(s.Namespace, s.Name, dns1123Subdomain); err != nil {
+		return nil, err
+	}
+	if s.Type != corev1.SecretTypeBasicAuth {
+		return nil, fmt.Errorf("type: %q: vipgate reads Secrets only as BGP passwords, which are of type %s", s.Type, corev1.SecretTypeBasicAuth)
+	}
+	for k, v := range s.StringData {
+		if s.Data == nil {
+			s.Data = map[string][]byte{}
+		}
+		s.Data[k] = []byte(v)
+	}
+	s.StringData = nil
+	if len(s.Data[corev1.BasicAuthPasswordKey]) == 0 {
+		return nil, fmt.Errorf("data.%s: required (the BGP session password)", corev1.BasicAuthPasswordKey)
+	}
+	return &s, nil
+}
 
 // decodeMetalLB decodes a MetalLB object strictly. Validation of its content comes later, with the
 // allocator and the speaker that use it; here only the shape and the name are checked.

@@ -72,6 +72,9 @@ type KubeSource struct {
 	cfg      *rest.Config
 	nodeName string
 	logger   hclog.Logger
+	// secretsNamespace, when set, is where the BGP password Secrets (BGPPeer passwordSecret) are
+	// read from: the node agent's own namespace, the only one its RBAC lets it read Secrets in.
+	secretsNamespace string
 
 	recMu    sync.Mutex
 	recorder record.EventRecorder
@@ -97,6 +100,11 @@ func NewKubeSource(cfg *rest.Config, nodeName string, logger hclog.Logger) *Kube
 	}
 	return &KubeSource{cfg: rest.CopyConfig(cfg), nodeName: nodeName, logger: logger}
 }
+
+// WatchBGPSecrets makes the source read the basic-auth Secrets of namespace ns (BGPPeer
+// passwordSecret, as MetalLB's speaker does in its own namespace) into State.MetalLB.Secrets. Call it
+// before Run.
+func (k *KubeSource) WatchBGPSecrets(ns string) { k.secretsNamespace = ns }
 
 // String names the source for logs: "kubernetes <API server URL>".
 func (k *KubeSource) String() string { return "kubernetes " + k.cfg.Host }
@@ -175,6 +183,24 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 			return fmt.Errorf("adding informer event handler: %w", err)
 		}
 	}
+	synced := []cache.InformerSynced{svcInf.Informer().HasSynced, sliceInf.Informer().HasSynced, nodeInf.Informer().HasSynced}
+	listSecrets := func() []*corev1.Secret { return nil }
+	var secretsWG sync.WaitGroup
+	defer secretsWG.Wait() // after the deferred cancel below has stopped the informer
+	if ns := k.secretsNamespace; ns != "" {
+		// Only basic-auth Secrets, only in this namespace: BGP passwords, nothing else is read.
+		secretInf := newBGPSecretInformer(client, ns)
+		if err := secretInf.SetTransform(stripManagedFields); err != nil {
+			return fmt.Errorf("secret informer: %w", err)
+		}
+		if _, err := secretInf.AddEventHandler(handler); err != nil {
+			return fmt.Errorf("adding informer event handler: %w", err)
+		}
+		secretsWG.Add(1)
+		go func() { defer secretsWG.Done(); secretInf.Run(ctx.Done()) }()
+		synced = append(synced, secretInf.HasSynced)
+		listSecrets = func() []*corev1.Secret { return listAll[*corev1.Secret](secretInf) }
+	}
 	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
 	var wg sync.WaitGroup
 	defer func() {
@@ -214,8 +240,7 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 		}
 	}
 	dynFactory.Start(ctx.Done())
-	synced := append([]cache.InformerSynced{svcInf.Informer().HasSynced, sliceInf.Informer().HasSynced,
-		nodeInf.Informer().HasSynced}, mlb.synced()...)
+	synced = append(synced, mlb.synced()...)
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return nil // ctx ended
 	}
@@ -228,6 +253,7 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 			slices:   listAll[*discoveryv1.EndpointSlice](sliceInf.Informer()),
 			nodes:    listAll[*corev1.Node](nodeInf.Informer()),
 			metallb:  mlb.list(),
+			secrets:  listSecrets(),
 		})
 	}
 	last := snapshot()

@@ -23,6 +23,7 @@ type kubeObjects struct {
 	slices   []*discoveryv1.EndpointSlice
 	nodes    []*corev1.Node
 	metallb  []metallbItem
+	secrets  []*corev1.Secret
 }
 
 // converted is the conversion of one API object at one resourceVersion: the model object, or why it
@@ -159,6 +160,9 @@ func (b *kubeBuilder) build(objs kubeObjects) *State {
 			continue
 		}
 		mlb.add(obj)
+	}
+	for _, s := range objs.secrets {
+		mlb.add(s)
 	}
 	b.metallb = mlbCache
 	mlb.sort()

@@ -6,6 +6,7 @@ import (
 
 	metallbv1beta1 "go.universe.tf/metallb/api/v1beta1"
 	metallbv1beta2 "go.universe.tf/metallb/api/v1beta2"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -20,12 +21,14 @@ type MetalLBConfig struct {
 	Communities       []*metallbv1beta1.Community
 	BFDProfiles       []*metallbv1beta1.BFDProfile
 	BGPPeers          []*metallbv1beta2.BGPPeer
+	// Secrets are the basic-auth Secrets BGPPeers' passwordSecret may name (file source).
+	Secrets []*corev1.Secret
 }
 
 // IsEmpty reports whether the configuration holds no object at all.
 func (c *MetalLBConfig) IsEmpty() bool {
 	return c == nil || len(c.IPAddressPools)+len(c.L2Advertisements)+len(c.BGPAdvertisements)+
-		len(c.Communities)+len(c.BFDProfiles)+len(c.BGPPeers) == 0
+		len(c.Communities)+len(c.BFDProfiles)+len(c.BGPPeers)+len(c.Secrets) == 0
 }
 
 // add appends one decoded MetalLB object to the slice of its kind; other types are ignored.
@@ -43,6 +46,8 @@ func (c *MetalLBConfig) add(obj metav1.Object) {
 		c.BFDProfiles = append(c.BFDProfiles, o)
 	case *metallbv1beta2.BGPPeer:
 		c.BGPPeers = append(c.BGPPeers, o)
+	case *corev1.Secret:
+		c.Secrets = append(c.Secrets, o)
 	}
 }
 
@@ -54,6 +59,7 @@ func (c *MetalLBConfig) sort() {
 	sortByName(c.Communities)
 	sortByName(c.BFDProfiles)
 	sortByName(c.BGPPeers)
+	sortByName(c.Secrets)
 }
 
 // equal reports whether both configurations hold the very same objects (pointer identity).
@@ -66,7 +72,8 @@ func (c *MetalLBConfig) equal(o *MetalLBConfig) bool {
 		slices.Equal(c.BGPAdvertisements, o.BGPAdvertisements) &&
 		slices.Equal(c.Communities, o.Communities) &&
 		slices.Equal(c.BFDProfiles, o.BFDProfiles) &&
-		slices.Equal(c.BGPPeers, o.BGPPeers)
+		slices.Equal(c.BGPPeers, o.BGPPeers) &&
+		slices.Equal(c.Secrets, o.Secrets)
 }
 
 func sortByName[T metav1.Object](s []T) {

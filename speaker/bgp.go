@@ -1,6 +1,7 @@
 package speaker
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	metallbv1beta1 "go.universe.tf/metallb/api/v1beta1"
+	metallbv1beta2 "go.universe.tf/metallb/api/v1beta2"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/vipgate/vipgate/bgp"
 	"github.com/vipgate/vipgate/cluster"
@@ -59,8 +62,13 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 			problems = append(problems, Problem{"BGPPeer " + name, fmt.Sprintf("peerAddress %q, myASN %d, peerASN %d: need an address and non-zero ASNs", p.Spec.Address, p.Spec.MyASN, p.Spec.ASN)})
 			continue
 		}
+		password, reason := peerPassword(p, st.MetalLB.Secrets)
+		if reason != "" {
+			problems = append(problems, Problem{"BGPPeer " + name, reason + "; not peering"})
+			continue
+		}
 		pc := bgp.PeerConfig{Name: name, MyASN: p.Spec.MyASN, PeerASN: p.Spec.ASN, PeerAddress: addr, PeerPort: p.Spec.Port,
-			EBGPMultiHop: p.Spec.EBGPMultiHop, Password: p.Spec.Password, GracefulRestart: p.Spec.EnableGracefulRestart}
+			EBGPMultiHop: p.Spec.EBGPMultiHop, Password: password, GracefulRestart: p.Spec.EnableGracefulRestart}
 		if a, err := netip.ParseAddr(p.Spec.SrcAddress); err == nil {
 			pc.SourceAddress = a
 		}
@@ -173,6 +181,31 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 	}
 	sort.Slice(ads, func(i, j int) bool { return ads[i].Prefix.String() < ads[j].Prefix.String() })
 	return peers, ads, decisions, problems
+}
+
+// peerPassword returns the TCP MD5 password of a BGPPeer: spec.password, or the "password" key of the
+// basic-auth Secret spec.passwordSecret names (its namespace defaults to the peer's, as in MetalLB).
+// reason says why the peer cannot be used (never the password itself).
+func peerPassword(p *metallbv1beta2.BGPPeer, secrets []*corev1.Secret) (password, reason string) {
+	ref := p.Spec.PasswordSecret
+	if ref.Name == "" {
+		return p.Spec.Password, ""
+	}
+	if p.Spec.Password != "" {
+		return "", "both password and passwordSecret are set; set one"
+	}
+	ns := cmp.Or(ref.Namespace, p.Namespace)
+	for _, s := range secrets {
+		if s.Namespace == ns && s.Name == ref.Name {
+			pw := s.Data[corev1.BasicAuthPasswordKey]
+			if len(pw) == 0 {
+				return "", fmt.Sprintf("passwordSecret %s/%s has no %q key", ns, ref.Name, corev1.BasicAuthPasswordKey)
+			}
+			return string(pw), ""
+		}
+	}
+	return "", fmt.Sprintf("passwordSecret %s/%s does not exist (vipgate reads Secrets of type %s with a %q key from its manifest directory, or from its own namespace through the API)",
+		ns, ref.Name, corev1.SecretTypeBasicAuth, corev1.BasicAuthPasswordKey)
 }
 
 func peerName(ns, name string) string {

@@ -72,8 +72,17 @@ func newSource(nf *nodeFlags, log hclog.Logger) (source, error) {
 	kubeLog := log.Named("kubernetes")
 	// client-go logs through klog; send it to vipgate's log instead of klog's own stderr format.
 	routeKlog(kubeLog.Named("client-go"))
-	return kubeSource{cluster.NewKubeSource(restCfg, nodeName, kubeLog)}, nil
+	ks := cluster.NewKubeSource(restCfg, nodeName, kubeLog)
+	// BGPPeer passwordSecret: the basic-auth Secrets of vipgate's own namespace (POD_NAMESPACE from
+	// the downward API; the RBAC grants Secrets there only), as MetalLB's speaker reads its own.
+	if ns := os.Getenv(podNamespaceEnv); ns != "" {
+		ks.WatchBGPSecrets(ns)
+	}
+	return kubeSource{ks}, nil
 }
+
+// podNamespaceEnv names vipgate's own namespace (deploy/ sets it from the downward API).
+const podNamespaceEnv = "POD_NAMESPACE"
 
 // kubeRESTConfig loads the client configuration for --kubeconfig.
 func kubeRESTConfig(kubeconfig string) (*rest.Config, error) {

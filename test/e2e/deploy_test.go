@@ -160,6 +160,16 @@ var deployAPIPatterns = []deployAPIPattern{
 		},
 	},
 	{
+		// coreinformers.NewFilteredSecretInformer(client, ns, ...): a standalone informer of one
+		// namespace (the component's own, cluster/bgpsecrets.go) lists and watches there.
+		what: "namespaced informer",
+		re:   regexp.MustCompile(`coreinformers\.NewFiltered(\w+)Informer\(`),
+		access: func(m []string, _ string) []apiAccess {
+			r := strings.ToLower(m[1]) + "s"
+			return []apiAccess{{Resource: r, Verb: "list", Namespaced: true}, {Resource: r, Verb: "watch", Namespaced: true}}
+		},
+	},
+	{
 		// metallbv1beta1.GroupVersion.WithResource("ipaddresspools") in the MetalLB kinds table,
 		// started with dynamicinformer ForResource(...).Informer(): list and watch.
 		what: "MetalLB dynamic informer",
@@ -173,7 +183,7 @@ var deployAPIPatterns = []deployAPIPattern{
 // deployAPIAccessor finds lines that use the API in some way. Lines matching it but none of
 // deployAPIPatterns (and not harmless, deployAPIHarmless) fail the test: the scan must understand
 // every API use to keep the RBAC honest.
-var deployAPIAccessor = regexp.MustCompile(`\.(CoreV1|DiscoveryV1|CoordinationV1|EventsV1|AppsV1|RbacV1|NetworkingV1|[A-Z][A-Za-z]*V1(alpha|beta)?\d*)\(\)|\.Resource\(|ForResource\(|resourcelock\.|tools/events`)
+var deployAPIAccessor = regexp.MustCompile(`\.(CoreV1|DiscoveryV1|CoordinationV1|EventsV1|AppsV1|RbacV1|NetworkingV1|[A-Z][A-Za-z]*V1(alpha|beta)?\d*)\(\)|\.Resource\(|ForResource\(|resourcelock\.|tools/events|informers\.New\w*Informer\(`)
 
 // deployAPIHarmless are accessor lines that grant nothing by themselves: the Lease client handed to
 // LeaseLock (its calls are LeaseLock's, counted above), the dynamic informer of a resource from the
@@ -198,6 +208,13 @@ var deployUnits = []struct {
 		return cs
 	}},
 	{regexp.MustCompile(`^cluster/lbcontroller\.go$`), func(map[string]string) []string { return []string{componentController} }},
+	// The BGP password Secrets: only the node agent asks the source for them (cmd/vipgate/source.go).
+	{regexp.MustCompile(`^cluster/bgpsecrets\.go$`), func(src map[string]string) []string {
+		if strings.Contains(src["cmd/vipgate/source.go"], ".WatchBGPSecrets(") {
+			return []string{componentNode}
+		}
+		return nil
+	}},
 }
 
 // codeAPIAccess scans the module's non-test Go source outside test/ and returns, per component,
