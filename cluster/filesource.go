@@ -23,7 +23,7 @@ import (
 var (
 	// fileDebounce is how long the directory must stay quiet before it is reloaded: editors and
 	// `kubectl`-style tools write several files, or one file in several steps, in a burst.
-	fileDebounce = 100 * time.Millisecond
+	fileDebounce = 50 * time.Millisecond
 	// fileMaxDelay bounds how long a continuous stream of events can postpone a reload.
 	fileMaxDelay = 500 * time.Millisecond
 	// fileResync reloads the directory periodically even without events, as a safety net against

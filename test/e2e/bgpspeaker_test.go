@@ -136,5 +136,5 @@ spec:
 		ndService("bgplocal", "LoadBalancer", "10.96.4.2", "Local", []ndPort{{"http", "TCP", 80, 30301, "http"}}, ndStatus("203.0.113.71")),
 		ndSlice("bgplocal", "IPv4", []ndSlicePort{{"http", "TCP", 8080}}, ndEp(g1, "n1")))
 	waitHops("203.0.113.71/32", []string{"192.0.2.11"})
-	t.Logf("eTP=Local: manifest written -> n2's route gone at the router in %v (includes the file source's ~100 ms debounce)", time.Since(start).Round(time.Millisecond))
+	t.Logf("eTP=Local: manifest written -> n2's route gone at the router in %v (includes the file source's 50 ms debounce)", time.Since(start).Round(time.Millisecond))
 }
