@@ -126,6 +126,13 @@ func (n *NetlinkProgrammer) ReadKernelTable(f cluster.Family, name string) (*Ker
 		return nil, err
 	}
 	defer raw.Close()
+	ruleExprs, err := dumpRuleExprs(raw, f, name)
+	if err != nil {
+		return nil, fmt.Errorf("listing rules of %s %s: %w", fname, name, err)
+	}
+	if err := completeRuleExprs(kt, ruleExprs); err != nil {
+		return nil, fmt.Errorf("table %s %s: %w", fname, name, err)
+	}
 	if kt.Sets, err = dumpSets(raw, f, name); err != nil {
 		return nil, fmt.Errorf("listing sets of %s %s: %w", fname, name, err)
 	}
@@ -756,7 +763,8 @@ var (
 	matchKinds = []MatchKind{MatchCtStateNew, MatchCtStatusDNAT, MatchDaddrInSet, MatchSaddrInSet, MatchSaddrNotInSet,
 		MatchSaddrInPrefix, MatchFibSaddrLocal, MatchMarkAny, MatchHairpin, MatchNumgenZero}
 	actionKinds = []ActionKind{ActJump, ActGoto, ActReturn, ActDrop, ActReject, ActMarkSet, ActMasqClearMark, ActMasquerade,
-		ActVmapTuple, ActVmapProtoPort, ActDNATTupleMap, ActDNATProtoPortMap, ActAffinityDNAT}
+		ActVmapTuple, ActVmapProtoPort, ActDNATTupleMap, ActDNATProtoPortMap, ActAffinityDNAT,
+		ActDNATJhashMap, ActDupJhashMap} // the gateway's (gateway_ir.go, gateway_route.go)
 )
 
 // hints are the parameters a run of expressions offers to candidate matches and actions: the first
@@ -779,6 +787,8 @@ func gatherHints(xs []expr.Any) hints {
 		case *expr.Dynset:
 			h.dynset = cmp.Or(h.dynset, e.SetName)
 		case *expr.Numgen:
+			h.modulus = cmp.Or(h.modulus, e.Modulus)
+		case *expr.Hash:
 			h.modulus = cmp.Or(h.modulus, e.Modulus)
 		case *expr.Bitwise:
 			if h.mask == nil {
@@ -838,7 +848,7 @@ func (h hints) action(k ActionKind) Action {
 		a.Value = u32(h.xor)
 	case ActVmapTuple, ActVmapProtoPort:
 		a.Map = h.set
-	case ActDNATTupleMap, ActDNATProtoPortMap:
+	case ActDNATTupleMap, ActDNATProtoPortMap, ActDNATJhashMap, ActDupJhashMap:
 		a.Map, a.Value = h.set, h.modulus
 	case ActAffinityDNAT:
 		a.Set = h.dynset
@@ -956,6 +966,11 @@ func canonExpr(x expr.Any) string {
 		c := *e
 		c.Register = regIdx(c.Register)
 		return fmt.Sprintf("numgen%+v", c)
+	case *expr.Hash:
+		return fmt.Sprintf("hash{sreg:%d dreg:%d len:%d mod:%d seed:%#x offset:%d type:%d}",
+			regIdx(e.SourceRegister), regIdx(e.DestRegister), e.Length, e.Modulus, e.Seed, e.Offset, e.Type)
+	case *expr.Dup:
+		return fmt.Sprintf("dup{addr:%d dev:%d devset:%v}", regIdx(e.RegAddr), regIdx(e.RegDev), e.IsRegDevSet)
 	case *expr.NAT:
 		c := *e
 		// The kernel fills in the range maxima from the minima and flags the given parts.

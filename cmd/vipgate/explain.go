@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -23,10 +24,16 @@ happens to it: every rule it meets, the endpoints it may be DNATed to (all of th
 is random), whether its source is masqueraded and why, or why it is dropped or rejected.
 
 By default the table is read back from the kernel of the network namespace explain runs in (run it
-where "vipgate node" runs, e.g. "ip netns exec NODE vipgate explain ..."). With --manifests and
---config it traces the ruleset vipgate would program for those manifests instead, touching nothing.
+where "vipgate node" or "vipgate gateway" runs, e.g. "ip netns exec NODE vipgate explain ...").
+With --manifests and --config (a NodeConfig or a GatewayConfig) it traces the ruleset vipgate would
+program for those manifests instead, touching nothing.
+
+On a gateway the backend of a flow is picked by Maglev hashing of its addresses and ports: give the
+source port (--from ADDR:PORT) to see the one slot and backend the flow takes; without it, every
+backend the VIP port's slots lead to is listed.
 
   vipgate explain --from 203.0.113.5 --to 198.51.100.10:80/tcp
+  vipgate explain --from 198.51.100.7:40001 --to 203.0.113.50:80    (on a gateway)
   vipgate explain --host --to 10.96.0.10:53/udp
   vipgate explain --from 2001:db8::5 --to [2001:db8:100::11]:443 --output json
 
@@ -41,12 +48,12 @@ type explainFlags struct {
 func runExplain(args []string) error {
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
 	ef := &explainFlags{}
-	fs.StringVar(&ef.from, "from", "", "source address of the packet (default with --host: a local address of the destination's family)")
+	fs.StringVar(&ef.from, "from", "", "source ADDR or ADDR:PORT of the packet (the port picks a gateway's Maglev slot; default with --host: a local address of the destination's family)")
 	fs.StringVar(&ef.to, "to", "", "destination ADDR:PORT[/tcp|udp|sctp] (IPv6 in brackets); protocol default tcp")
 	fs.BoolVar(&ef.host, "host", false, "the packet originates on this host (output path) instead of arriving on an interface")
 	fs.StringVar(&ef.table, "table", "", "nftables table name (default: the config's tableName, else vipgate)")
 	fs.StringVar(&ef.output, "output", "text", "output format: text or json")
-	fs.StringVar(&ef.config, "config", "", "NodeConfig file (with --manifests: trace the rendered ruleset)")
+	fs.StringVar(&ef.config, "config", "", "NodeConfig or GatewayConfig file (with --manifests: trace the rendered ruleset)")
 	fs.StringVar(&ef.manifests, "manifests", "", "manifest directory: trace what vipgate would program for it, not the kernel's table")
 	fs.BoolVar(&ef.allowWorldWritable, "allow-world-writable-manifests", false, "accept a manifest directory anyone can write to (unsafe)")
 	fs.Usage = func() {
@@ -136,10 +143,22 @@ type ExplainReport struct {
 	Summary    string             `json:"summary"`
 	Candidates []ExplainCandidate `json:"candidates,omitempty"`
 	Others     []string           `json:"others,omitempty"`
+	// Maglev is a gateway's consistent-hash choice for the flow (with a source port only).
+	Maglev *ExplainMaglev `json:"maglev,omitempty"`
 	// DecidedBy lists the rules that decided each outcome; Why says it in words.
 	DecidedBy string           `json:"decidedBy,omitempty"`
 	Why       []string         `json:"why,omitempty"`
 	Steps     []dataplane.Step `json:"steps"`
+}
+
+// ExplainMaglev is the slot a gateway's jhash puts a flow in, and the backend that slot names.
+type ExplainMaglev struct {
+	Slot  uint32 `json:"slot"`
+	Slots uint32 `json:"slots"`
+	// Map is the slot map; Backend the pod or node address:port (DNAT) or the node (route).
+	Map     string `json:"map"`
+	Backend string `json:"backend"`
+	Routed  bool   `json:"routed"`
 }
 
 func explain(ef *explainFlags) (*ExplainReport, error) {
@@ -154,24 +173,51 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 
 	var (
 		cfg    *cluster.NodeConfig
+		gwCfg  *cluster.GatewayConfig
 		st     *cluster.State
 		flat   *dataplane.Flat
 		isLoc  func(netip.Addr) bool
 		source = "kernel"
 	)
 	if ef.config != "" {
-		if cfg, err = cluster.LoadNodeConfig(ef.config); err != nil {
+		c, err := cluster.LoadConfig(ef.config)
+		if err != nil {
 			return nil, err
+		}
+		switch c := c.(type) {
+		case *cluster.NodeConfig:
+			cfg = c
+		case *cluster.GatewayConfig:
+			gwCfg = c
 		}
 	}
 	table := ef.table
 	if table == "" && cfg != nil {
 		table = cfg.TableName
 	}
+	if table == "" && gwCfg != nil {
+		table = gwCfg.TableName
+	}
 	if table == "" {
 		table = "vipgate"
 	}
-	if ef.manifests != "" {
+	if ef.manifests != "" && gwCfg != nil {
+		source = "rendered"
+		log := gwCfg.Logging.NewLogger("vipgate", os.Stderr)
+		src := cluster.NewFileSource(ef.manifests, log.Named("manifests"))
+		src.AllowWorldWritable = ef.allowWorldWritable
+		if st, err = src.Load(); err != nil {
+			return nil, err
+		}
+		dpCfg := gatewayDataplaneConfig(gwCfg)
+		dpCfg.Table = table
+		grs, err := dataplane.BuildGatewayRuleset(dpCfg, fam, st, dataplane.ExpectedHealth(dpCfg, st))
+		if err != nil {
+			return nil, err
+		}
+		flat = grs.Ruleset.Flatten()
+		isLoc = func(a netip.Addr) bool { return a.IsLoopback() || slices.Contains(gwCfg.GatewayIPs, a.Unmap()) }
+	} else if ef.manifests != "" {
 		if cfg == nil {
 			return nil, errors.New("--manifests needs --config (the node the ruleset is rendered for)")
 		}
@@ -207,10 +253,13 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 	}
 
 	var srcAddr netip.Addr
+	var srcPort uint16
 	switch {
 	case ef.from != "":
-		if srcAddr, err = netip.ParseAddr(ef.from); err != nil {
-			return nil, fmt.Errorf("--from %q: %w", ef.from, err)
+		if ap, perr := netip.ParseAddrPort(ef.from); perr == nil {
+			srcAddr, srcPort = ap.Addr(), ap.Port()
+		} else if srcAddr, err = netip.ParseAddr(ef.from); err != nil {
+			return nil, fmt.Errorf("--from %q: want ADDR or ADDR:PORT ([ADDR]:PORT for IPv6): %w", ef.from, err)
 		}
 		srcAddr = srcAddr.Unmap()
 	case ef.host:
@@ -223,16 +272,23 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 
 	res := dataplane.Trace(flat, dataplane.HostInfo{IsLocal: isLoc}, dataplane.Packet{
 		Src: srcAddr, Dst: dst.Addr(), Proto: proto, Port: dst.Port(), FromHost: ef.host})
+	srcText := srcAddr.String()
+	if srcPort != 0 {
+		srcText = netip.AddrPortFrom(srcAddr, srcPort).String()
+	}
 	rep := &ExplainReport{
-		Source: srcAddr.String(), Dest: dst.String(), Protocol: dataplane.ProtoName(proto), FromHost: ef.host,
+		Source: srcText, Dest: dst.String(), Protocol: dataplane.ProtoName(proto), FromHost: ef.host,
 		Ruleset: source, Table: familyTableName(fam) + " " + table,
 		Outcome: string(res.Outcome), Summary: res.String(), DecidedBy: res.Reason, Steps: res.Steps,
 	}
 	if res.Steps == nil {
 		rep.Steps = []dataplane.Step{}
 	}
-	if st != nil && cfg != nil {
+	if st != nil {
 		rep.Service = serviceFor(st, isLoc, dst, proto)
+	}
+	if srcPort != 0 {
+		rep.Maglev = maglevChoice(flat, netip.AddrPortFrom(srcAddr, srcPort), dst, proto)
 	}
 	for _, o := range res.Others {
 		rep.Others = append(rep.Others, string(o))
@@ -247,6 +303,43 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 	}
 	rep.Why = whyNot(res, flat, dst, proto, srcAddr)
 	return rep, nil
+}
+
+// gatewayTrace says whether the trace went through a gateway's jhash rule.
+func gatewayTrace(steps []dataplane.Step) bool {
+	for _, s := range steps {
+		if strings.HasPrefix(s.Branch, "jhash slots") {
+			return true
+		}
+	}
+	return false
+}
+
+// maglevChoice finds a gateway's jhash rule in f and returns the slot the flow src -> dst hashes to
+// (as the kernel computes it, dataplane.GatewaySlot) and what the slot map holds for it; nil when f
+// has no gateway rule or no element for the flow.
+func maglevChoice(f *dataplane.Flat, src, dst netip.AddrPort, proto uint8) *ExplainMaglev {
+	for _, ch := range f.Chains {
+		for _, r := range ch.Rules {
+			a := r.Action
+			if (a.Kind != dataplane.ActDNATJhashMap && a.Kind != dataplane.ActDupJhashMap) || a.Value == 0 {
+				continue
+			}
+			slot := dataplane.GatewaySlot(src, dst, a.Value)
+			for _, e := range f.Elements[a.Map] {
+				if e.Addr.Unmap() == dst.Addr() && e.Proto == proto && e.Port == dst.Port() && e.Index == slot {
+					m := &ExplainMaglev{Slot: slot, Slots: a.Value, Map: a.Map, Routed: a.Kind == dataplane.ActDupJhashMap}
+					if m.Routed {
+						m.Backend = e.DataAddr.Unmap().String()
+					} else {
+						m.Backend = netip.AddrPortFrom(e.DataAddr.Unmap(), e.DataPort).String()
+					}
+					return m
+				}
+			}
+		}
+	}
+	return nil
 }
 
 func familyTableName(f cluster.Family) string {
@@ -317,6 +410,11 @@ func onPath(s dataplane.Step, branch string) bool {
 // the masquerade mark on its path (or the hairpin rule).
 func masqueradeReason(steps []dataplane.Step, c dataplane.Candidate) string {
 	branch, by := candidateBranch(c)
+	for _, s := range steps {
+		if onPath(s, branch) && s.Chain == dataplane.ChainGatewayMasqPick {
+			return "the gateway masquerades this Service's traffic (snat: always, or auto with nodePort forwarding to an externalTrafficPolicy=Cluster Service), so replies come back through it"
+		}
+	}
 	for _, s := range steps {
 		if !onPath(s, branch) || s.Note != "match: jump "+dataplane.ChainMarkForMasquerade {
 			continue
@@ -440,10 +538,18 @@ func (r *ExplainReport) writeText(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	switch dataplane.Outcome(r.Outcome) {
+	case dataplane.OutcomeRoute:
+		fmt.Fprintf(w, "result:   ROUTE: sent unchanged to one of %d nodes as next hop (the node's own Service rules take it on)\n", len(r.Candidates))
+		for _, c := range r.Candidates {
+			fmt.Fprintf(w, "  -> %-24s %s\n", c.Endpoint, c.Choice)
+		}
 	case dataplane.OutcomeDNAT, dataplane.OutcomeMixed:
-		if len(r.Candidates) == 1 {
+		switch {
+		case len(r.Candidates) == 1:
 			fmt.Fprintln(w, "result:   DNAT to 1 endpoint")
-		} else {
+		case gatewayTrace(r.Steps):
+			fmt.Fprintf(w, "result:   DNAT to one of %d backends, chosen by a fixed hash of the flow (Maglev; the same on every gateway)\n", len(r.Candidates))
+		default:
 			fmt.Fprintf(w, "result:   DNAT to one of %d endpoints, chosen at random per connection\n", len(r.Candidates))
 		}
 		for _, c := range r.Candidates {
@@ -461,6 +567,14 @@ func (r *ExplainReport) writeText(w io.Writer) {
 		return
 	default:
 		fmt.Fprintf(w, "result:   %s\n", r.Outcome)
+	}
+	if m := r.Maglev; m != nil {
+		verb := "DNAT to"
+		if m.Routed {
+			verb = "routed to node"
+		}
+		fmt.Fprintf(w, "maglev:   this flow (source port %s) hashes to slot %d of %d in @%s: %s %s — the same on every gateway\n",
+			r.Source[strings.LastIndexByte(r.Source, ':')+1:], m.Slot, m.Slots, m.Map, verb, m.Backend)
 	}
 	if r.DecidedBy != "" {
 		fmt.Fprintf(w, "decided:  %s\n", r.DecidedBy)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -90,5 +91,40 @@ serviceCIDRs: ["10.96.0.0/16", "2001:db8:96::/108"]
 	}
 	if _, err := explain(&explainFlags{from: "1.2.3.4", to: "10.96.0.10:80", manifests: manifests}); err == nil {
 		t.Errorf("--manifests without --config: no error")
+	}
+}
+
+// TestExplainGatewayRendered: explain on a rendered gateway table, both DNAT forwarding and route,
+// names the Maglev slot and backend the kernel's jhash would pick for a flow with a source port.
+func TestExplainGatewayRendered(t *testing.T) {
+	manifests := filepath.Join("..", "..", "deploy", "examples", "demo")
+	for _, c := range []struct{ fwd, outcome, verb string }{{"nodePort", "DNAT", "DNAT to"}, {"route", "ROUTE", "routed to node"}} {
+		t.Run(c.fwd, func(t *testing.T) {
+			cfg := filepath.Join(t.TempDir(), "gw.yaml")
+			if err := os.WriteFile(cfg, []byte(`apiVersion: vipgate.io/v1alpha1
+kind: GatewayConfig
+name: gw1
+gatewayIPs: [192.0.2.13]
+forwarding: `+c.fwd+`
+nodes:
+- {name: node1, addresses: [192.0.2.11]}
+- {name: node2, addresses: [192.0.2.12]}
+`), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			src, dst := netip.MustParseAddrPort("198.51.100.10:40001"), netip.MustParseAddrPort("203.0.113.20:80")
+			rep, err := explain(&explainFlags{from: src.String(), to: dst.String(), config: cfg, manifests: manifests})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b strings.Builder
+			rep.writeText(&b)
+			if rep.Outcome != c.outcome || rep.Maglev == nil || len(rep.Candidates) != 2 || rep.Service != "demo/web-gw port 80/TCP" {
+				t.Fatalf("outcome %s, maglev %+v, %d candidates, service %q\n%s", rep.Outcome, rep.Maglev, len(rep.Candidates), rep.Service, b.String())
+			}
+			if rep.Maglev.Slot != dataplane.GatewaySlot(src, dst, dataplane.DefaultMaglevSize) || !strings.Contains(b.String(), c.verb+" "+rep.Maglev.Backend) {
+				t.Errorf("maglev %+v (want slot %d)\n%s", rep.Maglev, dataplane.GatewaySlot(src, dst, dataplane.DefaultMaglevSize), b.String())
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -143,6 +144,16 @@ func TestGateway(t *testing.T) {
 			want := backends[table[dataplane.GatewaySlot(r.Src, vip, dataplane.DefaultMaglevSize)]]
 			if r.Dst.String() != want {
 				t.Errorf("flow %v -> %v reached %v, the jhash slot and Maglev table predict %s", r.Src, vip, r.Dst, want)
+			}
+			if i < 5 {
+				// vipgate explain on the gateway, reading the kernel's table, names the same backend.
+				out, err := l.Exec(lab.RoleLANClient, bin, "explain", "--from", r.Src.String(), "--to", vip.String(), "--output", "json")
+				var rep struct {
+					Maglev *struct{ Backend string } `json:"maglev"`
+				}
+				if err != nil || json.Unmarshal([]byte(out), &rep) != nil || rep.Maglev == nil || rep.Maglev.Backend != r.Dst.String() {
+					t.Errorf("vipgate explain --from %v --to %v on the gateway: want maglev backend %v (%v)\n%s", r.Src, vip, r.Dst, err, out)
+				}
 			}
 		}
 		t.Logf("20 connections: %v", pods)
