@@ -197,20 +197,8 @@ func dumpSets(c *netlink.Conn, f cluster.Family, table string) ([]KernelSet, err
 	if err != nil {
 		return nil, err
 	}
-	replies, err := c.Execute(msg)
-	if err != nil {
-		return nil, err
-	}
 	var out []KernelSet
-	for _, r := range replies {
-		if len(r.Data) < 4 {
-			continue
-		}
-		ad, err := netlink.NewAttributeDecoder(r.Data[4:])
-		if err != nil {
-			return nil, err
-		}
-		ad.ByteOrder = binary.BigEndian
+	err = dumpEach(c, msg, func(ad *netlink.AttributeDecoder) error {
 		var s KernelSet
 		for ad.Next() {
 			switch ad.Type() {
@@ -231,11 +219,35 @@ func dumpSets(c *netlink.Conn, f cluster.Family, table string) ([]KernelSet, err
 			}
 		}
 		if err := ad.Err(); err != nil {
-			return nil, fmt.Errorf("decoding set: %w", err)
+			return fmt.Errorf("decoding set: %w", err)
 		}
 		out = append(out, s)
+		return nil
+	})
+	return out, err
+}
+
+// dumpEach runs a netlink dump and calls each with the attributes of every reply (after the nfgenmsg
+// header), big-endian as nftables sends them.
+func dumpEach(c *netlink.Conn, msg netlink.Message, each func(*netlink.AttributeDecoder) error) error {
+	replies, err := c.Execute(msg)
+	if err != nil {
+		return err
 	}
-	return out, nil
+	for _, r := range replies {
+		if len(r.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(r.Data[4:])
+		if err != nil {
+			return err
+		}
+		ad.ByteOrder = binary.BigEndian
+		if err := each(ad); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func dumpElements(c *netlink.Conn, f cluster.Family, table, set string) ([]KernelElement, error) {
@@ -246,20 +258,8 @@ func dumpElements(c *netlink.Conn, f cluster.Family, table, set string) ([]Kerne
 	if err != nil {
 		return nil, err
 	}
-	replies, err := c.Execute(msg)
-	if err != nil {
-		return nil, err
-	}
 	var out []KernelElement
-	for _, r := range replies {
-		if len(r.Data) < 4 {
-			continue
-		}
-		ad, err := netlink.NewAttributeDecoder(r.Data[4:])
-		if err != nil {
-			return nil, err
-		}
-		ad.ByteOrder = binary.BigEndian
+	err = dumpEach(c, msg, func(ad *netlink.AttributeDecoder) error {
 		for ad.Next() {
 			if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
 				continue
@@ -279,10 +279,11 @@ func dumpElements(c *netlink.Conn, f cluster.Family, table, set string) ([]Kerne
 			})
 		}
 		if err := ad.Err(); err != nil {
-			return nil, fmt.Errorf("decoding elements: %w", err)
+			return fmt.Errorf("decoding elements: %w", err)
 		}
-	}
-	return out, nil
+		return nil
+	})
+	return out, err
 }
 
 func decodeElementAttrs(ad *netlink.AttributeDecoder, e *KernelElement) error {

@@ -27,7 +27,7 @@ func TestGatewayDecodeRoundTrip(t *testing.T) {
 			v6 := gwService("web6", "2001:db8:ff::50", false, 80, 30090, 0)
 			st.Services[v6.Key] = v6
 			st.EndpointSlices[v6.Key] = []*cluster.EndpointSlice{{Namespace: "gw", Name: "web6", Service: v6.Key, Family: cluster.IPv6,
-				Ports: []cluster.EndpointPort{{Protocol: cluster.TCP, Port: 8080}},
+				Ports:     []cluster.EndpointPort{{Protocol: cluster.TCP, Port: 8080}},
 				Endpoints: []cluster.Endpoint{{Addresses: []netip.Addr{netip.MustParseAddr("2001:db8:244:1::11")}, NodeName: "node1", Ready: true, Serving: true}}}}
 			st.Nodes["node1"].Addresses = append(st.Nodes["node1"].Addresses, netip.MustParseAddr("2001:db8:1::11"))
 			health := Health{{gwNode1, 32001}: true}

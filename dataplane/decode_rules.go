@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"encoding/binary"
 	"fmt"
 
 	"github.com/google/nftables/expr"
@@ -40,20 +39,8 @@ func dumpRuleExprs(c *netlink.Conn, f cluster.Family, table string) (map[string]
 	if err != nil {
 		return nil, err
 	}
-	replies, err := c.Execute(msg)
-	if err != nil {
-		return nil, err
-	}
 	out := map[string]map[uint64][]rawExpr{}
-	for _, r := range replies {
-		if len(r.Data) < 4 {
-			continue
-		}
-		ad, err := netlink.NewAttributeDecoder(r.Data[4:])
-		if err != nil {
-			return nil, err
-		}
-		ad.ByteOrder = binary.BigEndian
+	err = dumpEach(c, msg, func(ad *netlink.AttributeDecoder) error {
 		var chain string
 		var handle uint64
 		var exprs []rawExpr
@@ -85,14 +72,15 @@ func dumpRuleExprs(c *netlink.Conn, f cluster.Family, table string) (map[string]
 			}
 		}
 		if err := ad.Err(); err != nil {
-			return nil, fmt.Errorf("decoding rule: %w", err)
+			return fmt.Errorf("decoding rule: %w", err)
 		}
 		if out[chain] == nil {
 			out[chain] = map[uint64][]rawExpr{}
 		}
 		out[chain][handle] = exprs
-	}
-	return out, nil
+		return nil
+	})
+	return out, err
 }
 
 // completeRuleExprs puts back the expressions google/nftables skipped in the rules of kt (see above).
@@ -132,4 +120,3 @@ func completeRuleExprs(kt *KernelTable, raw map[string]map[uint64][]rawExpr) err
 	}
 	return nil
 }
-

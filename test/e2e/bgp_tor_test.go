@@ -130,38 +130,14 @@ func TestBGPFRRToR(t *testing.T) {
 	bgpd = strings.Replace(bgpd, " address-family ipv4 unicast\n", " address-family ipv4 unicast\n  maximum-paths 8\n", 1)
 	frr := routers.StartFRR(t, l.NS(lab.RoleRouter), routers.FRRConfig{BGPD: bgpd, BFDD: routers.FRRBFDConfig("fast", 100*time.Millisecond, 100*time.Millisecond, 3)})
 
-	b.w.write("metallb.yaml", append(nodeDocs, `apiVersion: metallb.io/v1beta1
-kind: IPAddressPool
-metadata: {name: tor, namespace: metallb-system}
-spec:
-  addresses: [203.0.113.64/26]
-`, `apiVersion: metallb.io/v1beta1
-kind: BFDProfile
-metadata: {name: fast, namespace: metallb-system}
-spec: {receiveInterval: 100, transmitInterval: 100, detectMultiplier: 3}
-`, `apiVersion: metallb.io/v1beta1
-kind: Community
-metadata: {name: names, namespace: metallb-system}
-spec:
-  communities:
-  - {name: no-advertise-to-peers, value: "65535:65282"}
-`, `apiVersion: metallb.io/v1beta2
-kind: BGPPeer
-metadata: {name: tor, namespace: metallb-system}
-spec:
-  myASN: 64513
-  peerASN: 64512
-  peerAddress: 192.0.2.1
-  holdTime: 9s
-  connectTime: 1s
-  bfdProfile: fast
-`, `apiVersion: metallb.io/v1beta1
-kind: BGPAdvertisement
-metadata: {name: tor, namespace: metallb-system}
-spec:
-  ipAddressPools: [tor]
-  communities: ["65000:100", "large:64512:1:2", no-advertise-to-peers]
-`)...)
+	b.w.write("metallb.yaml", append(nodeDocs, metallbDoc("IPAddressPool", "tor", `addresses: [203.0.113.64/26]`), metallbDoc("BFDProfile", "fast", `{receiveInterval: 100, transmitInterval: 100, detectMultiplier: 3}`), metallbDoc("Community", "names", `communities:
+- {name: no-advertise-to-peers, value: "65535:65282"}`), metallbDoc("BGPPeer", "tor", `myASN: 64513
+peerASN: 64512
+peerAddress: 192.0.2.1
+holdTime: 9s
+connectTime: 1s
+bfdProfile: fast`), metallbDoc("BGPAdvertisement", "tor", `ipAddressPools: [tor]
+communities: ["65000:100", "large:64512:1:2", no-advertise-to-peers]`))...)
 	f1, f2, f3 := l.Pod("f1"), l.Pod("f2"), l.Pod("f3")
 	b.w.write("svc.yaml",
 		ndService("torweb", "LoadBalancer", "10.96.6.1", "Cluster", []ndPort{{"http", "TCP", 80, 30600, "http"}}, ndStatus("203.0.113.80")),
@@ -224,27 +200,12 @@ func TestBGPRestartNoFlap(t *testing.T) {
 	l := b.l
 	n1 := l.Node("n1")
 	bird := routers.StartBIRD(t, l.NS(lab.RoleRouter), birdECMPConfig("  graceful restart on;\n", n1))
-	b.w.write("metallb.yaml", `apiVersion: metallb.io/v1beta1
-kind: IPAddressPool
-metadata: {name: gr, namespace: metallb-system}
-spec:
-  addresses: [203.0.113.88/29]
-`, `apiVersion: metallb.io/v1beta2
-kind: BGPPeer
-metadata: {name: tor, namespace: metallb-system}
-spec:
-  myASN: 64512
-  peerASN: 64512
-  peerAddress: 192.0.2.1
-  holdTime: 9s
-  connectTime: 1s
-  enableGracefulRestart: true
-`, `apiVersion: metallb.io/v1beta1
-kind: BGPAdvertisement
-metadata: {name: gr, namespace: metallb-system}
-spec:
-  ipAddressPools: [gr]
-`)
+	b.w.write("metallb.yaml", metallbDoc("IPAddressPool", "gr", `addresses: [203.0.113.88/29]`), metallbDoc("BGPPeer", "tor", `myASN: 64512
+peerASN: 64512
+peerAddress: 192.0.2.1
+holdTime: 9s
+connectTime: 1s
+enableGracefulRestart: true`), metallbDoc("BGPAdvertisement", "gr", `ipAddressPools: [gr]`))
 	b.w.write("svc.yaml",
 		ndService("grweb", "LoadBalancer", "10.96.6.9", "Cluster", []ndPort{{"http", "TCP", 80, 30609, "http"}}, ndStatus("203.0.113.90")),
 		ndSlice("grweb", "IPv4", []ndSlicePort{{"http", "TCP", 8080}}, ndEp(l.Pod("r1"), "n1")))
@@ -322,25 +283,7 @@ func TestBGPScale1000(t *testing.T) {
 	lanRouter := netip.MustParseAddr("2001:db8:1::100")
 	frr := routers.StartFRR(t, l.NS(lab.RoleLANClient), routers.FRRConfig{
 		BGPD: routers.FRRBGPConfig(lab.LANClientv4, 64512, routers.FRRPeer{Neighbor: n1.IPv6, PeerASN: 64512})})
-	b.w.write("metallb.yaml", `apiVersion: metallb.io/v1beta1
-kind: IPAddressPool
-metadata: {name: many, namespace: metallb-system}
-spec:
-  addresses: ["2001:db8:ff::/112"]
-`, `apiVersion: metallb.io/v1beta2
-kind: BGPPeer
-metadata: {name: bird, namespace: metallb-system}
-spec: {myASN: 64512, peerASN: 64512, peerAddress: "2001:db8:1::1", holdTime: 9s, connectTime: 1s}
-`, fmt.Sprintf(`apiVersion: metallb.io/v1beta2
-kind: BGPPeer
-metadata: {name: frr, namespace: metallb-system}
-spec: {myASN: 64512, peerASN: 64512, peerAddress: %q, holdTime: 9s, connectTime: 1s}
-`, lanRouter), `apiVersion: metallb.io/v1beta1
-kind: BGPAdvertisement
-metadata: {name: many, namespace: metallb-system}
-spec:
-  ipAddressPools: [many]
-`)
+	b.w.write("metallb.yaml", metallbDoc("IPAddressPool", "many", `addresses: ["2001:db8:ff::/112"]`), metallbDoc("BGPPeer", "bird", `{myASN: 64512, peerASN: 64512, peerAddress: "2001:db8:1::1", holdTime: 9s, connectTime: 1s}`), fmt.Sprintf(metallbDoc("BGPPeer", "frr", `{myASN: 64512, peerASN: 64512, peerAddress: %q, holdTime: 9s, connectTime: 1s}`), lanRouter), metallbDoc("BGPAdvertisement", "many", `ipAddressPools: [many]`))
 	s1 := l.Pod("s1")
 	var docs []string
 	for i := 0; i < n; i++ {
@@ -401,25 +344,14 @@ func TestBGPPasswordSecret(t *testing.T) {
 	b := newBGPLab(t, lab.NodeSpec{Name: "n1", Pods: []string{"m1"}})
 	n1 := b.l.Node("n1")
 	bird := routers.StartBIRD(t, b.l.NS(lab.RoleRouter), birdECMPConfig("  password \"s3cret-md5\";\n", n1))
-	peers := `apiVersion: metallb.io/v1beta2
-kind: BGPPeer
-metadata: {name: tor, namespace: metallb-system}
-spec:
-  myASN: 64512
-  peerASN: 64512
-  peerAddress: 192.0.2.1
-  connectTime: 1s
-  passwordSecret: {name: tor-md5}
----
-apiVersion: metallb.io/v1beta2
-kind: BGPPeer
-metadata: {name: ghost, namespace: metallb-system}
-spec:
-  myASN: 64512
-  peerASN: 64512
-  peerAddress: 192.0.2.99
-  passwordSecret: {name: missing}
-`
+	peers := metallbDoc("BGPPeer", "tor", `myASN: 64512
+peerASN: 64512
+peerAddress: 192.0.2.1
+connectTime: 1s
+passwordSecret: {name: tor-md5}`) + "---\n" + metallbDoc("BGPPeer", "ghost", `myASN: 64512
+peerASN: 64512
+peerAddress: 192.0.2.99
+passwordSecret: {name: missing}`)
 	secret := func(pw string) string {
 		return fmt.Sprintf("apiVersion: v1\nkind: Secret\nmetadata: {name: tor-md5, namespace: metallb-system}\ntype: kubernetes.io/basic-auth\nstringData: {password: %q}\n", pw)
 	}

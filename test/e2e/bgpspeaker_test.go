@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -44,28 +43,13 @@ func TestBGPSpeaker(t *testing.T) {
 	for _, n := range l.Nodes() {
 		docs = append(docs, fmt.Sprintf("apiVersion: v1\nkind: Node\nmetadata:\n  name: %s\nstatus:\n  addresses: [{type: InternalIP, address: %q}]\n", n.Name, n.IPv4))
 	}
-	docs = append(docs, `apiVersion: metallb.io/v1beta1
-kind: IPAddressPool
-metadata: {name: bgp, namespace: metallb-system}
-spec:
-  addresses: [203.0.113.64/26]
-`, `apiVersion: metallb.io/v1beta2
-kind: BGPPeer
-metadata: {name: tor, namespace: metallb-system}
-spec:
-  myASN: 64512
-  peerASN: 64512
-  peerAddress: 192.0.2.1
-  holdTime: 9s
-  connectTime: 1s
-`, `apiVersion: metallb.io/v1beta1
-kind: BGPAdvertisement
-metadata: {name: bgp, namespace: metallb-system}
-spec:
-  ipAddressPools: [bgp]
-  localPref: 150
-  communities: ["65000:100"]
-`)
+	docs = append(docs, metallbDoc("IPAddressPool", "bgp", `addresses: [203.0.113.64/26]`), metallbDoc("BGPPeer", "tor", `myASN: 64512
+peerASN: 64512
+peerAddress: 192.0.2.1
+holdTime: 9s
+connectTime: 1s`), metallbDoc("BGPAdvertisement", "bgp", `ipAddressPools: [bgp]
+localPref: 150
+communities: ["65000:100"]`))
 	w.write("metallb.yaml", docs...)
 	g1, g2, g3 := l.Pod("g1"), l.Pod("g2"), l.Pod("g3")
 	w.write("svc.yaml",
@@ -93,16 +77,7 @@ spec:
 		}
 	})
 
-	nextHops := func(prefix string) []string {
-		out, _ := bird.Birdc("show", "route", "for", prefix, "all")
-		hops := regexp.MustCompile(`via (192\.0\.2\.\d+)`).FindAllStringSubmatch(out, -1)
-		var s []string
-		for _, h := range hops {
-			s = append(s, h[1])
-		}
-		slices.Sort(s)
-		return slices.Compact(s)
-	}
+	nextHops := bird.NextHops
 	waitHops := func(prefix string, want []string) time.Duration {
 		start := time.Now()
 		for {

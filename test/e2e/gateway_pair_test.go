@@ -7,7 +7,6 @@ import (
 
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -69,44 +68,15 @@ func testGatewayPair(t *testing.T, forwarding string) {
 	bird := routers.StartBIRD(t, l.NS(lab.RoleRouter), conf.String())
 
 	w := &gwWriter{t: t, dir: manifests}
-	w.write("metallb.yaml", `apiVersion: metallb.io/v1beta1
-kind: IPAddressPool
-metadata: {name: gw-bgp, namespace: metallb-system}
-spec:
-  addresses: [203.0.113.0/26]
-`, `apiVersion: metallb.io/v1beta1
-kind: IPAddressPool
-metadata: {name: gw-l2, namespace: metallb-system}
-spec:
-  addresses: [192.0.2.200-192.0.2.210]
-`, `apiVersion: metallb.io/v1beta1
-kind: BGPAdvertisement
-metadata: {name: gw-bgp, namespace: metallb-system}
-spec:
-  ipAddressPools: [gw-bgp]
-  nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]
-`, `apiVersion: metallb.io/v1beta1
-kind: L2Advertisement
-metadata: {name: gw-l2, namespace: metallb-system}
-spec:
-  ipAddressPools: [gw-l2]
-  nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]
-`, `apiVersion: metallb.io/v1beta1
-kind: BFDProfile
-metadata: {name: fast, namespace: metallb-system}
-spec: {receiveInterval: 100, transmitInterval: 100, detectMultiplier: 3}
-`, `apiVersion: metallb.io/v1beta2
-kind: BGPPeer
-metadata: {name: tor, namespace: metallb-system}
-spec:
-  myASN: 64512
-  peerASN: 64512
-  peerAddress: 192.0.2.1
-  holdTime: 9s
-  connectTime: 1s
-  bfdProfile: fast
-  nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]
-`)
+	w.write("metallb.yaml", metallbDoc("IPAddressPool", "gw-bgp", `addresses: [203.0.113.0/26]`), metallbDoc("IPAddressPool", "gw-l2", `addresses: [192.0.2.200-192.0.2.210]`), metallbDoc("BGPAdvertisement", "gw-bgp", `ipAddressPools: [gw-bgp]
+nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]`), metallbDoc("L2Advertisement", "gw-l2", `ipAddressPools: [gw-l2]
+nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]`), metallbDoc("BFDProfile", "fast", `{receiveInterval: 100, transmitInterval: 100, detectMultiplier: 3}`), metallbDoc("BGPPeer", "tor", `myASN: 64512
+peerASN: 64512
+peerAddress: 192.0.2.1
+holdTime: 9s
+connectTime: 1s
+bfdProfile: fast
+nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]`))
 	eps := []string{gwEp(a1, "node1"), gwEp(a2, "node1"), gwEp(b1, "node2")}
 	w.write("svc.yaml",
 		gwService("web", "LoadBalancer", "10.96.7.1", "Cluster", []gwPort{{"http", "TCP", 80, 30080, "http"}}, gwStatus("203.0.113.10")),
@@ -149,15 +119,7 @@ spec:
 		}
 	})
 
-	nextHops := func(prefix string) []string {
-		out, _ := bird.Birdc("show", "route", "for", prefix, "all")
-		var s []string
-		for _, h := range regexp.MustCompile(`via (192\.0\.2\.\d+)`).FindAllStringSubmatch(out, -1) {
-			s = append(s, h[1])
-		}
-		slices.Sort(s)
-		return slices.Compact(s)
-	}
+	nextHops := bird.NextHops
 	waitHops := func(prefix string, want []string, timeout time.Duration) time.Duration {
 		t.Helper()
 		start := time.Now()

@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -253,3 +255,16 @@ func BIRDConfig(routerID netip.Addr, peers ...BIRDPeer) string {
 	}
 	return sb.String()
 }
+
+// NextHops lists the next hops of prefix in BIRD's table (every path: several with ECMP), sorted.
+func (b *BIRD) NextHops(prefix string) []string {
+	out, _ := b.Birdc("show", "route", "for", prefix, "all")
+	var hops []string
+	for _, m := range birdVia.FindAllStringSubmatch(out, -1) {
+		hops = append(hops, m[1])
+	}
+	slices.Sort(hops)
+	return slices.Compact(hops)
+}
+
+var birdVia = regexp.MustCompile(`via ([0-9a-fA-F.:]+)`)
