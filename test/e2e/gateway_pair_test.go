@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -170,12 +171,23 @@ nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]`))
 			defer func() { _ = l.DelRoute(node1.PodCIDRv4) }()
 			return iperf(t, l, "a1", a1.IPv4.String())
 		}
-		direct := measure("node1")
-		routed := measure("gw1")
-		vip := iperf(t, l, "a1", "203.0.113.11")
-		t.Logf("iperf3 client -> pod a1 (3 s, 1 stream): direct %.2f Gbit/s; routed through a gateway host %.2f Gbit/s; "+
+		// Rounds alternate the three paths (ABC ABC ...) and the medians are reported: this lab's
+		// throughput varies by tens of percent between runs. VIPGATE_IPERF_ROUNDS sets the rounds
+		// (default 1, to keep CI short).
+		rounds := 1
+		if n, err := strconv.Atoi(os.Getenv("VIPGATE_IPERF_ROUNDS")); err == nil && n > 0 && n <= 20 {
+			rounds = n
+		}
+		var ds, rs, vs []float64
+		for i := 0; i < rounds; i++ {
+			ds = append(ds, measure("node1"))
+			rs = append(rs, measure("gw1"))
+			vs = append(vs, iperf(t, l, "a1", "203.0.113.11"))
+		}
+		direct, routed, vip := median(ds), median(rs), median(vs)
+		t.Logf("iperf3 client -> pod a1 (3 s, 1 stream, median of %d): direct %.2f Gbit/s; routed through a gateway host %.2f Gbit/s; "+
 			"to the VIP through a gateway (forwarding %s) %.2f Gbit/s: %.2fx direct, %.2fx routed",
-			direct/1e9, routed/1e9, forwarding, vip/1e9, vip/direct, vip/routed)
+			rounds, direct/1e9, routed/1e9, forwarding, vip/1e9, vip/direct, vip/routed)
 	})
 
 	// The owner of the L2 VIP dies: its link goes down, then its process is killed (a dead machine,
@@ -333,4 +345,10 @@ func iperf(t *testing.T, l *lab.Lab, pod, addr string) float64 {
 		t.Fatalf("iperf3 output: %v\n%s", err, out)
 	}
 	return r.End.SumReceived.BitsPerSecond
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
