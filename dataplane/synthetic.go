@@ -19,10 +19,20 @@ func SyntheticState(n, m int) *cluster.State {
 		svc := &cluster.Service{Key: key, Type: cluster.TypeClusterIP,
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
 			Ports:      []cluster.ServicePort{{Protocol: cluster.TCP, Port: 80}}}
+		// NodePorts are unique: the NodePort and LoadBalancer Services before i, 3 in every 20. They
+		// pass 32767 (the default range) above ~18,000 Services, as with a wider
+		// --service-node-port-range; the dataplane takes them.
+		nodePort := uint16(30000 + i/20*3)
+		switch i % 20 {
+		case 10:
+			nodePort++
+		case 15:
+			nodePort += 2
+		}
 		switch {
 		case i%20 == 10:
 			svc.Type = cluster.TypeLoadBalancer
-			svc.Ports[0].NodePort = uint16(30000 + i%2768)
+			svc.Ports[0].NodePort = nodePort
 			svc.LoadBalancerIPs = []netip.Addr{netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)})}
 			if i%100 == 10 {
 				svc.ExternalPolicyLocal = true
@@ -30,7 +40,7 @@ func SyntheticState(n, m int) *cluster.State {
 			}
 		case i%10 == 5:
 			svc.Type = cluster.TypeNodePort
-			svc.Ports[0].NodePort = uint16(30000 + i%2768)
+			svc.Ports[0].NodePort = nodePort
 		}
 		if i%50 == 7 {
 			svc.AffinityTimeout = 10800 * time.Second
