@@ -194,17 +194,19 @@ func (d *diffState) finish() {
 	}
 	slices.Sort(names)
 	for _, n := range names {
-		delta := d.sharedDelta[n]
-		before := d.sharedRefs[n]
-		after := before + delta
-		switch {
-		case before == 0 && after > 0:
+		before, exists := d.sharedRefs[n]
+		after := before + d.sharedDelta[n]
+		if !exists && after > 0 {
 			d.tx.AddChains = append(d.tx.AddChains, SharedChain(n))
 		}
-		// A picker that falls out of use stays (at reference count 0): adding it back would be a rule
-		// with a jump, which makes the kernel re-validate the whole table, and Services often move
-		// between the same few endpoint counts. A full sync drops the unused ones.
-		d.sharedRefs[n] = max(after, 0)
+		// A picker that falls out of use stays (at reference count 0, still in sharedRefs): adding
+		// it back would be a rule with a jump, which makes the kernel re-validate the whole table,
+		// and Services often move between the same few endpoint counts. A full sync drops the
+		// unused ones. (Adding it again while it exists would append a second rule to the chain,
+		// one more binding of the endpoint map on every flap.)
+		if exists || after > 0 {
+			d.sharedRefs[n] = max(after, 0)
+		}
 	}
 	clear(d.sharedDelta)
 	if len(d.tx.DelElements) > 0 && len(d.tx.AddElements) > 0 {

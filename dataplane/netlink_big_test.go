@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/vipgate/vipgate/cluster"
 )
 
@@ -36,5 +38,49 @@ func TestNetlinkVerdictMapChunks(t *testing.T) {
 	}
 	if got := len(kt.Elements[vmap.Name]); got != elements {
 		t.Errorf("the kernel holds %d of the %d elements", got, elements)
+	}
+}
+
+// TestNetlinkSharedPickerFlap: a Service whose endpoint count flaps between two values moves between
+// two shared picker chains; the one it leaves stays, unused, and is not added again when the Service
+// comes back. Adding it again appended a second copy of its rule in the kernel on every flap (one more
+// binding of the big endpoint map each time, making every later element add slower).
+func TestNetlinkSharedPickerFlap(t *testing.T) {
+	_, fd := testNetns(t)
+	st := SyntheticState(20, 10)
+	cfg := testConfig()
+	cfg.Families = []cluster.Family{cluster.IPv4}
+	prog := &NetlinkProgrammer{NetNSFd: fd}
+	p := NewProxier(hclog.NewNullLogger(), cfg, prog)
+	if _, err := p.Sync(st); err != nil {
+		t.Fatal(err)
+	}
+	key := cluster.ServiceKey{Namespace: "bench", Name: "svc-00001"}
+	full := st.EndpointSlices[key]
+	short := *full[0]
+	short.Endpoints = short.Endpoints[:9]
+	for i := 0; i < 6; i++ {
+		st.EndpointSlices[key] = []*cluster.EndpointSlice{&short}
+		if i%2 == 1 {
+			st.EndpointSlices[key] = full
+		}
+		rep, err := p.Sync(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tx := range rep.Txs {
+			if i > 0 && len(tx.AddChains) > 0 {
+				t.Errorf("flap %d adds chain %s again", i, tx.AddChains[0].Name)
+			}
+		}
+	}
+	kt, err := prog.ReadKernelTable(cluster.IPv4, "vipgate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{PickChain(MapEndpoints, 9), PickChain(MapEndpoints, 10)} {
+		if got := len(kt.Rules[name]); got != 1 {
+			t.Errorf("chain %s holds %d rules in the kernel, want 1", name, got)
+		}
 	}
 }
