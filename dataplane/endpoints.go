@@ -33,7 +33,23 @@ func PortEndpoints(port cluster.ServicePort, slices_ []*cluster.EndpointSlice, f
 		total += len(es.Endpoints)
 	}
 	out := make([]Endpoint, 0, total)
-	seen := make(map[netip.AddrPort]int, total)
+	// Duplicates are found by a scan of out while it is small (most Services), by a map beyond.
+	var seen map[netip.AddrPort]int
+	if total > 32 {
+		seen = make(map[netip.AddrPort]int, total)
+	}
+	index := func(ap netip.AddrPort) (int, bool) {
+		if seen != nil {
+			i, ok := seen[ap]
+			return i, ok
+		}
+		for i := range out {
+			if out[i].Addr == ap.Addr() && out[i].Port == ap.Port() {
+				return i, true
+			}
+		}
+		return 0, false
+	}
 	for _, es := range slices_ {
 		if es.Family != family {
 			continue
@@ -63,13 +79,15 @@ func PortEndpoints(port cluster.ServicePort, slices_ []*cluster.EndpointSlice, f
 				ZoneHints:   ep.ZoneHints,
 				NodeHints:   ep.NodeHints,
 			}
-			if i, ok := seen[e.AddrPort()]; ok {
+			if i, ok := index(e.AddrPort()); ok {
 				if !out[i].Ready && e.Ready {
 					out[i] = e
 				}
 				continue
 			}
-			seen[e.AddrPort()] = len(out)
+			if seen != nil {
+				seen[e.AddrPort()] = len(out)
+			}
 			out = append(out, e)
 		}
 	}
@@ -182,12 +200,20 @@ func availableForTopology(e Endpoint, mode, nodeName, zone string) bool {
 	return true
 }
 
+// filter returns the endpoints keep accepts: eps itself (not a copy) when it accepts all of them,
+// the usual case, so callers must not modify the result.
 func filter(eps []Endpoint, keep func(Endpoint) bool) []Endpoint {
-	out := make([]Endpoint, 0, len(eps))
-	for _, e := range eps {
-		if keep(e) {
-			out = append(out, e)
+	for i, e := range eps {
+		if !keep(e) {
+			out := make([]Endpoint, i, len(eps))
+			copy(out, eps[:i])
+			for _, e := range eps[i+1:] {
+				if keep(e) {
+					out = append(out, e)
+				}
+			}
+			return out
 		}
 	}
-	return out
+	return eps
 }

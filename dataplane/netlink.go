@@ -2,10 +2,8 @@ package dataplane
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net/netip"
-	"syscall"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -38,34 +36,37 @@ const (
 )
 
 func (n *NetlinkProgrammer) conn() (*nftables.Conn, error) {
-	buf := n.SocketBuffer
-	if buf == 0 {
-		buf = 64 << 20
-	}
-	opts := []nftables.ConnOption{nftables.WithSockOptions(func(c *netlink.Conn) error {
-		// SO_*BUFFORCE lifts the sysctl caps (we are root); fall back to the capped ones.
-		raw, err := c.SyscallConn()
-		if err != nil {
-			return err
-		}
-		var serr error
-		err = raw.Control(func(fd uintptr) {
-			if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, buf); e != nil {
-				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, buf)
-			}
-			if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, buf); e != nil && serr == nil {
-				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, buf)
-			}
-		})
-		if err != nil {
-			return err
-		}
-		return serr
-	})}
+	opts := []nftables.ConnOption{nftables.WithSockOptions(n.socketBuffers)}
 	if n.NetNSFd != 0 {
 		opts = append(opts, nftables.WithNetNSFd(n.NetNSFd))
 	}
 	return nftables.New(opts...)
+}
+
+// socketBuffers sizes a socket's buffers for a big batch. SO_*BUFFORCE lifts the sysctl caps (we
+// are root); without the privilege the capped sizes are asked for.
+func (n *NetlinkProgrammer) socketBuffers(c *netlink.Conn) error {
+	buf := n.SocketBuffer
+	if buf == 0 {
+		buf = 64 << 20
+	}
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, buf); e != nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, buf)
+		}
+		if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, buf); e != nil && serr == nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, buf)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return serr
 }
 
 func tableFamily(f cluster.Family) nftables.TableFamily {
@@ -75,23 +76,17 @@ func tableFamily(f cluster.Family) nftables.TableFamily {
 	return nftables.TableFamilyIPv4
 }
 
-// Apply sends tx as one batch.
+// Apply sends tx as one batch (see netlink_batch.go).
 func (n *NetlinkProgrammer) Apply(tx *Tx) error {
-	c, err := n.conn()
+	b, err := newBatch(tx.Family, tx.Table)
 	if err != nil {
-		return fmt.Errorf("opening nftables netlink connection: %w", err)
+		return err
 	}
-	e := &encoder{f: tx.Family, t: &nftables.Table{Name: tx.Table, Family: tableFamily(tx.Family)}, c: c, sets: map[string]*nftables.Set{}, kinds: tx.Sets, chains: map[string]*nftables.Chain{}}
+	e := &encoder{f: tx.Family, t: &nftables.Table{Name: tx.Table, Family: tableFamily(tx.Family)}, c: b.lib, b: b, sets: map[string]*nftables.Set{}, kinds: tx.Sets, chains: map[string]*nftables.Chain{}}
 	if err := e.encode(tx); err != nil {
 		return err
 	}
-	if err := c.Flush(); err != nil {
-		if errors.Is(err, syscall.ENOBUFS) {
-			return fmt.Errorf("nftables batch too large for the socket buffer: %w", err)
-		}
-		return err
-	}
-	return nil
+	return n.send(b)
 }
 
 // DeleteTable removes the table of family f if it exists (for `vipgate node --cleanup`).
@@ -109,7 +104,8 @@ func (n *NetlinkProgrammer) DeleteTable(f cluster.Family, name string) error {
 type encoder struct {
 	f      cluster.Family
 	t      *nftables.Table
-	c      *nftables.Conn
+	c      *nftables.Conn // queues into b
+	b      *batch
 	sets   map[string]*nftables.Set // created in this batch (carry IDs) or referenced
 	kinds  map[string]*Set
 	chains map[string]*nftables.Chain
@@ -159,6 +155,9 @@ func (e *encoder) encode(tx *Tx) error {
 			}
 		}
 	}
+	if err := e.b.take(); err != nil {
+		return err
+	}
 	if err := e.elements(tx.DelElements, false); err != nil {
 		return err
 	}
@@ -174,7 +173,7 @@ func (e *encoder) encode(tx *Tx) error {
 	for _, name := range tx.DelSets {
 		e.c.DelSet(&nftables.Set{Table: e.t, Name: name})
 	}
-	return nil
+	return e.b.take()
 }
 
 func (e *encoder) nftChain(c *Chain) *nftables.Chain {
@@ -262,94 +261,35 @@ func (e *encoder) setRef(name string) (*nftables.Set, error) {
 	return s, nil
 }
 
-// maxElementBytesPerMessage keeps each element list under the 64 KiB netlink attribute limit (the
-// estimate per element, key + value + attribute headers, is generous). An attribute past 64 KiB
-// does not fail cleanly: its 16-bit length wraps, the kernel parses the rest of the list as
-// garbage and the whole batch fails (seen as ENOENT for verdict maps, whose chain names were once
-// left out of the estimate).
-const maxElementBytesPerMessage = 60000
-
-// elementSize is the generous estimate of one element's bytes in an element list: its key, value
-// and interval end, a verdict's chain name, and the nested attribute headers around them.
-func elementSize(el nftables.SetElement) int {
-	sz := len(el.Key) + len(el.Val) + len(el.KeyEnd) + 48
-	if el.VerdictData != nil {
-		// NFTA_SET_ELEM_DATA { NFTA_DATA_VERDICT { NFTA_VERDICT_CODE, NFTA_VERDICT_CHAIN "name\0" } }
-		sz += len(el.VerdictData.Chain) + 1 + 32
-	}
-	return sz
-}
-
 func (e *encoder) elements(els []Element, add bool) error {
-	// Sized up front: a full sync encodes ~150,000 elements, and growing slices and small key
-	// allocations were a third of its Go time.
-	counts := map[string]int{}
+	// Grouped by set, in the order the sets first appear: one run of list messages per set.
+	bySet := map[string][]int{}
 	var order []string
-	for _, el := range els {
-		if _, seen := counts[el.Set]; !seen {
+	for i, el := range els {
+		if _, seen := bySet[el.Set]; !seen {
 			order = append(order, el.Set)
 		}
-		counts[el.Set]++
+		bySet[el.Set] = append(bySet[el.Set], i)
 	}
-	bySet := make(map[string][]nftables.SetElement, len(counts))
-	for name, n := range counts {
-		bySet[name] = make([]nftables.SetElement, 0, n)
-	}
-	ar := &arena{}
-	for _, el := range els {
-		k, ok := e.kinds[el.Set]
-		if !ok {
-			return fmt.Errorf("element for unknown set %q", el.Set)
-		}
-		list, err := e.appendElement(bySet[el.Set], ar, k, el)
-		if err != nil {
-			return fmt.Errorf("set %s: %w", el.Set, err)
-		}
-		bySet[el.Set] = list
-	}
+	var key, val [64]byte
 	for _, name := range order {
+		k, ok := e.kinds[name]
+		if !ok {
+			return fmt.Errorf("element for unknown set %q", name)
+		}
 		s, err := e.setRef(name)
 		if err != nil {
 			return err
 		}
-		list := bySet[name]
-		for len(list) > 0 {
-			// As many elements as fit in one 64 KiB attribute: fewer messages, fewer acks to read.
-			n, size := 0, 0
-			for n < len(list) {
-				sz := elementSize(list[n])
-				if size+sz > maxElementBytesPerMessage {
-					break
-				}
-				size += sz
-				n++
-			}
-			n = max(n, 1)
-			chunk := list[:n]
-			list = list[n:]
-			if add {
-				err = e.c.SetAddElements(s, chunk)
-			} else {
-				err = e.c.SetDeleteElements(s, chunk)
-			}
-			if err != nil {
+		w := &elementLists{b: e.b, set: s, add: add}
+		for _, i := range bySet[name] {
+			if err := e.writeElement(w, key[:], val[:], k, els[i]); err != nil {
 				return fmt.Errorf("set %s: %w", name, err)
 			}
 		}
+		w.close()
 	}
 	return nil
-}
-
-// arena hands out small byte slices carved from big blocks (element keys and values).
-type arena struct{ buf []byte }
-
-func (a *arena) take(n int) []byte {
-	if len(a.buf)+n > cap(a.buf) {
-		a.buf = make([]byte, 0, max(64<<10, n))
-	}
-	start := len(a.buf)
-	a.buf = a.buf[:start+n]
-	return a.buf[start : start+n : start+n]
 }
 
 func addrBytes(a netip.Addr) []byte {
@@ -393,60 +333,49 @@ func hostU32(v uint32) []byte {
 	return b
 }
 
-// appendElement encodes one model element onto dst (an interval element becomes a start and an end
-// element), with its bytes taken from ar.
-func (e *encoder) appendElement(dst []nftables.SetElement, ar *arena, s *Set, el Element) ([]nftables.SetElement, error) {
+// writeElement encodes one model element into w (an interval element becomes a start and an end
+// element), using key and val as scratch space.
+func (e *encoder) writeElement(w *elementLists, key, val []byte, s *Set, el Element) error {
 	alen := 4
 	if e.f == cluster.IPv6 {
 		alen = 16
 	}
 	switch s.Kind {
 	case KindAddr, KindAffinity:
-		k := ar.take(alen)
-		putAddr(k, el.Addr)
-		return append(dst, nftables.SetElement{Key: k}), nil
+		putAddr(key, el.Addr)
+		w.element(key[:alen], nil, nil, false)
 	case KindPrefix:
-		k := ar.take(alen)
-		putAddr(k, el.Prefix.Masked().Addr())
-		dst = append(dst, nftables.SetElement{Key: k})
+		putAddr(key, el.Prefix.Masked().Addr())
+		w.element(key[:alen], nil, nil, false)
 		if end, ok := prefixEnd(el.Prefix); ok {
-			k := ar.take(alen)
-			putAddr(k, end)
-			dst = append(dst, nftables.SetElement{Key: k, IntervalEnd: true})
+			putAddr(key, end)
+			w.element(key[:alen], nil, nil, true)
 		}
-		return dst, nil
 	case KindTupleVmap:
-		k := ar.take(alen + 8)
-		putPort(putProto(putAddr(k, el.Addr), el.Proto), el.Port)
-		return append(dst, nftables.SetElement{Key: k, VerdictData: verdictData(el)}), nil
+		putPort(putProto(putAddr(key, el.Addr), el.Proto), el.Port)
+		w.element(key[:alen+8], nil, verdictData(el), false)
 	case KindProtoPortVmap:
-		k := ar.take(8)
-		putPort(putProto(k, el.Proto), el.Port)
-		return append(dst, nftables.SetElement{Key: k, VerdictData: verdictData(el)}), nil
+		putPort(putProto(key, el.Proto), el.Port)
+		w.element(key[:8], nil, verdictData(el), false)
 	case KindTupleEndpoints:
-		k := ar.take(alen + 12)
-		putU32(putPort(putProto(putAddr(k, el.Addr), el.Proto), el.Port), el.Index)
-		v := ar.take(alen + 4)
-		putPort(putAddr(v, el.DataAddr), el.DataPort)
-		return append(dst, nftables.SetElement{Key: k, Val: v}), nil
+		putU32(putPort(putProto(putAddr(key, el.Addr), el.Proto), el.Port), el.Index)
+		putPort(putAddr(val, el.DataAddr), el.DataPort)
+		w.element(key[:alen+12], val[:alen+4], nil, false)
 	case KindTupleAddr:
-		k := ar.take(tupleAddrKeyLen(alen))
-		putU32(putPort(putProto(putAddr(k, el.Addr), el.Proto), el.Port), el.Index)
-		v := ar.take(alen)
-		putAddr(v, el.DataAddr)
-		return append(dst, nftables.SetElement{Key: k, Val: v}), nil
+		putU32(putPort(putProto(putAddr(key, el.Addr), el.Proto), el.Port), el.Index)
+		putAddr(val, el.DataAddr)
+		w.element(key[:tupleAddrKeyLen(alen)], val[:alen], nil, false)
 	case KindProtoPortEndpoints:
-		k := ar.take(12)
-		putU32(putPort(putProto(k, el.Proto), el.Port), el.Index)
-		v := ar.take(alen + 4)
-		putPort(putAddr(v, el.DataAddr), el.DataPort)
-		return append(dst, nftables.SetElement{Key: k, Val: v}), nil
+		putU32(putPort(putProto(key, el.Proto), el.Port), el.Index)
+		putPort(putAddr(val, el.DataAddr), el.DataPort)
+		w.element(key[:12], val[:alen+4], nil, false)
 	case KindHairpin:
-		k := ar.take(2*alen + 8)
-		putPort(putProto(putAddr(putAddr(k, el.Addr), el.Addr2), el.Proto), el.Port)
-		return append(dst, nftables.SetElement{Key: k}), nil
+		putPort(putProto(putAddr(putAddr(key, el.Addr), el.Addr2), el.Proto), el.Port)
+		w.element(key[:2*alen+8], nil, nil, false)
+	default:
+		return fmt.Errorf("unknown set kind %d", s.Kind)
 	}
-	return dst, fmt.Errorf("unknown set kind %d", s.Kind)
+	return nil
 }
 
 // prefixEnd returns the first address after p (the exclusive end of an interval), if there is one.

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
@@ -82,5 +83,49 @@ func TestNetlinkSharedPickerFlap(t *testing.T) {
 		if got := len(kt.Rules[name]); got != 1 {
 			t.Errorf("chain %s holds %d rules in the kernel, want 1", name, got)
 		}
+	}
+}
+
+// TestNetlinkBatchErrors: the batch asks the kernel to acknowledge its last message only; a message
+// that fails anywhere in it (first, middle, last) still fails the whole batch with the kernel's
+// error, nothing of it is applied, and the next batch works.
+func TestNetlinkBatchErrors(t *testing.T) {
+	_, fd := testNetns(t)
+	prog := &NetlinkProgrammer{NetNSFd: fd}
+	vmap := &Set{Name: MapServiceNodePorts, Kind: KindProtoPortVmap}
+	base := &Tx{Family: cluster.IPv4, Table: "vipgate", Full: true, Sets: map[string]*Set{vmap.Name: vmap},
+		AddSets: []*Set{vmap}, AddChains: []*Chain{{Name: "target"}}}
+	if err := prog.Apply(base); err != nil {
+		t.Fatal(err)
+	}
+	good := func(port uint16) Element {
+		return Element{Set: vmap.Name, Proto: ProtoTCP, Port: port, Verdict: VerdictGoto, Chain: "target"}
+	}
+	bad := Element{Set: vmap.Name, Proto: ProtoTCP, Port: 9, Verdict: VerdictGoto, Chain: "no-such-chain"}
+	for name, els := range map[string][]Element{
+		"first": {bad, good(1), good(2)},
+		"last":  {good(1), good(2), bad},
+	} {
+		tx := &Tx{Family: cluster.IPv4, Table: "vipgate", Sets: base.Sets, AddElements: els}
+		// Messages before and after the failing element list: a chain added, then flushed and
+		// deleted.
+		tx.AddChains = []*Chain{{Name: "other-" + name}}
+		tx.DelChains = []string{"other-" + name}
+		err := prog.Apply(tx)
+		if err == nil {
+			t.Errorf("%s: a batch with a verdict to a missing chain succeeded", name)
+		} else if !strings.Contains(err.Error(), "no such file or directory") {
+			t.Errorf("%s: want the kernel's ENOENT, got %v", name, err)
+		}
+	}
+	kt, err := prog.ReadKernelTable(cluster.IPv4, "vipgate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(kt.Elements[vmap.Name]); n != 0 || len(kt.Chains) != 1 {
+		t.Errorf("failed batches left %d elements and %d chains behind", n, len(kt.Chains))
+	}
+	if err := prog.Apply(&Tx{Family: cluster.IPv4, Table: "vipgate", Sets: base.Sets, AddElements: []Element{good(1)}}); err != nil {
+		t.Fatalf("a good batch after failed ones: %v", err)
 	}
 }

@@ -148,7 +148,7 @@ func TestRenderSpelling(t *testing.T) {
 					continue
 				}
 				found = true
-				got, err := RuleText(f, r)
+				got, err := RuleText(f, Rule{Action: r.Action}) // the action alone; matches are spelt above
 				if err != nil {
 					t.Fatal(err)
 				}
