@@ -56,6 +56,8 @@ func adoptTx(live, desired *Flat, sets map[string]*Set) (*Tx, error) {
 			return nil, fmt.Errorf("%w: chain %s is hooked differently", errNoAdopt, name)
 		case !rulesEqualIgnoringComments(lc.Rules, dc.Rules):
 			tx.FlushChains = append(tx.FlushChains, dc)
+			// Endpoints that left while vipgate was down: their clients leave the affinity maps.
+			tx.Purges = append(tx.Purges, affinityPurges(lc, dc)...)
 		}
 	}
 	for name := range live.Chains {

@@ -20,18 +20,20 @@ func TestAdoptOnRestart(t *testing.T) {
 	if _, err := p1.Sync(st); err != nil {
 		t.Fatal(err)
 	}
-	// A client remembered by an affinity set (svc-00007 has session affinity).
-	var affSet string
-	for name, s := range p1.Flatten(cluster.IPv4).Sets {
-		if s.Kind == KindAffinity {
-			affSet = name
-			break
+	// A client remembered by an affinity map (svc-00007 has session affinity), with one of the
+	// map's endpoints.
+	var affSet, endpoint string
+	for _, c := range p1.Flatten(cluster.IPv4).Chains {
+		for _, r := range c.Rules {
+			if r.Action.Kind == ActAffinityDNAT && affSet == "" {
+				affSet, endpoint = r.Action.Set, r.Action.Addr.String()
+			}
 		}
 	}
 	if affSet == "" {
-		t.Fatal("no affinity set in the synthetic state")
+		t.Fatal("no affinity map in the synthetic state")
 	}
-	if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "add", "element", "ip", "vipgate", affSet, "{ 198.51.100.10 }").CombinedOutput(); err != nil {
+	if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "add", "element", "ip", "vipgate", affSet, "{ 198.51.100.10 : "+endpoint+" }").CombinedOutput(); err != nil {
 		t.Fatalf("seeding affinity client: %v: %s", err, out)
 	}
 
@@ -49,7 +51,7 @@ func TestAdoptOnRestart(t *testing.T) {
 			t.Errorf("restart with no change sent %s", tx)
 		}
 	}
-	out, _ := exec.Command("ip", "netns", "exec", ns, "nft", "list", "set", "ip", "vipgate", affSet).CombinedOutput()
+	out, _ := exec.Command("ip", "netns", "exec", ns, "nft", "list", "map", "ip", "vipgate", affSet).CombinedOutput()
 	if !strings.Contains(string(out), "198.51.100.10") {
 		t.Errorf("affinity client lost on restart:\n%s", out)
 	}

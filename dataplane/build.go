@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"net/netip"
 	"slices"
+	"sync"
 
 	"github.com/vipgate/vipgate/cluster"
 )
@@ -46,22 +47,20 @@ func BuildService(n NodeInfo, svc *cluster.Service, eps []*cluster.EndpointSlice
 	if !clusterIP.IsValid() {
 		return p
 	}
-	b := &serviceBuilder{n: n, svc: svc, p: p, uses: map[string]bool{}, chains: map[string]bool{}, sets: map[string]bool{}}
-	// Room for the usual case (each port: entries x endpoints, plus a few): growing this slice was a
-	// visible part of a full sync.
-	neps := 0
-	for _, es := range eps {
-		neps += len(es.Endpoints)
-	}
-	entries := 1 + len(svc.ExternalIPs) + len(svc.LoadBalancerIPs)
-	if svc.Type == cluster.TypeNodePort || svc.Type == cluster.TypeLoadBalancer {
-		entries++
-	}
-	p.Elements = make([]Element, 0, len(svc.Ports)*(entries*(neps+2)+neps)+1)
-	p.Elements = append(p.Elements, Element{Set: SetClusterIPs, Addr: clusterIP})
+	b := &serviceBuilder{n: n, svc: svc, p: p, uses: map[string]bool{}, chains: map[string]bool{}}
+	// The elements are built in a reused scratch slice and kept in one of their exact size: a full
+	// sync holds ~150,000 of them, and memory the process touches for the first time is what a
+	// full sync pays most for (page faults) after the kernel's own work.
+	scratch := elementScratch.Get().(*[]Element)
+	p.Elements = append((*scratch)[:0], Element{Set: SetClusterIPs, Addr: clusterIP})
 	for _, sp := range svc.Ports {
 		b.port(sp, clusterIP, eps)
 	}
+	built := p.Elements
+	p.Elements = slices.Clone(built)
+	clear(built) // no references kept from the pool
+	*scratch = built[:0]
+	elementScratch.Put(scratch)
 	p.Uses = make([]string, 0, len(b.uses))
 	for u := range b.uses {
 		p.Uses = append(p.Uses, u)
@@ -70,13 +69,14 @@ func BuildService(n NodeInfo, svc *cluster.Service, eps []*cluster.EndpointSlice
 	return p
 }
 
+var elementScratch = sync.Pool{New: func() any { s := make([]Element, 0, 64); return &s }}
+
 type serviceBuilder struct {
 	n      NodeInfo
 	svc    *cluster.Service
 	p      *Part
 	uses   map[string]bool
 	chains map[string]bool
-	sets   map[string]bool // affinity sets made so far
 }
 
 func (b *serviceBuilder) familyAddrs(in []netip.Addr) []netip.Addr {
@@ -330,32 +330,39 @@ func (b *serviceBuilder) externalTarget(e entry, proto uint8, name string, local
 }
 
 // affinityChain builds (once) the session-affinity chain of a Service port for one endpoint set: a
-// client seen recently goes to the endpoint it used before; a new client picks uniformly. Every rule
-// that sends a client to an endpoint also records (or refreshes) the client in that endpoint's
-// dynamic set, and DNATs: no chain per endpoint (at 10,000 Services with 2% affinity, 2,000 such
-// chains were a third of the kernel's time of a full sync).
+// client seen recently goes back to the endpoint it used before, and its timeout restarts; a new
+// client picks uniformly, and the port's affinity map records the endpoint it got. One map per
+// Service port (and policy, and endpoint port: the map holds addresses): kube-proxy's shape, a set
+// and a chain per endpoint, made the number of sets in the table the largest cost of a full sync
+// (the kernel finds a set by name with a walk of a list; see dataplane/README.md).
 func (b *serviceBuilder) affinityChain(eps []Endpoint, name, policy string) string {
 	chain := "aff-" + name + "-" + policy
 	if b.chains[chain] {
 		return chain
 	}
-	rules := make([]Rule, 0, 2*len(eps))
-	sets := make([]string, len(eps))
-	for i, ep := range eps {
-		id := name + " " + netip.AddrPortFrom(ep.Addr, ep.Port).String()
-		set := affinitySetName(id)
-		sets[i] = set
-		if !b.sets[set] {
-			b.sets[set] = true
-			b.p.Sets = append(b.p.Sets, &Set{Name: set, Kind: KindAffinity, Timeout: b.svc.AffinityTimeout, Comment: "affinity " + id})
+	mapOf := map[uint16]string{} // endpoint port -> map
+	var ports []uint16
+	for _, ep := range eps {
+		if _, ok := mapOf[ep.Port]; !ok {
+			ports = append(ports, ep.Port)
+			mapOf[ep.Port] = affinitySetName(chain + "/" + itoa(int(ep.Port)))
 		}
-		rules = append(rules, Rule{Matches: []Match{{Kind: MatchSaddrInSet, Set: set}},
-			Action: Action{Kind: ActAffinityDNAT, Set: set, Addr: ep.Addr, Port: ep.Port}})
+	}
+	slices.Sort(ports)
+	rules := make([]Rule, 0, 2*len(ports)+len(eps))
+	for _, port := range ports {
+		m := mapOf[port]
+		first := eps[slices.IndexFunc(eps, func(e Endpoint) bool { return e.Port == port })]
+		b.p.Sets = append(b.p.Sets, &Set{Name: m, Kind: KindAffinity, Timeout: b.svc.AffinityTimeout,
+			Comment: "affinity " + name + " " + policy + " port " + itoa(int(port))})
+		rules = append(rules,
+			Rule{Matches: []Match{{Kind: MatchSaddrInSet, Set: m}}, Action: Action{Kind: ActAffinityRefresh, Set: m, Addr: first.Addr}},
+			Rule{Action: Action{Kind: ActAffinityRecall, Set: m, Port: port}})
 	}
 	// Uniform choice without a set: rule i takes 1/(n-i) of what reaches it.
 	for i, ep := range eps {
 		left := len(eps) - i
-		r := Rule{Action: Action{Kind: ActAffinityDNAT, Set: sets[i], Addr: ep.Addr, Port: ep.Port}}
+		r := Rule{Action: Action{Kind: ActAffinityDNAT, Set: mapOf[ep.Port], Addr: ep.Addr, Port: ep.Port}}
 		if left > 1 {
 			r.Matches = []Match{{Kind: MatchNumgenZero, Value: uint32(left)}}
 		}
@@ -365,11 +372,8 @@ func (b *serviceBuilder) affinityChain(eps []Endpoint, name, policy string) stri
 	return chain
 }
 
-// affinitySetName names the affinity set of one endpoint of a Service port (id says which, and is
-// the set's comment). The kernel finds a set by name with a walk of the table's list of sets,
-// comparing lengths with strlen, once per rule or element list that refers to it and once per new
-// set: with thousands of affinity sets that walk was half the kernel's time of a full sync, and
-// it is proportional to the names' length. So the name is short: a 64-bit hash of id.
+// affinitySetName names an affinity map (its comment says whose). The kernel's walk of the list of
+// sets compares names with strlen, so the name is short: a 64-bit hash of id.
 func affinitySetName(id string) string {
 	h := fnv.New64a()
 	h.Write([]byte(id))

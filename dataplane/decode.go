@@ -162,17 +162,11 @@ func (n *NetlinkProgrammer) rawConn() (*netlink.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening netfilter netlink socket: %w", err)
 	}
-	// A dump of a big map is many messages; a larger receive buffer avoids ENOBUFS on slow readers.
-	buf := n.SocketBuffer
-	if buf == 0 {
-		buf = 64 << 20
-	}
-	if raw, err := c.SyscallConn(); err == nil {
-		_ = raw.Control(func(fd uintptr) {
-			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, buf) != nil {
-				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, buf)
-			}
-		})
+	// A dump of a big map is many messages, a full sync one big batch: large buffers avoid ENOBUFS
+	// and EMSGSIZE.
+	if err := n.socketBuffers(c); err != nil {
+		c.Close()
+		return nil, err
 	}
 	return c, nil
 }
@@ -599,8 +593,11 @@ func decodeElement(s *Set, alen int, ke KernelElement) (Element, error) {
 	d := &keyReader{b: ke.Data}
 	verdictMap, dataMap, addrMap := false, false, false
 	switch s.Kind {
-	case KindAddr, KindAffinity:
+	case KindAddr:
 		el.Addr = k.addr(alen)
+	case KindAffinity:
+		el.Addr = k.addr(alen)
+		addrMap = true
 	case KindTupleVmap:
 		el.Addr, el.Proto, el.Port = k.addr(alen), k.proto(), k.port()
 		verdictMap = true
@@ -764,7 +761,7 @@ var (
 	matchKinds = []MatchKind{MatchCtStateNew, MatchCtStatusDNAT, MatchDaddrInSet, MatchSaddrInSet, MatchSaddrNotInSet,
 		MatchSaddrInPrefix, MatchFibSaddrLocal, MatchMarkAny, MatchHairpin, MatchNumgenZero}
 	actionKinds = []ActionKind{ActJump, ActGoto, ActReturn, ActDrop, ActReject, ActMarkSet, ActMasqClearMark, ActMasquerade,
-		ActVmapTuple, ActVmapProtoPort, ActDNATTupleMap, ActDNATProtoPortMap, ActAffinityDNAT,
+		ActVmapTuple, ActVmapProtoPort, ActDNATTupleMap, ActDNATProtoPortMap, ActAffinityDNAT, ActAffinityRefresh, ActAffinityRecall,
 		ActDNATJhashMap, ActDupJhashMap} // the gateway's (gateway_ir.go, gateway_route.go)
 )
 
@@ -851,11 +848,18 @@ func (h hints) action(k ActionKind) Action {
 		a.Map = h.set
 	case ActDNATTupleMap, ActDNATProtoPortMap, ActDNATJhashMap, ActDupJhashMap:
 		a.Map, a.Value = h.set, h.modulus
-	case ActAffinityDNAT:
+	case ActAffinityDNAT, ActAffinityRefresh:
 		a.Set = h.dynset
-		if len(h.imm) == 2 && len(h.imm[1]) == 2 {
+		if len(h.imm) >= 1 {
 			a.Addr, _ = netip.AddrFromSlice(h.imm[0])
+		}
+		if k == ActAffinityDNAT && len(h.imm) == 2 && len(h.imm[1]) == 2 {
 			a.Port = binary.BigEndian.Uint16(h.imm[1])
+		}
+	case ActAffinityRecall:
+		a.Set = h.set
+		if len(h.imm) == 1 && len(h.imm[0]) == 2 {
+			a.Port = binary.BigEndian.Uint16(h.imm[0])
 		}
 	}
 	return a

@@ -2,7 +2,9 @@ package dataplane
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/vipgate/vipgate/cluster"
 )
@@ -27,20 +29,64 @@ type Tx struct {
 	AddElements []Element
 	DelChains   []string
 	DelSets     []string
+	// Purges are done after the transaction: clients of endpoints that left, in affinity maps.
+	Purges []AffinityPurge
 	// Sets holds the kind of every set elements refer to (needed to encode them).
 	Sets map[string]*Set
+}
+
+// AffinityPurge asks for the clients an affinity map remembers with an endpoint address not in Keep
+// to be forgotten: the endpoints they were sent to left the Service port (kube-proxy deletes the
+// departed endpoint's set). Affinity maps are written by packets, so only the kernel knows these
+// clients; the programmer reads the map once the transaction is in.
+type AffinityPurge struct {
+	Set  string
+	Keep []netip.Addr
+}
+
+// affinityEndpoints lists, per affinity map, the endpoint addresses the chain's rules send new
+// clients to.
+func affinityEndpoints(c *Chain) map[string][]netip.Addr {
+	var out map[string][]netip.Addr
+	for _, r := range c.Rules {
+		if r.Action.Kind == ActAffinityDNAT {
+			if out == nil {
+				out = map[string][]netip.Addr{}
+			}
+			out[r.Action.Set] = append(out[r.Action.Set], r.Action.Addr)
+		}
+	}
+	return out
+}
+
+// affinityPurges returns the purges a changed affinity chain needs: for each map it keeps, the
+// endpoints it no longer sends clients to.
+func affinityPurges(old, new *Chain) []AffinityPurge {
+	before := affinityEndpoints(old)
+	var out []AffinityPurge
+	for set, keep := range affinityEndpoints(new) {
+		for _, a := range before[set] {
+			if !slices.Contains(keep, a) {
+				out = append(out, AffinityPurge{Set: set, Keep: keep})
+				break
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b AffinityPurge) int { return strings.Compare(a.Set, b.Set) })
+	return out
 }
 
 // Empty says whether the transaction changes nothing.
 func (t *Tx) Empty() bool {
 	return !t.Full && len(t.AddSets) == 0 && len(t.AddChains) == 0 && len(t.FlushChains) == 0 &&
-		len(t.DelElements) == 0 && len(t.AddElements) == 0 && len(t.DelChains) == 0 && len(t.DelSets) == 0
+		len(t.DelElements) == 0 && len(t.AddElements) == 0 && len(t.DelChains) == 0 && len(t.DelSets) == 0 &&
+		len(t.Purges) == 0
 }
 
 // String summarises the transaction for logs.
 func (t *Tx) String() string {
-	return fmt.Sprintf("family=IPv%d full=%v +sets=%d +chains=%d ~chains=%d -elements=%d +elements=%d -chains=%d -sets=%d",
-		t.Family, t.Full, len(t.AddSets), len(t.AddChains), len(t.FlushChains), len(t.DelElements), len(t.AddElements), len(t.DelChains), len(t.DelSets))
+	return fmt.Sprintf("family=IPv%d full=%v +sets=%d +chains=%d ~chains=%d -elements=%d +elements=%d -chains=%d -sets=%d purges=%d",
+		t.Family, t.Full, len(t.AddSets), len(t.AddChains), len(t.FlushChains), len(t.DelElements), len(t.AddElements), len(t.DelChains), len(t.DelSets), len(t.Purges))
 }
 
 // sharableSets are the sets in which two Services may legitimately hold the same element (a pod IP and
@@ -87,6 +133,7 @@ func (d *diffState) diffPart(old, new *Part) {
 			d.tx.AddChains = append(d.tx.AddChains, c)
 		} else if !chainEqual(oc, c) {
 			d.tx.FlushChains = append(d.tx.FlushChains, c)
+			d.tx.Purges = append(d.tx.Purges, affinityPurges(oc, c)...)
 		}
 	}
 	for _, c := range old.Chains {

@@ -113,8 +113,16 @@ const (
 	ActDNATTupleMap
 	// ActDNATProtoPortMap: the same keyed by (proto, dport), for NodePorts.
 	ActDNATProtoPortMap
-	// ActAffinityDNAT: `update @Set { ip saddr } dnat ip to Addr:Port` (session affinity endpoint).
+	// ActAffinityDNAT: `update @Set { ip saddr : Addr } dnat ip to Addr:Port`: a new client of a
+	// Service with session affinity goes to endpoint Addr:Port, and the affinity map remembers it.
 	ActAffinityDNAT
+	// ActAffinityRefresh: `update @Set { ip saddr : Addr }` with no verdict, behind a match of the
+	// client in the map: restarts the client's timeout. (An update of an element that exists keeps
+	// its data; Addr, one of the map's endpoints, is written only if it expired in between.)
+	ActAffinityRefresh
+	// ActAffinityRecall: `dnat ip to ip saddr map @Set : Port`: a known client goes back to the
+	// endpoint the map remembers (no match for a client it does not know).
+	ActAffinityRecall
 )
 
 // Action is what a rule does.
@@ -195,7 +203,9 @@ const (
 	KindProtoPortEndpoints
 	// KindHairpin: Addr . Addr . inet_proto . inet_service.
 	KindHairpin
-	// KindAffinity: Addr, dynamic, with a timeout (session affinity clients of one endpoint).
+	// KindAffinity: client Addr -> endpoint DataAddr, dynamic, with a timeout: the session-affinity
+	// clients of one Service port (policy and endpoint port). Its elements are runtime state: the
+	// packet path writes them; vipgate only deletes those of endpoints that left (Tx.Purges).
 	KindAffinity
 )
 

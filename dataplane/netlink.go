@@ -86,7 +86,13 @@ func (n *NetlinkProgrammer) Apply(tx *Tx) error {
 	if err := e.encode(tx); err != nil {
 		return err
 	}
-	return n.send(b)
+	if err := n.send(b); err != nil {
+		return err
+	}
+	if len(tx.Purges) > 0 {
+		return n.purgeAffinity(tx)
+	}
+	return nil
 }
 
 // DeleteTable removes the table of family f if it exists (for `vipgate node --cleanup`).
@@ -237,6 +243,7 @@ func (e *encoder) nftSet(s *Set) (*nftables.Set, error) {
 		ns.KeyType = nftables.MustConcatSetType(a, a, nftables.TypeInetProto, nftables.TypeInetService)
 	case KindAffinity:
 		ns.KeyType, ns.HasTimeout, ns.Timeout, ns.Dynamic = a, true, s.Timeout, true
+		ns.IsMap, ns.DataType = true, a
 
 	default:
 		return nil, fmt.Errorf("set %s: unknown kind %d", s.Name, s.Kind)
@@ -617,15 +624,30 @@ func (e *encoder) action(a Action) ([]expr.Any, error) {
 			return nil, err
 		}
 		return []expr.Any{loadL4Proto(reg32), loadDport(reg32 + 1), &expr.Numgen{Register: reg32 + 2, Modulus: a.Value, Type: unix.NFT_NG_RANDOM}, l, e.dnatFromMap()}, nil
-	case ActAffinityDNAT:
+	case ActAffinityDNAT, ActAffinityRefresh:
+		// The endpoint address is the map's data and, for the DNAT, its address too.
 		s, err := e.setRef(a.Set)
 		if err != nil {
 			return nil, err
 		}
-		return []expr.Any{
+		xs := []expr.Any{
 			e.loadSaddr(reg1),
-			&expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID, Operation: uint32(unix.NFT_DYNSET_OP_UPDATE)},
-			&expr.Immediate{Register: reg1, Data: addrBytes(a.Addr)},
+			&expr.Immediate{Register: reg2, Data: addrBytes(a.Addr)},
+			&expr.Dynset{SrcRegKey: reg1, SrcRegData: reg2, SetName: s.Name, SetID: s.ID, Operation: uint32(unix.NFT_DYNSET_OP_UPDATE)},
+		}
+		if a.Kind == ActAffinityDNAT {
+			xs = append(xs,
+				&expr.Immediate{Register: reg1, Data: []byte{byte(a.Port >> 8), byte(a.Port)}},
+				&expr.NAT{Type: expr.NATTypeDestNAT, Family: e.natFamily(), RegAddrMin: reg2, RegProtoMin: reg1})
+		}
+		return xs, nil
+	case ActAffinityRecall:
+		l, err := e.mapLookup(a.Set, reg1, reg1)
+		if err != nil {
+			return nil, err
+		}
+		return []expr.Any{
+			e.loadSaddr(reg1), l,
 			&expr.Immediate{Register: reg2, Data: []byte{byte(a.Port >> 8), byte(a.Port)}},
 			&expr.NAT{Type: expr.NATTypeDestNAT, Family: e.natFamily(), RegAddrMin: reg1, RegProtoMin: reg2},
 		}, nil

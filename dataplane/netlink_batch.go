@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
+	"slices"
 	"syscall"
 	"time"
 
@@ -219,14 +221,11 @@ func (n *NetlinkProgrammer) send(b *batch) error {
 	if len(b.msgs) == 0 {
 		return nil
 	}
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: n.NetNSFd})
+	conn, err := n.rawConn()
 	if err != nil {
-		return fmt.Errorf("opening nftables netlink socket: %w", err)
-	}
-	defer conn.Close()
-	if err := n.socketBuffers(conn); err != nil {
 		return err
 	}
+	defer conn.Close()
 	batchHeader := func(t uint16) netlink.Message {
 		return netlink.Message{
 			Header: netlink.Header{Type: netlink.HeaderType(t), Flags: netlink.Request},
@@ -269,4 +268,48 @@ func (n *NetlinkProgrammer) send(b *batch) error {
 			}
 		}
 	}
+}
+
+// purgeAffinity deletes from affinity maps the clients remembered with an endpoint address the map
+// no longer serves (Tx.Purges). It runs after the transaction that removed the endpoints has been
+// committed, when no rule can record such a client any more. A client can expire between the dump
+// and the delete; the kernel then refuses the batch (ENOENT), and the purge starts over.
+func (n *NetlinkProgrammer) purgeAffinity(tx *Tx) error {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		if err = n.purgeOnce(tx); !errors.Is(err, syscall.ENOENT) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("removing clients of departed endpoints from affinity maps: %w", err)
+	}
+	return nil
+}
+
+func (n *NetlinkProgrammer) purgeOnce(tx *Tx) error {
+	c, err := n.rawConn()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	b, err := newBatch(tx.Family, tx.Table)
+	if err != nil {
+		return err
+	}
+	for _, p := range tx.Purges {
+		kes, err := dumpElements(c, tx.Family, tx.Table, p.Set)
+		if err != nil {
+			return fmt.Errorf("reading map %s: %w", p.Set, err)
+		}
+		w := &elementLists{b: b, set: &nftables.Set{Name: p.Set}}
+		for _, ke := range kes {
+			if a, ok := netip.AddrFromSlice(ke.Data); ok && slices.Contains(p.Keep, a) {
+				continue
+			}
+			w.element(ke.Key, nil, nil, false)
+		}
+		w.close()
+	}
+	return n.send(b)
 }

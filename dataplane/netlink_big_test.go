@@ -2,6 +2,9 @@ package dataplane
 
 import (
 	"fmt"
+	"net/netip"
+	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -127,5 +130,83 @@ func TestNetlinkBatchErrors(t *testing.T) {
 	}
 	if err := prog.Apply(&Tx{Family: cluster.IPv4, Table: "vipgate", Sets: base.Sets, AddElements: []Element{good(1)}}); err != nil {
 		t.Fatalf("a good batch after failed ones: %v", err)
+	}
+}
+
+// TestNetlinkAffinityPurge: clients an affinity map remembers with an endpoint that leaves the
+// Service are forgotten (they pick again), the others keep their endpoint; also when the endpoint
+// left while vipgate was not running (restart, adopting the table).
+func TestNetlinkAffinityPurge(t *testing.T) {
+	ns, fd := testNetns(t)
+	st := SyntheticState(60, 10)
+	key := cluster.ServiceKey{Namespace: "bench", Name: "svc-00007"} // the synthetic mix's affinity Service
+	if st.Services[key].AffinityTimeout == 0 {
+		t.Fatalf("%s has no session affinity in the synthetic state", key)
+	}
+	cfg := testConfig()
+	cfg.Families = []cluster.Family{cluster.IPv4}
+	prog := &NetlinkProgrammer{NetNSFd: fd}
+	p := NewProxier(hclog.NewNullLogger(), cfg, prog)
+	if _, err := p.Sync(st); err != nil {
+		t.Fatal(err)
+	}
+	// The map of the Service's ClusterIP chain, and its endpoints.
+	var set string
+	var eps []netip.Addr
+	for _, c := range p.Flatten(cluster.IPv4).Chains {
+		for s, addrs := range affinityEndpoints(c) {
+			if strings.Contains(c.Name, "svc-00007") && strings.HasSuffix(c.Name, "-cluster") {
+				set, eps = s, addrs
+			}
+		}
+	}
+	if set == "" || len(eps) < 3 {
+		t.Fatalf("no affinity map with 3 endpoints for %s", key)
+	}
+	seed := func(client string, ep netip.Addr) {
+		t.Helper()
+		if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "add", "element", "ip", "vipgate", set,
+			"{ "+client+" : "+ep.String()+" }").CombinedOutput(); err != nil {
+			t.Fatalf("seeding %s: %v: %s", client, err, out)
+		}
+	}
+	clients := func() string {
+		out, _ := exec.Command("ip", "netns", "exec", ns, "nft", "list", "map", "ip", "vipgate", set).CombinedOutput()
+		return string(out)
+	}
+	without := func(gone netip.Addr) []*cluster.EndpointSlice {
+		es := *st.EndpointSlices[key][0]
+		es.Endpoints = slices.DeleteFunc(slices.Clone(es.Endpoints), func(e cluster.Endpoint) bool { return e.Addresses[0] == gone })
+		return []*cluster.EndpointSlice{&es}
+	}
+
+	seed("198.51.100.1", eps[0])
+	seed("198.51.100.2", eps[1])
+	st.EndpointSlices[key] = without(eps[1])
+	rep, err := p.Sync(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Txs) != 1 || len(rep.Txs[0].Purges) == 0 {
+		t.Fatalf("removing an endpoint of an affinity Service asked for no purge: %v", rep.Txs)
+	}
+	if got := clients(); !strings.Contains(got, "198.51.100.1") || strings.Contains(got, "198.51.100.2") {
+		t.Errorf("after %s left, want client .1 kept and .2 forgotten:\n%s", eps[1], got)
+	}
+
+	// While vipgate is not running, another endpoint leaves; the restart adopts the table.
+	seed("198.51.100.3", eps[2])
+	st.EndpointSlices[key] = without(eps[2])
+	p2 := NewProxier(hclog.NewNullLogger(), cfg, prog)
+	p2.SetTableReader(prog)
+	rep, err = p2.Sync(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Adopted {
+		t.Fatal("the restart did not adopt the table")
+	}
+	if got := clients(); !strings.Contains(got, "198.51.100.1") || strings.Contains(got, "198.51.100.3") {
+		t.Errorf("after %s left during a restart, want client .1 kept and .3 forgotten:\n%s", eps[2], got)
 	}
 }

@@ -132,12 +132,12 @@ func setDecl(fam nftFamily, s *Set) (keyword string, lines []string, err error) 
 	case KindHairpin:
 		return "set", []string{"type " + a + " . " + a + " . inet_proto . inet_service"}, nil
 	case KindAffinity:
-		lines := []string{"type " + a, "flags dynamic,timeout"}
+		lines := []string{"type " + a + " : " + a, "flags dynamic,timeout"}
 		if s.Timeout > 0 {
 			secs := int64(s.Timeout.Seconds())
 			lines = append(lines, "timeout "+strconv.FormatInt(max(secs, 1), 10)+"s")
 		}
-		return "set", lines, nil
+		return "map", lines, nil
 	}
 	return "", nil, fmt.Errorf("set %q: unknown set kind %d", s.Name, s.Kind)
 }
@@ -444,10 +444,14 @@ func actionText(f *Flat, fam nftFamily, a Action) (string, error) {
 			key, kind = "meta l4proto . th dport", KindProtoPortEndpoints
 		}
 		return fmt.Sprintf("dnat %s addr . port to %s . numgen random mod %d map @%s", ip, key, a.Value, a.Map), needSet(f, a.Map, kind)
-	case ActAffinityDNAT:
+	case ActAffinityDNAT, ActAffinityRefresh:
 		addr, err := addrText(fam, a.Addr)
 		if err != nil {
 			return "", fmt.Errorf("affinity DNAT: %w", err)
+		}
+		update := fmt.Sprintf("update @%s { %s saddr : %s }", a.Set, ip, addr)
+		if a.Kind == ActAffinityRefresh {
+			return update, needSet(f, a.Set, KindAffinity)
 		}
 		if ip == "ip6" {
 			addr = "[" + addr + "]"
@@ -455,7 +459,10 @@ func actionText(f *Flat, fam nftFamily, a Action) (string, error) {
 		// nft refuses a port mapping without a transport protocol in its context; the Service port's
 		// protocol is always one of these, and the chain is only reached through vmaps keyed by it,
 		// so the match never changes what the rule does.
-		return fmt.Sprintf("meta l4proto { tcp, udp, sctp } update @%s { %s saddr } dnat %s to %s:%d", a.Set, ip, ip, addr, a.Port),
+		return fmt.Sprintf("%s meta l4proto { tcp, udp, sctp } dnat %s to %s:%d", update, ip, addr, a.Port),
+			needSet(f, a.Set, KindAffinity)
+	case ActAffinityRecall:
+		return fmt.Sprintf("meta l4proto { tcp, udp, sctp } dnat %[1]s to %[1]s saddr map @%[2]s : %[3]d", ip, a.Set, a.Port),
 			needSet(f, a.Set, KindAffinity)
 	}
 	return gatewayActionText(f, fam, a) // gateway_ir.go; unknown kinds fail there

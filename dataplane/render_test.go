@@ -156,7 +156,7 @@ func TestRenderSpelling(t *testing.T) {
 				if f.Family == cluster.IPv6 {
 					ip, addr = "ip6", "["+addr+"]"
 				}
-				want := fmt.Sprintf("meta l4proto { tcp, udp, sctp } update @%s { %s saddr } dnat %s to %s:%d", r.Action.Set, ip, ip, addr, r.Action.Port)
+				want := fmt.Sprintf("update @%s { %s saddr : %s } meta l4proto { tcp, udp, sctp } dnat %s to %s:%d", r.Action.Set, ip, r.Action.Addr, ip, addr, r.Action.Port)
 				if got != want {
 					t.Errorf("affinity DNAT: got %q, want %q", got, want)
 				}

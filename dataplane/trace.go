@@ -458,7 +458,7 @@ func (t *tracer) matches(st pstate, r Rule) (ok bool, why string, numgen []uint3
 			}
 			why = fmt.Sprintf("%s not in @%s", st.src, m.Set)
 			if t.f.Sets[m.Set].Kind == KindAffinity {
-				why += " (dynamic affinity sets are empty at trace time)"
+				why += " (affinity maps are empty at trace time)"
 			}
 		case MatchSaddrNotInSet:
 			in, err := t.addrIn(m.Set, st.src)
@@ -737,6 +737,21 @@ func (t *tracer) act(st pstate, ch *Chain, idx int, r Rule, text string, done fu
 		note(fmt.Sprintf("match: client recorded in @%s; DNAT to %s", a.Set, netip.AddrPortFrom(st.dst, st.port)))
 		done(st, vAccept, by)
 		return st, false
+	case ActAffinityRefresh, ActAffinityRecall:
+		// Refresh is reached only by a client the map holds (behind a match on it), and Recall
+		// looks the client up in it: the map is runtime state, and a trace starts from an empty one.
+		if err := needSet(t.f, a.Set, KindAffinity); err != nil {
+			t.fail("%s: %v", by, err)
+			return st, false
+		}
+		if a.Kind == ActAffinityRecall {
+			if err := t.checkNAT(st, "dnat", HookPrerouting, HookOutput); err != nil {
+				t.fail("%s: %v", by, err)
+				return st, false
+			}
+			note(fmt.Sprintf("no match: %s not in @%s (affinity maps are empty at trace time)", st.src, a.Set))
+		}
+		return st, true
 	}
 	return t.gatewayAct(st, ch, idx, r, text, by, done) // gateway_ir.go; unknown kinds fail there
 }
