@@ -11,7 +11,7 @@ import (
 // Adopting a table a previous vipgate left behind.
 //
 // A restart must not disturb traffic. Replacing the table in one batch is already atomic, but it throws
-// away the session-affinity sets (clients would be re-balanced) and rewrites every element. So the
+// away the session-affinity maps (clients would be re-balanced) and rewrites every element. So the
 // first sync after a start reads the live table back (decode.go), and when it is a vipgate table whose
 // base structure matches, sends only the difference between the live table and the desired one. When
 // the table is missing or cannot be decoded, the first sync falls back to the atomic replacement.

@@ -158,7 +158,7 @@ func renderSet(w *bufio.Writer, f *Flat, fam nftFamily, s *Set) error {
 	slices.SortFunc(els, compareElements)
 	if len(els) > 0 {
 		if s.Kind == KindAffinity {
-			return fmt.Errorf("set %q: a dynamic affinity set has no static elements", s.Name)
+			return fmt.Errorf("set %q: a dynamic affinity map has no static elements", s.Name)
 		}
 		w.WriteString("\t\telements = {\n")
 		for _, e := range els {

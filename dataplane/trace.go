@@ -541,7 +541,7 @@ func (t *tracer) lookup(name string, key Element, kinds ...SetKind) (Element, bo
 	return e, found, nil
 }
 
-// addrIn looks an address up in an address, prefix or affinity set.
+// addrIn looks an address up in an address or prefix set, or the keys of an affinity map.
 func (t *tracer) addrIn(name string, a netip.Addr) (bool, error) {
 	if err := needSet(t.f, name, addrSetKinds...); err != nil {
 		return false, err
