@@ -56,8 +56,8 @@ demo: deps build
 # counts, memory, per-packet cost, throughput, control-plane latency), measured in throwaway network
 # namespaces; appended to BENCH.md. `go run ./test/bench --quick` takes about a minute. Go benchmarks of
 # the pure parts: `go test -run '^$$' -bench . -benchmem ./dataplane/`.
-bench: deps build
-	VIPGATE_LABSERVER=$(CURDIR)/$(BIN)/labserver VIPGATE_BIN=$(CURDIR)/$(BIN)/vipgate $(GO) run ./test/bench --out BENCH.md
+bench: deps build apiserver
+	VIPGATE_LABSERVER=$(CURDIR)/$(BIN)/labserver VIPGATE_BIN=$(CURDIR)/$(BIN)/vipgate VIPGATE_KUBE_APISERVER=$(CURDIR)/$(BIN)/kube-apiserver $(GO) run ./test/bench --out BENCH.md
 
 # apiserver builds the real kube-apiserver for the Kubernetes integration tests (about 7 minutes the
 # first time, cached afterwards).

@@ -108,6 +108,22 @@ func Start(t testing.TB, opts Options) *Server {
 }
 
 func start(t testing.TB, opts Options) (*Server, error) {
+	s, err := Launch(opts, t.TempDir(), t.Logf)
+	if s != nil {
+		t.Cleanup(func() {
+			if t.Failed() || err != nil {
+				s.dumpLogs()
+			}
+			s.Shutdown()
+		})
+	}
+	return s, err
+}
+
+// Launch is Start for programs that are not tests (the benchmark): the server's files go to dir,
+// its messages to logf, and the caller stops it with Shutdown (also after an error, when the
+// returned Server is not nil).
+func Launch(opts Options, dir string, logf func(string, ...any)) (*Server, error) {
 	apiBin, err := apiserverBinary()
 	if err != nil {
 		return nil, err
@@ -116,30 +132,27 @@ func start(t testing.TB, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{opts: opts, dir: t.TempDir(), apiBin: apiBin, logf: t.Logf}
-	t.Cleanup(func() {
-		if t.Failed() {
-			s.dumpLogs()
-		}
-		s.shutdown()
-	})
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	s := &Server{opts: opts, dir: dir, apiBin: apiBin, logf: logf}
 
 	s.addr = netip.AddrFrom4([4]byte{127, 0, 0, 1})
 	if opts.Netns != "" {
 		if !opts.Addr.IsValid() {
-			return nil, errors.New("Options.Addr is required with Options.Netns")
+			return s, errors.New("Options.Addr is required with Options.Netns")
 		}
 		s.addr = opts.Addr
 	}
 	ports, err := freePorts(opts.Netns, s.addr, 1)
 	if err != nil {
-		return nil, err
+		return s, err
 	}
 	// etcd listens on the loopback of the namespace: only kube-apiserver talks to it.
 	loop := netip.AddrFrom4([4]byte{127, 0, 0, 1})
 	etcdPorts, err := freePorts(opts.Netns, loop, 2)
 	if err != nil {
-		return nil, err
+		return s, err
 	}
 	s.port = ports[0]
 	s.URL = "https://" + net.JoinHostPort(s.addr.String(), strconv.Itoa(s.port))
@@ -147,18 +160,18 @@ func start(t testing.TB, opts Options) (*Server, error) {
 	peerURL := "http://" + net.JoinHostPort(loop.String(), strconv.Itoa(etcdPorts[1]))
 
 	if s.pki, err = makePKI(s.dir, s.addr); err != nil {
-		return nil, err
+		return s, err
 	}
 	s.Token = "vipgate-test-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	if err := os.WriteFile(filepath.Join(s.dir, "tokens.csv"),
 		[]byte(s.Token+",vipgate-test-admin,vipgate-test-admin,system:masters\n"), 0o600); err != nil {
-		return nil, fmt.Errorf("writing token file: %w", err)
+		return s, fmt.Errorf("writing token file: %w", err)
 	}
 	if err := s.writeKubeconfig(); err != nil {
-		return nil, err
+		return s, err
 	}
 	if err := s.makeClients(); err != nil {
-		return nil, err
+		return s, err
 	}
 
 	s.etcd, err = s.spawn("etcd", etcdBin,
@@ -173,11 +186,11 @@ func start(t testing.TB, opts Options) (*Server, error) {
 		"--log-level", "warn",
 	)
 	if err != nil {
-		return nil, err
+		return s, err
 	}
 	startAt := time.Now()
 	if err := s.startAPIServer(); err != nil {
-		return nil, err
+		return s, err
 	}
 	// The bootstrap controller creates the "default" namespace shortly after /readyz turns green;
 	// tests put their objects there.
@@ -185,9 +198,9 @@ func start(t testing.TB, opts Options) (*Server, error) {
 		_, err := s.Client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{})
 		return err
 	}); err != nil {
-		return nil, fmt.Errorf("waiting for the default namespace: %w", err)
+		return s, fmt.Errorf("waiting for the default namespace: %w", err)
 	}
-	t.Logf("kube-apiserver ready at %s (netns %q) in %v", s.URL, opts.Netns, time.Since(startAt).Round(time.Millisecond))
+	logf("kube-apiserver ready at %s (netns %q) in %v", s.URL, opts.Netns, time.Since(startAt).Round(time.Millisecond))
 	return s, nil
 }
 
@@ -384,8 +397,8 @@ func (s *Server) Restart(t testing.TB) {
 	t.Logf("kube-apiserver restarted in %v", time.Since(start).Round(time.Millisecond))
 }
 
-// shutdown stops everything (t.Cleanup).
-func (s *Server) shutdown() {
+// Shutdown stops kube-apiserver and etcd (Start's t.Cleanup does it for tests).
+func (s *Server) Shutdown() {
 	s.stopOnce.Do(func() {
 		s.Stop()
 		if s.etcd != nil {

@@ -103,7 +103,7 @@ func controlPlane(t *table, pl *packetLab, bin string, background, changes int) 
 		}
 	}
 	t.add(row{What: what, Vipgate: fmtDuration(quantile(lat, 0.5)) + " / " + fmtDuration(quantile(lat, 0.99)),
-		Ref: "the file source waits for 100 ms of quiet before it reloads (fileDebounce)"})
+		Ref: "the file source waits for 50 ms of quiet before it reloads (fileDebounce)"})
 }
 
 // waitConn runs the waitconn generator in the client namespace, calls action once it is probing and

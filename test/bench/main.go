@@ -238,9 +238,8 @@ func labRows(t *table, o *options) {
 			t.fail("control plane to data plane", err)
 		} else {
 			controlPlane(t, pl, bin, o.cpBackground, o.cpChanges)
+			controlPlaneKube(t, pl, bin, o.cpBackground, o.cpChanges)
 		}
-		t.skip("the same through a real kube-apiserver (EndpointSlice created -> first connection)",
-			"not yet: needs test/apiserver in a lab namespace; the e2e tests log the figure")
 	}
 }
 

@@ -1,0 +1,208 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/test/apiserver"
+)
+
+// controlPlaneKube is controlPlane through a real kube-apiserver (test/apiserver: etcd and
+// kube-apiserver in node1's namespace, on its loopback): `vipgate node --kubeconfig` watches it,
+// with `background` Services and their EndpointSlices created first; for each change a Service is
+// created (and awaited: refused), then its EndpointSlice, and the time from the create call's
+// return to the client's first connection through the ClusterIP to pod1 is taken. The background
+// Services are all ClusterIP: the API server allocates NodePorts from 30000-32767 only, and this
+// row measures the watch path, not the mix.
+func controlPlaneKube(t *table, pl *packetLab, bin string, background, changes int) {
+	what := fmt.Sprintf("EndpointSlice created in kube-apiserver -> first connection through its ClusterIP, `vipgate node --kubeconfig`, %s Services, p50 / p99 of %d",
+		thousands(background+1), changes)
+	prog := &dataplane.NetlinkProgrammer{NetNSFd: int(pl.nodeF.Fd())}
+	if err := prog.DeleteTable(cluster.IPv4, "vipgate"); err != nil {
+		t.fail(what, err)
+		return
+	}
+	dir, err := os.MkdirTemp("", fmt.Sprintf("vg%d-bench-kube-", os.Getpid()))
+	if err != nil {
+		t.fail(what, err)
+		return
+	}
+	atExit(func() { os.RemoveAll(dir) })
+	srv, err := apiserver.Launch(apiserver.Options{Netns: pl.l.NS(thisNode), Addr: netip.MustParseAddr("127.0.0.1")},
+		filepath.Join(dir, "apiserver"), func(string, ...any) {})
+	if srv != nil {
+		defer srv.Shutdown()
+	}
+	if err != nil {
+		if strings.Contains(err.Error(), "not found") {
+			t.skip(what, "no kube-apiserver or etcd (`make apiserver`, `make deps`): "+err.Error())
+			return
+		}
+		t.fail(what, err)
+		return
+	}
+	cfg := srv.RESTConfig()
+	cfg.QPS, cfg.Burst = 2000, 4000
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.fail(what, err)
+		return
+	}
+	ctx := context.Background()
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: benchNamespace}}, metav1.CreateOptions{}); err != nil {
+		t.fail(what, err)
+		return
+	}
+	start := time.Now()
+	if err := createBackground(ctx, client, background); err != nil {
+		t.fail(what, fmt.Errorf("creating the background Services: %w", err))
+		return
+	}
+	fmt.Fprintf(os.Stderr, "  (%s background Services and EndpointSlices created through the API in %v)\n", thousands(background), time.Since(start).Round(time.Second))
+
+	nodeCfg := filepath.Join(dir, "node1.yaml")
+	if err := os.WriteFile(nodeCfg, []byte(nodeConfigYAML(pl.node)), 0o644); err != nil {
+		t.fail(what, err)
+		return
+	}
+	proc, err := pl.l.Start(thisNode, filepath.Join(dir, "vipgate.log"), bin, "node", "--config", nodeCfg, "--kubeconfig", srv.Kubeconfig, "--log-level", "warn")
+	if err != nil {
+		t.fail(what, err)
+		return
+	}
+	defer proc.Stop()
+	failf := func(format string, args ...any) {
+		t.fail(what, fmt.Errorf(format+"; vipgate log: %s", append(args, oneLine(proc.Tail(5)))...))
+	}
+
+	// Change 0 also waits for the first full sync of the background, and is not counted.
+	var lat []time.Duration
+	for i := 0; i <= changes; i++ {
+		ip := netip.AddrFrom4([4]byte{10, 96, 253, byte(1 + i)})
+		svc, es := probeObjects(fmt.Sprintf("kprobe-%03d", i), ip, pl.pod.IPv4)
+		addr := netip.AddrPortFrom(ip, 80).String()
+		timeout := "10s"
+		if i == 0 {
+			timeout = "30s"
+		}
+		if _, err := pl.waitConn(addr, "refused", timeout, func() error {
+			_, err := client.CoreV1().Services(benchNamespace).Create(ctx, svc, metav1.CreateOptions{})
+			return err
+		}); err != nil {
+			failf("change %d: the Service without endpoints was not rejected: %v", i, err)
+			return
+		}
+		var created time.Time
+		at, err := pl.waitConn(addr, "ok", "10s", func() error {
+			_, err := client.DiscoveryV1().EndpointSlices(benchNamespace).Create(ctx, es, metav1.CreateOptions{})
+			created = time.Now()
+			return err
+		})
+		if err != nil {
+			failf("change %d: no connection after the EndpointSlice was created: %v", i, err)
+			return
+		}
+		if i > 0 {
+			lat = append(lat, at.Sub(created))
+		}
+	}
+	t.add(row{What: what, Vipgate: fmtDuration(quantile(lat, 0.5)) + " / " + fmtDuration(quantile(lat, 0.99)),
+		Ref: "from the create call's return: the watch event, then 50 ms of quiet before a snapshot (kubeDebounce), then the sync"})
+}
+
+// createBackground creates n synthetic Services (as ClusterIP) and their EndpointSlices, 16 at a time.
+func createBackground(ctx context.Context, client kubernetes.Interface, n int) error {
+	work := make(chan int)
+	errs := make(chan error, 16)
+	var wg sync.WaitGroup
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				svc, es := synthService(i, 10)
+				ksvc := kubeService(svc.Key.Name, svc.ClusterIPs[0])
+				if _, err := client.CoreV1().Services(benchNamespace).Create(ctx, ksvc, metav1.CreateOptions{}); err != nil {
+					errs <- err
+					return
+				}
+				if _, err := client.DiscoveryV1().EndpointSlices(benchNamespace).Create(ctx, kubeSlice(es), metav1.CreateOptions{}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	var err error
+feed:
+	for i := 0; i < n; i++ {
+		select {
+		case work <- i:
+		case err = <-errs:
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+	if err == nil {
+		select {
+		case err = <-errs:
+		default:
+		}
+	}
+	return err
+}
+
+// probeObjects is one probe Service (port 80) and its slice with one ready endpoint on this node.
+func probeObjects(name string, ip, pod netip.Addr) (*corev1.Service, *discoveryv1.EndpointSlice) {
+	es := &cluster.EndpointSlice{Namespace: benchNamespace, Name: name + "-abcde", Service: cluster.ServiceKey{Namespace: benchNamespace, Name: name},
+		Family: cluster.IPv4, Ports: []cluster.EndpointPort{{Protocol: cluster.TCP, Port: 8080}},
+		Endpoints: []cluster.Endpoint{{Addresses: []netip.Addr{pod}, Ready: true, Serving: true, NodeName: thisNode}}}
+	return kubeService(name, ip), kubeSlice(es)
+}
+
+func kubeService(name string, ip netip.Addr) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: benchNamespace},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeClusterIP, ClusterIP: ip.String(), ClusterIPs: []string{ip.String()},
+			IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
+			Ports:      []corev1.ServicePort{{Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}},
+		},
+	}
+}
+
+func kubeSlice(es *cluster.EndpointSlice) *discoveryv1.EndpointSlice {
+	out := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: es.Name, Namespace: es.Namespace, Labels: map[string]string{discoveryv1.LabelServiceName: es.Service.Name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+	}
+	for _, p := range es.Ports {
+		proto, port := corev1.Protocol(p.Protocol), int32(p.Port)
+		out.Ports = append(out.Ports, discoveryv1.EndpointPort{Protocol: &proto, Port: &port})
+	}
+	for _, ep := range es.Endpoints {
+		ready, serving, terminating := ep.Ready, ep.Serving, ep.Terminating
+		node := ep.NodeName
+		out.Endpoints = append(out.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{ep.Addresses[0].String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &serving, Terminating: &terminating},
+			NodeName:   &node,
+		})
+	}
+	return out
+}
