@@ -82,8 +82,7 @@ func (n *NetlinkProgrammer) Apply(tx *Tx) error {
 	if err != nil {
 		return err
 	}
-	e := &encoder{f: tx.Family, t: &nftables.Table{Name: tx.Table, Family: tableFamily(tx.Family)}, c: b.lib, b: b, sets: map[string]*nftables.Set{}, kinds: tx.Sets, chains: map[string]*nftables.Chain{}}
-	if err := e.encode(tx); err != nil {
+	if err := newEncoder(tx, b).encode(tx); err != nil {
 		return err
 	}
 	if err := n.send(b); err != nil {
@@ -115,6 +114,12 @@ type encoder struct {
 	sets   map[string]*nftables.Set // created in this batch (carry IDs) or referenced
 	kinds  map[string]*Set
 	chains map[string]*nftables.Chain
+}
+
+// newEncoder returns an encoder of tx into b.
+func newEncoder(tx *Tx, b *batch) *encoder {
+	return &encoder{f: tx.Family, t: &nftables.Table{Name: tx.Table, Family: tableFamily(tx.Family)}, c: b.lib, b: b,
+		sets: map[string]*nftables.Set{}, kinds: tx.Sets, chains: map[string]*nftables.Chain{}}
 }
 
 func (e *encoder) chain(name string) *nftables.Chain {
