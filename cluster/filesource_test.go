@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -462,4 +463,79 @@ func keys(st *State) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// TestFileSourceSkipsUnchangedFiles: a load does not read again a file whose identity (inode, size,
+// times, mode) did not change, unless it was modified within the last second; a rewrite of the same
+// size at once, or a symlink pointed elsewhere (a ConfigMap volume update), is seen.
+func TestFileSourceSkipsUnchangedFiles(t *testing.T) {
+	dir := manifestDir(t)
+	svc := func(port int) string {
+		return fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: probe, namespace: demo}\nspec: {clusterIP: 10.96.0.99, ports: [{port: %d}]}\n", port)
+	}
+	port := func(fs *FileSource) uint16 {
+		t.Helper()
+		st, err := fs.Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := st.Services[ServiceKey{"demo", "probe"}]
+		if s == nil {
+			t.Fatalf("no Service demo/probe: %v", st.Rejected)
+		}
+		return s.Ports[0].Port
+	}
+	fs := NewFileSource(dir, nil)
+	writeFile(t, dir, "probe.yaml", svc(81))
+	if got := port(fs); got != 81 {
+		t.Fatalf("port %d, want 81", got)
+	}
+	// Rewritten at once, same size: within the racy window it is read again.
+	writeFile(t, dir, "probe.yaml", svc(82))
+	if got := port(fs); got != 82 {
+		t.Errorf("a same-size rewrite right after a load was missed: port %d, want 82", got)
+	}
+	// Older than the window, unchanged: not read again (a changed byte behind the times' back
+	// shows it, which a real write never does).
+	old := time.Now().Add(-time.Hour)
+	path := filepath.Join(dir, "probe.yaml")
+	if err := os.Chtimes(path, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if got := port(fs); got != 82 {
+		t.Fatalf("port %d, want 82", got)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte(svc(83)), 0); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := os.Chtimes(path, old, old); err != nil { // mtime back; ctime moved, so it is seen
+		t.Fatal(err)
+	}
+	if got := port(fs); got != 83 {
+		t.Errorf("a change with the mtime restored was missed (ctime moved): port %d, want 83", got)
+	}
+	// A ConfigMap-style symlink swap.
+	for i, p := range []int{84, 85} {
+		sub := filepath.Join(dir, fmt.Sprintf(".data-%d", i))
+		if err := os.Mkdir(sub, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, sub, "cm.yaml", strings.ReplaceAll(svc(p), "name: probe", "name: cm"))
+		os.Remove(filepath.Join(dir, "cm.yaml"))
+		if err := os.Symlink(filepath.Join(sub, "cm.yaml"), filepath.Join(dir, "cm.yaml")); err != nil {
+			t.Fatal(err)
+		}
+		st, err := fs.Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := st.Services[ServiceKey{"demo", "cm"}]; s == nil || int(s.Ports[0].Port) != p {
+			t.Errorf("symlink swap %d: Service demo/cm %v, want port %d", i, s, p)
+		}
+	}
 }
