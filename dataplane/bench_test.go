@@ -76,12 +76,7 @@ func BenchmarkKernelFullSync(b *testing.B) {
 func BenchmarkKernelEndpointChange(b *testing.B) {
 	_, fd := testNetns(b)
 	st := SyntheticState(10000, 10)
-	cfg := testConfig()
-	cfg.Families = []cluster.Family{cluster.IPv4}
-	p := NewProxier(hclog.NewNullLogger(), cfg, &NetlinkProgrammer{NetNSFd: fd})
-	if _, err := p.Sync(st); err != nil {
-		b.Fatal(err)
-	}
+	p, _ := syncedIPv4(b, fd, st)
 	key := cluster.ServiceKey{Namespace: "bench", Name: "svc-00001"}
 	full := st.EndpointSlices[key]
 	short := *full[0]

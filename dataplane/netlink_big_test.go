@@ -52,13 +52,7 @@ func TestNetlinkVerdictMapChunks(t *testing.T) {
 func TestNetlinkSharedPickerFlap(t *testing.T) {
 	_, fd := testNetns(t)
 	st := SyntheticState(20, 10)
-	cfg := testConfig()
-	cfg.Families = []cluster.Family{cluster.IPv4}
-	prog := &NetlinkProgrammer{NetNSFd: fd}
-	p := NewProxier(hclog.NewNullLogger(), cfg, prog)
-	if _, err := p.Sync(st); err != nil {
-		t.Fatal(err)
-	}
+	p, prog := syncedIPv4(t, fd, st)
 	key := cluster.ServiceKey{Namespace: "bench", Name: "svc-00001"}
 	full := st.EndpointSlices[key]
 	short := *full[0]
@@ -143,13 +137,7 @@ func TestNetlinkAffinityPurge(t *testing.T) {
 	if st.Services[key].AffinityTimeout == 0 {
 		t.Fatalf("%s has no session affinity in the synthetic state", key)
 	}
-	cfg := testConfig()
-	cfg.Families = []cluster.Family{cluster.IPv4}
-	prog := &NetlinkProgrammer{NetNSFd: fd}
-	p := NewProxier(hclog.NewNullLogger(), cfg, prog)
-	if _, err := p.Sync(st); err != nil {
-		t.Fatal(err)
-	}
+	p, prog := syncedIPv4(t, fd, st)
 	// The map of the Service's ClusterIP chain, and its endpoints.
 	var set string
 	var eps []netip.Addr
@@ -197,7 +185,7 @@ func TestNetlinkAffinityPurge(t *testing.T) {
 	// While vipgate is not running, another endpoint leaves; the restart adopts the table.
 	seed("198.51.100.3", eps[2])
 	st.EndpointSlices[key] = without(eps[2])
-	p2 := NewProxier(hclog.NewNullLogger(), cfg, prog)
+	p2 := NewProxier(hclog.NewNullLogger(), ipv4Config(), prog)
 	p2.SetTableReader(prog)
 	rep, err = p2.Sync(st)
 	if err != nil {
@@ -209,4 +197,21 @@ func TestNetlinkAffinityPurge(t *testing.T) {
 	if got := clients(); !strings.Contains(got, "198.51.100.1") || strings.Contains(got, "198.51.100.3") {
 		t.Errorf("after %s left during a restart, want client .1 kept and .3 forgotten:\n%s", eps[2], got)
 	}
+}
+
+func ipv4Config() Config {
+	cfg := testConfig()
+	cfg.Families = []cluster.Family{cluster.IPv4}
+	return cfg
+}
+
+// syncedIPv4 programs st (IPv4 only) into the namespace of fd.
+func syncedIPv4(t testing.TB, fd int, st *cluster.State) (*Proxier, *NetlinkProgrammer) {
+	t.Helper()
+	prog := &NetlinkProgrammer{NetNSFd: fd}
+	p := NewProxier(hclog.NewNullLogger(), ipv4Config(), prog)
+	if _, err := p.Sync(st); err != nil {
+		t.Fatal(err)
+	}
+	return p, prog
 }

@@ -27,18 +27,11 @@ import (
 func controlPlane(t *table, pl *packetLab, bin string, background, changes int) {
 	what := fmt.Sprintf("EndpointSlice file written -> first connection through its ClusterIP, `vipgate node --manifests`, %s Services, p50 / p99 of %d",
 		thousands(background+1), changes)
-	// The packet tests left their table in node1; vipgate starts from a clean namespace.
-	prog := &dataplane.NetlinkProgrammer{NetNSFd: int(pl.nodeF.Fd())}
-	if err := prog.DeleteTable(cluster.IPv4, "vipgate"); err != nil {
-		t.fail(what, err)
-		return
-	}
-	dir, err := os.MkdirTemp("", fmt.Sprintf("vg%d-bench-cp-", os.Getpid()))
+	dir, err := pl.controlPlaneDir("cp")
 	if err != nil {
 		t.fail(what, err)
 		return
 	}
-	atExit(func() { os.RemoveAll(dir) })
 	manifests := filepath.Join(dir, "manifests")
 	if err := os.Mkdir(manifests, 0o755); err != nil {
 		t.fail(what, err)
@@ -69,11 +62,44 @@ func controlPlane(t *table, pl *packetLab, bin string, background, changes int) 
 		t.fail(what, fmt.Errorf(format+"; vipgate log: %s", append(args, oneLine(proc.Tail(5)))...))
 	}
 
-	// Change 0 also waits for the first full sync of the background, and is not counted.
+	lat, err := pl.probeChanges(changes, 254, func(svc *cluster.Service, _ *cluster.EndpointSlice) error {
+		return writeAtomic(manifests, svc.Key.Name+"-service.yaml", []byte(serviceYAML(svc, 8080)))
+	}, func(_ *cluster.Service, es *cluster.EndpointSlice) error {
+		return writeAtomic(manifests, es.Service.Name+"-slice.yaml", []byte(sliceYAML(es)))
+	})
+	if err != nil {
+		failf("%v", err)
+		return
+	}
+	t.add(row{What: what, Vipgate: fmtDuration(quantile(lat, 0.5)) + " / " + fmtDuration(quantile(lat, 0.99)),
+		Ref: "the file source waits for 50 ms of quiet before it reloads (fileDebounce)"})
+}
+
+// controlPlaneDir clears node1 (the packet tests left their table there; vipgate starts from a clean
+// namespace) and makes a directory for one control-plane row, removed at exit.
+func (pl *packetLab) controlPlaneDir(kind string) (string, error) {
+	prog := &dataplane.NetlinkProgrammer{NetNSFd: int(pl.nodeF.Fd())}
+	if err := prog.DeleteTable(cluster.IPv4, "vipgate"); err != nil {
+		return "", err
+	}
+	dir, err := os.MkdirTemp("", fmt.Sprintf("vg%d-bench-%s-", os.Getpid(), kind))
+	if err != nil {
+		return "", err
+	}
+	atExit(func() { os.RemoveAll(dir) })
+	return dir, nil
+}
+
+// probeChanges makes changes+1 probe Services (ClusterIP 10.96.<octet>.<1+i>, port 80, one endpoint:
+// pod1:8080): addService makes the Service exist, and is awaited (the client's connections are
+// refused: it is programmed without endpoints); then addSlice adds its EndpointSlice, and the time
+// from addSlice's return to the client's first connection through the ClusterIP is taken. Change 0
+// also waits for vipgate's first full sync, and is not counted.
+func (pl *packetLab) probeChanges(changes int, octet byte, addService, addSlice func(*cluster.Service, *cluster.EndpointSlice) error) ([]time.Duration, error) {
 	var lat []time.Duration
 	for i := 0; i <= changes; i++ {
-		ip := netip.AddrFrom4([4]byte{10, 96, 254, byte(1 + i)})
-		svc := &cluster.Service{Key: cluster.ServiceKey{Namespace: benchNamespace, Name: fmt.Sprintf("probe-%03d", i)},
+		ip := netip.AddrFrom4([4]byte{10, 96, octet, byte(1 + i)})
+		svc := &cluster.Service{Key: cluster.ServiceKey{Namespace: benchNamespace, Name: fmt.Sprintf("probe-%d-%03d", octet, i)},
 			Type: cluster.TypeClusterIP, ClusterIPs: []netip.Addr{ip}, Ports: []cluster.ServicePort{{Protocol: cluster.TCP, Port: 80}}}
 		es := &cluster.EndpointSlice{Namespace: benchNamespace, Name: svc.Key.Name + "-abcde", Service: svc.Key, Family: cluster.IPv4,
 			Ports:     []cluster.EndpointPort{{Protocol: cluster.TCP, Port: 8080}},
@@ -83,27 +109,23 @@ func controlPlane(t *table, pl *packetLab, bin string, background, changes int) 
 		if i == 0 {
 			timeout = "30s"
 		}
-		if _, err := pl.waitConn(addr, "refused", timeout, func() error {
-			return writeAtomic(manifests, svc.Key.Name+"-service.yaml", []byte(serviceYAML(svc, 8080)))
-		}); err != nil {
-			failf("change %d: the Service without endpoints was not rejected: %v", i, err)
-			return
+		if _, err := pl.waitConn(addr, "refused", timeout, func() error { return addService(svc, es) }); err != nil {
+			return nil, fmt.Errorf("change %d: the Service without endpoints was not rejected: %w", i, err)
 		}
-		var written time.Time
+		var added time.Time
 		at, err := pl.waitConn(addr, "ok", "10s", func() error {
-			written = time.Now()
-			return writeAtomic(manifests, svc.Key.Name+"-slice.yaml", []byte(sliceYAML(es)))
+			err := addSlice(svc, es)
+			added = time.Now()
+			return err
 		})
 		if err != nil {
-			failf("change %d: no connection after the EndpointSlice was written: %v", i, err)
-			return
+			return nil, fmt.Errorf("change %d: no connection after the EndpointSlice was added: %w", i, err)
 		}
 		if i > 0 {
-			lat = append(lat, at.Sub(written))
+			lat = append(lat, at.Sub(added))
 		}
 	}
-	t.add(row{What: what, Vipgate: fmtDuration(quantile(lat, 0.5)) + " / " + fmtDuration(quantile(lat, 0.99)),
-		Ref: "the file source waits for 50 ms of quiet before it reloads (fileDebounce)"})
+	return lat, nil
 }
 
 // waitConn runs the waitconn generator in the client namespace, calls action once it is probing and

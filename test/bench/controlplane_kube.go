@@ -17,7 +17,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/vipgate/vipgate/cluster"
-	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/test/apiserver"
 )
 
@@ -31,17 +30,11 @@ import (
 func controlPlaneKube(t *table, pl *packetLab, bin string, background, changes int) {
 	what := fmt.Sprintf("EndpointSlice created in kube-apiserver -> first connection through its ClusterIP, `vipgate node --kubeconfig`, %s Services, p50 / p99 of %d",
 		thousands(background+1), changes)
-	prog := &dataplane.NetlinkProgrammer{NetNSFd: int(pl.nodeF.Fd())}
-	if err := prog.DeleteTable(cluster.IPv4, "vipgate"); err != nil {
-		t.fail(what, err)
-		return
-	}
-	dir, err := os.MkdirTemp("", fmt.Sprintf("vg%d-bench-kube-", os.Getpid()))
+	dir, err := pl.controlPlaneDir("kube")
 	if err != nil {
 		t.fail(what, err)
 		return
 	}
-	atExit(func() { os.RemoveAll(dir) })
 	srv, err := apiserver.Launch(apiserver.Options{Netns: pl.l.NS(thisNode), Addr: netip.MustParseAddr("127.0.0.1")},
 		filepath.Join(dir, "apiserver"), func(string, ...any) {})
 	if srv != nil {
@@ -89,36 +82,16 @@ func controlPlaneKube(t *table, pl *packetLab, bin string, background, changes i
 		t.fail(what, fmt.Errorf(format+"; vipgate log: %s", append(args, oneLine(proc.Tail(5)))...))
 	}
 
-	// Change 0 also waits for the first full sync of the background, and is not counted.
-	var lat []time.Duration
-	for i := 0; i <= changes; i++ {
-		ip := netip.AddrFrom4([4]byte{10, 96, 253, byte(1 + i)})
-		svc, es := probeObjects(fmt.Sprintf("kprobe-%03d", i), ip, pl.pod.IPv4)
-		addr := netip.AddrPortFrom(ip, 80).String()
-		timeout := "10s"
-		if i == 0 {
-			timeout = "30s"
-		}
-		if _, err := pl.waitConn(addr, "refused", timeout, func() error {
-			_, err := client.CoreV1().Services(benchNamespace).Create(ctx, svc, metav1.CreateOptions{})
-			return err
-		}); err != nil {
-			failf("change %d: the Service without endpoints was not rejected: %v", i, err)
-			return
-		}
-		var created time.Time
-		at, err := pl.waitConn(addr, "ok", "10s", func() error {
-			_, err := client.DiscoveryV1().EndpointSlices(benchNamespace).Create(ctx, es, metav1.CreateOptions{})
-			created = time.Now()
-			return err
-		})
-		if err != nil {
-			failf("change %d: no connection after the EndpointSlice was created: %v", i, err)
-			return
-		}
-		if i > 0 {
-			lat = append(lat, at.Sub(created))
-		}
+	lat, err := pl.probeChanges(changes, 253, func(svc *cluster.Service, _ *cluster.EndpointSlice) error {
+		_, err := client.CoreV1().Services(benchNamespace).Create(ctx, kubeService(svc.Key.Name, svc.ClusterIPs[0]), metav1.CreateOptions{})
+		return err
+	}, func(_ *cluster.Service, es *cluster.EndpointSlice) error {
+		_, err := client.DiscoveryV1().EndpointSlices(benchNamespace).Create(ctx, kubeSlice(es), metav1.CreateOptions{})
+		return err
+	})
+	if err != nil {
+		failf("%v", err)
+		return
 	}
 	t.add(row{What: what, Vipgate: fmtDuration(quantile(lat, 0.5)) + " / " + fmtDuration(quantile(lat, 0.99)),
 		Ref: "from the create call's return: the watch event, then 50 ms of quiet before a snapshot (kubeDebounce), then the sync"})
@@ -165,14 +138,6 @@ feed:
 		}
 	}
 	return err
-}
-
-// probeObjects is one probe Service (port 80) and its slice with one ready endpoint on this node.
-func probeObjects(name string, ip, pod netip.Addr) (*corev1.Service, *discoveryv1.EndpointSlice) {
-	es := &cluster.EndpointSlice{Namespace: benchNamespace, Name: name + "-abcde", Service: cluster.ServiceKey{Namespace: benchNamespace, Name: name},
-		Family: cluster.IPv4, Ports: []cluster.EndpointPort{{Protocol: cluster.TCP, Port: 8080}},
-		Endpoints: []cluster.Endpoint{{Addresses: []netip.Addr{pod}, Ready: true, Serving: true, NodeName: thisNode}}}
-	return kubeService(name, ip), kubeSlice(es)
 }
 
 func kubeService(name string, ip netip.Addr) *corev1.Service {
