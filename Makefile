@@ -11,14 +11,14 @@ APT_PKGS := nftables iproute2 conntrack iperf3 arping tcpdump bird2 frr etcd-ser
 FUZZ_FILE    ?= 3000x
 FUZZ_RULESET ?= 300x
 
-.PHONY: all build deps test unit e2e fuzz demo bench clean apiserver
+.PHONY: all build deps test test-cluster unit e2e fuzz demo bench clean apiserver
 
 all: build
 
 build:
 	@mkdir -p $(BIN)
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/vipgate ./cmd/vipgate
-	$(GO) build -o $(BIN)/labserver ./test/labserver
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/labserver ./test/labserver
 
 # deps installs the Debian packages the lab needs (only what is missing).
 deps:
@@ -32,10 +32,16 @@ deps:
 TEST_ENV := VIPGATE_BIN=$(CURDIR)/$(BIN)/vipgate VIPGATE_LABSERVER=$(CURDIR)/$(BIN)/labserver \
 	VIPGATE_KUBE_APISERVER=$(CURDIR)/$(BIN)/kube-apiserver
 
-test: deps build apiserver
+test: deps build apiserver cluster-deps
 	$(GO) vet ./...
 	$(TEST_ENV) $(GO) test -count=1 -timeout 25m ./...
 	$(MAKE) fuzz
+	$(MAKE) test-cluster
+
+# test-cluster: the tests that build a real cluster (test/cluster): a LoadBalancer reached from
+# outside, the upstream e2e subset (testcluster.CIFocus), Ingress, rolling update, node death.
+test-cluster: cluster-deps
+	$(TEST_ENV) VIPGATE_CLUSTER_TESTS=1 $(GO) test -count=1 -timeout 50m -v ./test/cluster/
 
 unit:
 	$(GO) test -count=1 -short ./...
@@ -46,6 +52,7 @@ e2e: deps build apiserver
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzFileDocument$$' -fuzztime $(FUZZ_FILE) ./cluster/
 	$(GO) test -run '^$$' -fuzz '^FuzzRuleset$$' -fuzztime $(FUZZ_RULESET) ./dataplane/
+	$(GO) test -run '^$$' -fuzz '^FuzzConflictOrder$$' -fuzztime 3000x ./dataplane/
 
 # demo: a lab in network namespaces (two nodes running vipgate node, two running vipgate gateway, BIRD as
 # the router), a tour of the Service types and a gateway failover.
@@ -59,14 +66,49 @@ demo: deps build
 bench: deps build apiserver
 	VIPGATE_LABSERVER=$(CURDIR)/$(BIN)/labserver VIPGATE_BIN=$(CURDIR)/$(BIN)/vipgate VIPGATE_KUBE_APISERVER=$(CURDIR)/$(BIN)/kube-apiserver $(GO) run ./test/bench --out BENCH.md
 
-# apiserver builds the real kube-apiserver for the Kubernetes integration tests (about 7 minutes the
-# first time, cached afterwards).
-apiserver:
+# apiserver builds the real kube-apiserver for the Kubernetes integration tests (with the other
+# Kubernetes binaries of test/cluster/cluster.mk, in one go build: about 4 minutes the first time).
+apiserver: $(BIN)/kube-apiserver
+
+# image: vipgate's OCI image without Docker (deploy/image, go-containerregistry): the static binary
+# in one reproducible layer (same inputs, same digest), written as an OCI image layout archive that
+# `ctr -n k8s.io images import` and `skopeo copy oci-archive:...` accept. Tagged with VERSION.
+# IMAGE_ARCH=arm64 cross-builds; SOURCE_DATE_EPOCH (default 0) sets every timestamp.
+IMAGE_VERSION := $(shell cat VERSION)
+IMAGE_REPO    ?= ghcr.io/vipgate/vipgate
+IMAGE_ARCH    ?= $(shell $(GO) env GOARCH)
+IMAGE_TAR     := $(BIN)/vipgate-image.tar
+# The image tool runs on this host whatever GOOS/GOARCH the binary is built for.
+IMAGE_TOOL    := env -u GOOS -u GOARCH $(GO) run ./deploy/image
+
+.PHONY: image test-images
+
+image:
 	@mkdir -p $(BIN)
-	@if [ ! -x $(BIN)/kube-apiserver ]; then \
-		echo "building kube-apiserver v1.36.3 (about 7 minutes the first time)"; \
-		cd test/tools && $(GO) build -o $(CURDIR)/$(BIN)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver; \
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) $(GO) build -trimpath -buildvcs=false \
+		-ldflags "-s -w -X main.version=$(IMAGE_VERSION)" -o $(BIN)/vipgate-linux-$(IMAGE_ARCH) ./cmd/vipgate
+	$(IMAGE_TOOL) vipgate --binary $(BIN)/vipgate-linux-$(IMAGE_ARCH) --version $(IMAGE_VERSION) \
+		--name $(IMAGE_REPO) --arch $(IMAGE_ARCH) --out $(IMAGE_TAR)
+
+# test-images: the images the test cluster loads instead of pulling, into bin/images/ (the list is
+# TestImages in deploy/image/images.go): pause (static build of Kubernetes' pause.c), agnhost (plus
+# busybox, curl, OpenBSD nc and dig from Debian), busybox, kube-proxy (with Debian's nft) and
+# CoreDNS (test/coredns). The binaries come from test/cluster/cluster.mk's rules. Needs root the first time to install
+# the Debian packages below.
+TEST_IMAGES_PKGS := gcc libc6-dev busybox-static curl wget dash netcat-openbsd bind9-dnsutils
+KUBERNETES_DIR    = $(shell cd test/tools && $(GO) list -m -f '{{.Dir}}' k8s.io/kubernetes)
+
+test-images: $(BIN)/agnhost $(BIN)/coredns $(BIN)/kube-proxy $(BIN)/traefik build
+	@mkdir -p $(BIN)/images
+	@missing=""; for p in $(TEST_IMAGES_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+	gcc -static -O2 -o $(BIN)/pause $(KUBERNETES_DIR)/build/pause/linux/pause.c
+	$(IMAGE_TOOL) test-images --bin $(BIN) --out $(BIN)/images
 
 clean:
 	rm -rf $(BIN)
+
+include test/cluster/cluster.mk

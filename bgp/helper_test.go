@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	api "github.com/osrg/gobgp/v4/api"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vipgate/vipgate/test/routers"
@@ -44,6 +45,7 @@ type helperRequest struct {
 	Peers      []PeerConfig    `json:"peers,omitempty"`
 	Ads        []Advertisement `json:"ads,omitempty"`
 	Drain      time.Duration   `json:"drain,omitempty"`
+	Address    netip.Addr      `json:"address,omitzero"`
 }
 
 type helperResponse struct {
@@ -85,6 +87,9 @@ func runHelper() int {
 			err = sp.Shutdown(context.Background(), req.Drain)
 		case req.Op == "stop":
 			err = sp.Stop(context.Background())
+		case req.Op == "bfdreset":
+			// What GoBGP's BFD does when its session fails (bfd_peer.go resetPeer).
+			err = sp.srv.ResetPeer(context.Background(), &api.ResetPeerRequest{Address: req.Address.String(), Communication: "BFD is down"})
 		default:
 			err = fmt.Errorf("unknown op %q", req.Op)
 		}
@@ -197,6 +202,12 @@ func (r *remoteSpeaker) Metrics() string {
 
 func (r *remoteSpeaker) Shutdown(drain time.Duration) error {
 	_, err := r.call(helperRequest{Op: "shutdown", Drain: drain})
+	return err
+}
+
+// BFDReset makes GoBGP queue the hard reset its BFD sends when a BFD session fails.
+func (r *remoteSpeaker) BFDReset(addr netip.Addr) error {
+	_, err := r.call(helperRequest{Op: "bfdreset", Address: addr})
 	return err
 }
 

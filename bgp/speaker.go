@@ -46,6 +46,10 @@ type Speaker struct {
 	// sessions of a restart (graceful restart's Restart State).
 	peersSet bool
 	stopped  bool
+	// peerAdded is when each peer (by name) was last added to GoBGP; see bfdguard.go.
+	peerAdded map[string]time.Time
+	// bfdGuard re-creates BFD peers that may hold a stale NOTIFICATION (bfdguard.go).
+	bfdGuard *bfdGuard
 }
 
 // New starts an embedded GoBGP server with the given router ID (IPv4, as BGP requires) and no
@@ -61,7 +65,8 @@ func New(logger hclog.Logger, reg prometheus.Registerer, routerID netip.Addr, li
 	if listenPort < -1 || listenPort > 65535 {
 		return nil, fmt.Errorf("listen port %d out of range", listenPort)
 	}
-	srv := server.NewBgpServer(server.LoggerOption(newSlogLogger(logger.Named("gobgp")), nil))
+	guard, hook := newBFDGuard(logger)
+	srv := server.NewBgpServer(server.LoggerOption(newSlogLogger(logger.Named("gobgp"), hook), nil))
 	// Serve runs the loop every management call goes through; without it StartBgp blocks forever.
 	go srv.Serve()
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
@@ -82,9 +87,17 @@ func New(logger hclog.Logger, reg prometheus.Registerer, routerID netip.Addr, li
 		peers:    map[string]PeerConfig{},
 		routes:   map[netip.Prefix]route{},
 		filters:  map[string]*peerFilter{},
+
+		peerAdded: map[string]time.Time{},
+		bfdGuard:  guard,
+	}
+	if err := s.startBFDGuard(guard); err != nil {
+		srv.Stop()
+		return nil, fmt.Errorf("watching GoBGP peer events: %w", err)
 	}
 	if reg != nil {
 		if err := reg.Register(&collector{s: s}); err != nil {
+			s.stopBFDGuard()
 			srv.Stop()
 			return nil, fmt.Errorf("registering BGP metrics: %w", err)
 		}
@@ -143,7 +156,9 @@ func (s *Speaker) addPeer(p PeerConfig, restarting bool) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
+	s.peerAdded[p.Name] = time.Now()
 	if err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(p, restarting && p.GracefulRestart)}); err != nil {
+		delete(s.peerAdded, p.Name)
 		// Leave no filter behind for a peer that does not exist.
 		if _, ferr := s.syncFilter(p, nil); ferr != nil {
 			s.log.Warn("removing export filter of a peer GoBGP refused", "peer", p.Name, "err", ferr)
@@ -163,6 +178,7 @@ func (s *Speaker) deletePeer(p PeerConfig) error {
 		return fmt.Errorf("removing from GoBGP: %w", err)
 	}
 	delete(s.peers, p.Name)
+	delete(s.peerAdded, p.Name)
 	if _, err := s.syncFilter(p, nil); err != nil {
 		s.log.Warn("removing export filter of a removed peer", "peer", p.Name, "err", err)
 	}
@@ -384,6 +400,7 @@ func (s *Speaker) Shutdown(ctx context.Context, drain time.Duration) error {
 	errs = append(errs, s.deletePaths(slices.Collect(maps.Values(s.routes))))
 	s.stopped = true
 	s.mu.Unlock()
+	s.stopBFDGuard()
 	// Stop deletes every neighbor with a Cease NOTIFICATION and stops the BFD server.
 	s.srv.Stop()
 	s.log.Info("BGP speaker shut down")
@@ -395,6 +412,8 @@ func (s *Speaker) Shutdown(ctx context.Context, drain time.Duration) error {
 // vipgate restarts. Call it only when the process is about to exit: GoBGP's BFD goroutine stays.
 // After a restart, call SetAdvertisements before SetPeers so the first UPDATEs carry every route.
 func (s *Speaker) Stop(ctx context.Context) error {
+	// Runs after the unlock below: the guard's worker takes s.mu.
+	defer s.stopBFDGuard()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {

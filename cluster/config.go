@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
 	"os"
 	"regexp"
@@ -91,10 +92,46 @@ type NodeConfig struct {
 	// TableName is the nftables table vipgate owns (default "vipgate"), in both the ip and ip6
 	// families.
 	TableName string
+	// ServiceProxyName, when set, makes vipgate program only the Services (and EndpointSlices)
+	// labelled service.kubernetes.io/service-proxy-name with this value, as Cilium's
+	// k8s-service-proxy-name, so that it can run beside another service proxy. Empty (the default):
+	// kube-proxy's choice, every Service without that label. See ServiceProxyFilter.
+	ServiceProxyName string
+	// ExternalIPs says which addresses Services may claim besides their cluster IPs (externalIPs,
+	// LoadBalancer IPs); see ExternalIPPolicy.
+	ExternalIPs ExternalIPPolicy
 	// Speaker configures the L2 speakers' membership (speakerconfig.go).
 	Speaker SpeakerConfig
 	// Logging is logLevel and logFormat.
 	Logging Logging
+}
+
+// ExternalIPPolicy is the node's policy for the addresses a Service claims besides its cluster IPs:
+// spec.externalIPs, which anyone who may create a Service can set to any address
+// (CVE-2020-8554), and status.loadBalancer.ingress. An address the policy refuses is not programmed
+// for that Service; the Service's other entries are (the refusal is reported like a rejection).
+// Special addresses (loopback, link-local, multicast, ...) are refused whatever the policy says.
+type ExternalIPPolicy struct {
+	// AllowedCIDRs, when set, are the only ranges spec.externalIPs may use, like the
+	// externalip-webhook's allowed CIDRs; unset (the default) allows any address, as kube-proxy does.
+	// It does not apply to LoadBalancer IPs, which the LoadBalancer controller assigns.
+	AllowedCIDRs []netip.Prefix
+	// AllowNodeIPs lets an external or LoadBalancer IP equal a node's address (a node IP of this
+	// config, a local address NodePorts answer on, or any Node's address): such an entry takes the
+	// node's own traffic on that port (kubelet, ssh) away. Off by default; setups that give
+	// LoadBalancer Services the node's address (k3s ServiceLB) turn it on.
+	AllowNodeIPs bool
+	// AllowClusterCIDRs lets an external or LoadBalancer IP lie inside serviceCIDRs or clusterCIDRs
+	// (pods), where it would shadow a cluster IP the API server may allocate later, or a pod. Off by
+	// default.
+	AllowClusterCIDRs bool
+}
+
+// externalIPPolicyFile is the on-disk form of ExternalIPPolicy.
+type externalIPPolicyFile struct {
+	AllowedCIDRs      []string `json:"allowedCIDRs"`
+	AllowNodeIPs      bool     `json:"allowNodeIPs"`
+	AllowClusterCIDRs bool     `json:"allowClusterCIDRs"`
 }
 
 // MasqueradeMark is the packet mark value of MasqueradeBit (0x4000 by default).
@@ -112,24 +149,26 @@ func (c *NodeConfig) NodeIP(f Family) (netip.Addr, bool) {
 
 // nodeConfigFile is the on-disk form of NodeConfig; its field names are the file format.
 type nodeConfigFile struct {
-	APIVersion           string             `json:"apiVersion"`
-	Kind                 string             `json:"kind"`
-	NodeName             string             `json:"nodeName"`
-	NodeIPs              []string           `json:"nodeIPs"`
-	ClusterCIDRs         []string           `json:"clusterCIDRs"`
-	ServiceCIDRs         []string           `json:"serviceCIDRs"`
-	NodePortAddresses    []string           `json:"nodePortAddresses"`
-	MasqueradeAll        bool               `json:"masqueradeAll"`
-	MasqueradeBit        *int               `json:"masqueradeBit"`
-	NodeZone             string             `json:"nodeZone"`
-	NodeLabels           map[string]string  `json:"nodeLabels"`
-	HealthzBindAddress   string             `json:"healthzBindAddress"`
-	MetricsBindAddress   string             `json:"metricsBindAddress"`
-	HealthCheckAddresses []string           `json:"healthCheckAddresses"`
-	TableName            string             `json:"tableName"`
-	Speaker              *speakerConfigFile `json:"speaker"`
-	LogLevel             string             `json:"logLevel"`
-	LogFormat            string             `json:"logFormat"`
+	APIVersion           string               `json:"apiVersion"`
+	Kind                 string               `json:"kind"`
+	NodeName             string               `json:"nodeName"`
+	NodeIPs              []string             `json:"nodeIPs"`
+	ClusterCIDRs         []string             `json:"clusterCIDRs"`
+	ServiceCIDRs         []string             `json:"serviceCIDRs"`
+	NodePortAddresses    []string             `json:"nodePortAddresses"`
+	MasqueradeAll        bool                 `json:"masqueradeAll"`
+	MasqueradeBit        *int                 `json:"masqueradeBit"`
+	NodeZone             string               `json:"nodeZone"`
+	NodeLabels           map[string]string    `json:"nodeLabels"`
+	HealthzBindAddress   string               `json:"healthzBindAddress"`
+	MetricsBindAddress   string               `json:"metricsBindAddress"`
+	HealthCheckAddresses []string             `json:"healthCheckAddresses"`
+	TableName            string               `json:"tableName"`
+	ServiceProxyName     string               `json:"serviceProxyName"`
+	ExternalIPs          externalIPPolicyFile `json:"externalIPs"`
+	Speaker              *speakerConfigFile   `json:"speaker"`
+	LogLevel             string               `json:"logLevel"`
+	LogFormat            string               `json:"logFormat"`
 }
 
 // Forwarding is how the gateway sends Service traffic into the cluster.
@@ -235,48 +274,83 @@ type gatewayConfigFile struct {
 	LogFormat           string             `json:"logFormat"`
 }
 
-// readConfigFile reads a configuration file, bounded in size.
-func readConfigFile(path string) ([]byte, error) {
-	fh, err := os.Open(path)
+// readConfigFile reads a configuration file, bounded in size, with the care of the manifest
+// directory: a regular file (or a link to one, as in a ConfigMap volume) opened without blocking,
+// not world-writable, owned by root or vipgate's user. (Its directory is not checked: a ConfigMap
+// volume's directory is world-writable inside the pod, where nobody else runs.) It returns the bytes with ${NAME} expanded
+// and the redaction that keeps the expanded values out of error messages.
+func readConfigFile(path string) ([]byte, redaction, error) {
+	fh, fi, err := openRegular(path)
 	if err != nil {
-		return nil, fmt.Errorf("reading config: %w", err)
+		return nil, nil, fmt.Errorf("reading config %s: %w", path, err)
 	}
 	defer fh.Close()
-	data, err := io.ReadAll(io.LimitReader(fh, maxConfigSize+1))
+	if err := checkTrusted("config "+path, fi); err != nil {
+		return nil, nil, err
+	}
+	data, err := readRegular(fh, maxConfigSize)
 	if err != nil {
-		return nil, fmt.Errorf("reading config %s: %w", path, err)
+		return nil, nil, fmt.Errorf("reading config %s: %w", path, err)
 	}
-	if len(data) > maxConfigSize {
-		return nil, fmt.Errorf("config %s is larger than %d bytes", path, maxConfigSize)
-	}
-	out, err := expandEnv(data)
+	out, red, err := expandEnv(data)
 	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
+		return nil, nil, fmt.Errorf("config %s: %w", path, err)
 	}
-	return out, nil
+	return out, red, nil
 }
 
 // envRef is a ${NAME} reference in a config file.
 var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 
+// redaction maps each value expandEnv put into a config to the reference it came from.
+type redaction map[string]string
+
+// error returns err with every expanded value replaced by its ${NAME}: whatever the config's
+// parser quotes back (a bad node name, the line of a YAML error), a value that came from the
+// environment (a token, a password) never reaches a log line. A nil err stays nil.
+func (r redaction) error(err error) error {
+	if err == nil || len(r) == 0 {
+		return err
+	}
+	msg := err.Error()
+	// Longest values first, so that a value inside another is not replaced inside it.
+	vals := slices.Collect(maps.Keys(r))
+	slices.SortFunc(vals, func(a, b string) int { return cmp.Compare(len(b), len(a)) })
+	changed := false
+	for _, v := range vals {
+		if strings.Contains(msg, v) {
+			msg = strings.ReplaceAll(msg, v, "${"+r[v]+"}")
+			changed = true
+		}
+	}
+	if !changed {
+		return err
+	}
+	return errors.New(msg)
+}
+
 // expandEnv replaces ${NAME} with the environment variable NAME, so one ConfigMap serves every node
 // of a DaemonSet (nodeName: ${NODE_NAME}, nodeIPs: ["${NODE_IP}"] from the downward API). An unset
 // variable is an error: an empty node name or address must not pass silently. Only the ${NAME} form
-// is expanded; a lone $ stays as it is.
-func expandEnv(data []byte) ([]byte, error) {
+// is expanded; a lone $ stays as it is. The redaction returned lists the non-empty values put in.
+func expandEnv(data []byte) ([]byte, redaction, error) {
 	var missing []string
+	red := redaction{}
 	out := envRef.ReplaceAllFunc(data, func(m []byte) []byte {
 		name := string(envRef.FindSubmatch(m)[1])
 		v, ok := os.LookupEnv(name)
 		if !ok {
 			missing = append(missing, name)
 		}
+		if v != "" {
+			red[v] = name
+		}
 		return []byte(v)
 	})
 	if len(missing) > 0 {
-		return nil, fmt.Errorf("environment variables referenced but not set: %s", strings.Join(missing, ", "))
+		return nil, nil, fmt.Errorf("environment variables referenced but not set: %s", strings.Join(missing, ", "))
 	}
-	return out, nil
+	return out, red, nil
 }
 
 // configKind reads apiVersion and kind, and checks apiVersion.
@@ -302,13 +376,13 @@ func configKind(data []byte) (string, error) {
 
 // LoadConfig reads a configuration file of either kind and returns *NodeConfig or *GatewayConfig.
 func LoadConfig(path string) (any, error) {
-	data, err := readConfigFile(path)
+	data, red, err := readConfigFile(path)
 	if err != nil {
 		return nil, err
 	}
 	kind, err := configKind(data)
 	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
+		return nil, fmt.Errorf("config %s: %w", path, red.error(err))
 	}
 	var cfg any
 	if kind == KindNodeConfig {
@@ -317,33 +391,33 @@ func LoadConfig(path string) (any, error) {
 		cfg, err = ParseGatewayConfig(data)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
+		return nil, fmt.Errorf("config %s: %w", path, red.error(err))
 	}
 	return cfg, nil
 }
 
 // LoadNodeConfig reads, defaults and validates a NodeConfig file.
 func LoadNodeConfig(path string) (*NodeConfig, error) {
-	data, err := readConfigFile(path)
+	data, red, err := readConfigFile(path)
 	if err != nil {
 		return nil, err
 	}
 	c, err := ParseNodeConfig(data)
 	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
+		return nil, fmt.Errorf("config %s: %w", path, red.error(err))
 	}
 	return c, nil
 }
 
 // LoadGatewayConfig reads, defaults and validates a GatewayConfig file.
 func LoadGatewayConfig(path string) (*GatewayConfig, error) {
-	data, err := readConfigFile(path)
+	data, red, err := readConfigFile(path)
 	if err != nil {
 		return nil, err
 	}
 	c, err := ParseGatewayConfig(data)
 	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
+		return nil, fmt.Errorf("config %s: %w", path, red.error(err))
 	}
 	return c, nil
 }
@@ -372,6 +446,8 @@ func ParseNodeConfig(data []byte) (*NodeConfig, error) {
 		NodeZone:      f.NodeZone,
 		NodeLabels:    f.NodeLabels,
 		TableName:     cmp.Or(f.TableName, DefaultTableName),
+
+		ServiceProxyName: f.ServiceProxyName,
 	}
 	if c.NodeName == "" {
 		// Like kube-proxy without --hostname-override.
@@ -397,6 +473,10 @@ func ParseNodeConfig(data []byte) (*NodeConfig, error) {
 		return nil, err
 	}
 	if c.NodePortAddresses, err = parsePrefixList("nodePortAddresses", f.NodePortAddresses); err != nil {
+		return nil, err
+	}
+	c.ExternalIPs = ExternalIPPolicy{AllowNodeIPs: f.ExternalIPs.AllowNodeIPs, AllowClusterCIDRs: f.ExternalIPs.AllowClusterCIDRs}
+	if c.ExternalIPs.AllowedCIDRs, err = parsePrefixList("externalIPs.allowedCIDRs", f.ExternalIPs.AllowedCIDRs); err != nil {
 		return nil, err
 	}
 	if len(f.NodePortAddresses) == 0 {
@@ -476,6 +556,12 @@ func (c *NodeConfig) Validate() error {
 	}
 	if err := c.Speaker.validate(c.NodeName); err != nil {
 		return err
+	}
+	if c.ServiceProxyName != "" {
+		// A label value, since it is matched against one.
+		if msgs := validation.IsValidLabelValue(c.ServiceProxyName); len(msgs) > 0 {
+			return fmt.Errorf("serviceProxyName: %q is invalid: %s", c.ServiceProxyName, strings.Join(msgs, "; "))
+		}
 	}
 	return checkTableName(c.TableName)
 }

@@ -62,6 +62,7 @@ healthzBindAddress: "[2001:db8::11]:10256"
 metricsBindAddress: 0.0.0.0:9100
 healthCheckAddresses: [192.0.2.11]
 tableName: vg_test-1
+serviceProxyName: vipgate
 logLevel: debug
 logFormat: json
 `
@@ -69,7 +70,7 @@ logFormat: json
 	if err != nil {
 		t.Fatalf("ParseNodeConfig: %v", err)
 	}
-	if !got.MasqueradeAll || got.MasqueradeMark() != 8 || got.NodeZone != "z9" || got.TableName != "vg_test-1" ||
+	if !got.MasqueradeAll || got.MasqueradeMark() != 8 || got.NodeZone != "z9" || got.TableName != "vg_test-1" || got.ServiceProxyName != "vipgate" ||
 		got.Logging != (Logging{Level: hclog.Debug, JSON: true}) ||
 		got.HealthzBindAddress != netip.MustParseAddrPort("[2001:db8::11]:10256") ||
 		len(got.NodePortAddresses) != 1 || len(got.HealthCheckAddresses) != 1 {
@@ -118,6 +119,7 @@ nodeName: node-a
 		{"bind without port", "nodeIPs: [192.0.2.11]\nmetricsBindAddress: 127.0.0.1:0\n", "metricsBindAddress"},
 		{"same bind addresses", "nodeIPs: [192.0.2.11]\nmetricsBindAddress: 127.0.0.1:10256\n", "metricsBindAddress"},
 		{"bad table name", "nodeIPs: [192.0.2.11]\ntableName: \"vip gate\"\n", "tableName"},
+		{"bad serviceProxyName", "nodeIPs: [192.0.2.11]\nserviceProxyName: \"not a label\"\n", "serviceProxyName"},
 		{"bad log level", "nodeIPs: [192.0.2.11]\nlogLevel: loud\n", "logLevel"},
 		{"bad log format", "nodeIPs: [192.0.2.11]\nlogFormat: xml\n", "logFormat"},
 		{"bad node name", "apiVersion: vipgate.io/v1alpha1\nkind: NodeConfig\nnodeName: Node_A\nnodeIPs: [192.0.2.11]\n", "nodeName"},

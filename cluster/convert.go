@@ -44,6 +44,59 @@ const ServiceNameLabel = discoveryv1.LabelServiceName
 // ZoneLabel is the well-known node label holding the node's zone.
 const ZoneLabel = corev1.LabelTopologyZone
 
+// Limits of one object. The first three are the API server's own (k8s.io/kubernetes
+// pkg/apis/discovery/validation: maxEndpoints, maxAddresses, maxPorts), so an object over them cannot
+// come from a cluster, only from a file or a forged watch. The API does not bound the number of
+// Service ports; vipgate refuses more ports than one EndpointSlice may hold, since a Service with
+// more could never have endpoints for all of them (every slice lists all the ports it serves), and
+// because every port is a verdict-map element per entry: a 65,535-port Service is a denial of
+// service on the node, not a Service.
+const (
+	MaxSliceEndpoints    = 1000
+	MaxEndpointAddresses = 100
+	MaxSlicePorts        = 20000
+	MaxServicePorts      = MaxSlicePorts
+)
+
+// limitBroadcast is the IPv4 limited broadcast address.
+var limitBroadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+
+// SpecialAddrClass says what kind of special address a is, "" for an ordinary address. Such an
+// address is never a Service entry (cluster IP, external IP, LoadBalancer IP) or an endpoint: a
+// Service on 127.0.0.1 or 0.0.0.0 answers on the node's own loopback or on every local address,
+// one on 169.254.169.254 captures the cloud metadata service, and multicast or broadcast
+// destinations are local to the segment (the CVE-2020-8554 class of capture). The API server
+// refuses the same classes in spec.externalIPs and EndpointSlice addresses (ValidateNonSpecialIP,
+// ValidateEndpointIP) but not in status.loadBalancer.ingress, and files and forged objects bypass it
+// altogether, so vipgate checks every field itself.
+func SpecialAddrClass(a netip.Addr) string {
+	a = a.Unmap()
+	switch {
+	case a.IsUnspecified():
+		return "unspecified"
+	case a.Is4() && a.As4()[0] == 0:
+		return "unspecified (0.0.0.0/8, \"this network\")"
+	case a.IsLoopback():
+		return "loopback"
+	case a.IsLinkLocalUnicast():
+		return "link-local"
+	case a.IsMulticast():
+		return "multicast"
+	case a == limitBroadcast:
+		return "broadcast"
+	}
+	return ""
+}
+
+// checkNotSpecial refuses a special address in field f (see SpecialAddrClass); what says what the
+// address would have been ("a Service entry", "an endpoint").
+func checkNotSpecial(f string, a netip.Addr, what string) error {
+	if class := SpecialAddrClass(a); class != "" {
+		return fieldErr(f, "%s is a special address (%s), never %s: it would capture traffic of the node itself or of its network", a, class, what)
+	}
+	return nil
+}
+
 // fieldErr builds an error that names the offending field first, so a log line or a Rejection tells
 // the user exactly what to fix.
 func fieldErr(field string, format string, args ...any) error {
@@ -155,6 +208,8 @@ func ServiceFromAPI(svc *corev1.Service) (*Service, error) {
 	out := &Service{
 		Key:         ServiceKey{Namespace: svc.Namespace, Name: svc.Name},
 		Type:        TypeClusterIP,
+		Created:     svc.CreationTimestamp.Time,
+		UID:         string(svc.UID),
 		Labels:      maps.Clone(svc.Labels),
 		Annotations: maps.Clone(svc.Annotations),
 	}
@@ -253,8 +308,8 @@ func serviceFamilies(spec *corev1.ServiceSpec, out *Service) error {
 		if err != nil {
 			return err
 		}
-		if a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() {
-			return fieldErr(f, "%s is not usable as a cluster IP", a)
+		if err := checkNotSpecial(f, a, "a cluster IP"); err != nil {
+			return err
 		}
 		fam := FamilyOf(a)
 		if i < len(out.IPFamilies) && out.IPFamilies[i] != fam {
@@ -282,6 +337,9 @@ func servicePorts(spec *corev1.ServiceSpec, out *Service) error {
 	if len(spec.Ports) == 0 && !out.Headless && out.Type != TypeExternalName {
 		return fieldErr("spec.ports", "required for a Service that is not headless")
 	}
+	if len(spec.Ports) > MaxServicePorts {
+		return fieldErr("spec.ports", "%d ports, more than the %d an EndpointSlice may hold", len(spec.Ports), MaxServicePorts)
+	}
 	type protoPort struct {
 		proto Protocol
 		port  int32
@@ -306,8 +364,11 @@ func servicePorts(spec *corev1.ServiceSpec, out *Service) error {
 		if p.Name == "" && len(spec.Ports) > 1 {
 			return fieldErr(f+".name", "required when a Service has more than one port")
 		}
+		// A Service port name is a DNS-1123 label (up to 63 characters), as the API server validates
+		// it; it is matched to EndpointSlice port names, not to container port names, so the stricter
+		// IANA_SVC_NAME rule (15 characters) of container ports does not apply to it.
 		if p.Name != "" {
-			if msgs := validation.IsValidPortName(p.Name); len(msgs) > 0 {
+			if msgs := validation.IsDNS1123Label(p.Name); len(msgs) > 0 {
 				return fieldErr(f+".name", "%q is invalid: %s", p.Name, strings.Join(msgs, "; "))
 			}
 		}
@@ -412,8 +473,12 @@ func serviceExternalAddrs(svc *corev1.Service, out *Service) error {
 	spec := &svc.Spec
 	served := func(a netip.Addr) bool { return slices.Contains(out.IPFamilies, FamilyOf(a)) }
 	for i, s := range spec.ExternalIPs {
-		a, err := parseIP(fmt.Sprintf("spec.externalIPs[%d]", i), s)
+		f := fmt.Sprintf("spec.externalIPs[%d]", i)
+		a, err := parseIP(f, s)
 		if err != nil {
+			return err
+		}
+		if err := checkNotSpecial(f, a, "an external IP"); err != nil {
 			return err
 		}
 		// kube-proxy programs an external IP only for the families the Service has cluster IPs in.
@@ -427,8 +492,14 @@ func serviceExternalAddrs(svc *corev1.Service, out *Service) error {
 			if ing.IP == "" {
 				continue // hostname-only ingress (cloud load balancers): nothing for the node to do
 			}
-			a, err := parseIP(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP)
+			f := fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i)
+			a, err := parseIP(f, ing.IP)
 			if err != nil {
+				return err
+			}
+			// Checked whatever the ipMode: a status that names such an address is not to be
+			// trusted in any part (the API server does not check it, any status writer can).
+			if err := checkNotSpecial(f, a, "a LoadBalancer IP"); err != nil {
 				return err
 			}
 			// ipMode Proxy means the load balancer delivers to the node with its own address as
@@ -505,6 +576,14 @@ func EndpointSliceFromAPI(es *discoveryv1.EndpointSlice) (*EndpointSlice, error)
 		return nil, fieldErr("addressType", "unknown address type %q (want IPv4 or IPv6)", es.AddressType)
 	}
 
+	// The API server's limits, checked before anything is converted: an oversized slice from a file
+	// costs nothing but this rejection.
+	if len(es.Endpoints) > MaxSliceEndpoints {
+		return nil, fieldErr("endpoints", "%d endpoints, more than the %d the API allows in one EndpointSlice", len(es.Endpoints), MaxSliceEndpoints)
+	}
+	if len(es.Ports) > MaxSlicePorts {
+		return nil, fieldErr("ports", "%d ports, more than the %d the API allows in one EndpointSlice", len(es.Ports), MaxSlicePorts)
+	}
 	seenName := map[string]int{}
 	for i, p := range es.Ports {
 		f := fmt.Sprintf("ports[%d]", i)
@@ -541,6 +620,9 @@ func EndpointSliceFromAPI(es *discoveryv1.EndpointSlice) (*EndpointSlice, error)
 		if len(e.Addresses) == 0 {
 			return nil, fieldErr(f+".addresses", "at least one address is required")
 		}
+		if len(e.Addresses) > MaxEndpointAddresses {
+			return nil, fieldErr(f+".addresses", "%d addresses, more than the %d the API allows", len(e.Addresses), MaxEndpointAddresses)
+		}
 		var ep Endpoint
 		for j, s := range e.Addresses {
 			af := fmt.Sprintf("%s.addresses[%d]", f, j)
@@ -551,8 +633,8 @@ func EndpointSliceFromAPI(es *discoveryv1.EndpointSlice) (*EndpointSlice, error)
 			if FamilyOf(a) != out.Family {
 				return nil, fieldErr(af, "%s is not %s as the slice's addressType says", a, familyName(out.Family))
 			}
-			if a.IsUnspecified() || a.IsMulticast() {
-				return nil, fieldErr(af, "%s is not usable as an endpoint address", a)
+			if err := checkNotSpecial(af, a, "an endpoint"); err != nil {
+				return nil, err
 			}
 			ep.Addresses = append(ep.Addresses, a)
 		}

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 )
 
@@ -146,6 +147,18 @@ func TestServiceFromAPIGood(t *testing.T) {
 			want: &Service{Key: key, Type: TypeExternalName, Ports: []ServicePort{{Name: "http", Protocol: TCP, Port: 80}}, Labels: labels},
 		},
 		{
+			// The upstream e2e test "should support named targetPorts that resolve to different ports
+			// on different endpoints" names its port "mutable-named-port": a DNS-1123 label, longer
+			// than the 15 characters of a container port name (IANA_SVC_NAME).
+			name: "port name longer than 15 characters",
+			mutate: func(s *corev1.Service) {
+				s.Spec.Ports[0].Name = "mutable-named-port"
+				s.Spec.Ports[0].TargetPort = intstr.FromString("mutable-port")
+			},
+			want: &Service{Key: key, Type: TypeClusterIP, ClusterIPs: addrs("10.96.0.10"), IPFamilies: []Family{IPv4},
+				Ports: []ServicePort{{Name: "mutable-named-port", Protocol: TCP, Port: 80}}, Labels: labels},
+		},
+		{
 			name: "eTP Local without external reachability means nothing",
 			mutate: func(s *corev1.Service) {
 				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
@@ -208,6 +221,8 @@ func TestServiceFromAPIRejects(t *testing.T) {
 		{"unnamed second port", func(s *corev1.Service) {
 			s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Port: 443})
 		}, "spec.ports[1].name"},
+		{"port name not a DNS label", func(s *corev1.Service) { s.Spec.Ports[0].Name = "HTTP_1" }, "spec.ports[0].name"},
+		{"port name longer than a DNS label", func(s *corev1.Service) { s.Spec.Ports[0].Name = strings.Repeat("p", 64) }, "spec.ports[0].name"},
 		{"duplicate port name", func(s *corev1.Service) {
 			s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "http", Port: 443})
 		}, "spec.ports[1].name"},

@@ -31,6 +31,12 @@ type decoded struct {
 	name string
 	// item is the 1-based index inside a v1 List, 0 for a top-level object.
 	item int
+	// proxied is set for a Service or EndpointSlice whose labels could be read, and proxyLabels
+	// holds those of its labels ServiceProxyFilter reads: the file source leaves the objects its
+	// filter ignores out, silently (and does not report them even if they are invalid), as the
+	// Kubernetes source never even receives them.
+	proxied     bool
+	proxyLabels map[string]string
 	// Exactly one of the following is set.
 	service *Service
 	slice   *EndpointSlice
@@ -140,12 +146,14 @@ func decodeObject(js []byte, inList bool) decoded {
 	case h.APIVersion == "v1" && h.Kind == "Service":
 		var svc corev1.Service
 		if d.err = strictJSON(js, &svc); d.err == nil {
+			d.proxied, d.proxyLabels = true, proxyLabels(svc.Labels)
 			defaultNamespace(&svc.ObjectMeta)
 			d.service, d.err = ServiceFromAPI(&svc)
 		}
 	case h.APIVersion == discoveryv1.SchemeGroupVersion.String() && h.Kind == "EndpointSlice":
 		var es discoveryv1.EndpointSlice
 		if d.err = strictJSON(js, &es); d.err == nil {
+			d.proxied, d.proxyLabels = true, proxyLabels(es.Labels)
 			defaultNamespace(&es.ObjectMeta)
 			d.slice, d.err = EndpointSliceFromAPI(&es)
 		}

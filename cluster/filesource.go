@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,8 +33,19 @@ var (
 	fileRetry = time.Second
 )
 
-// maxFileSize bounds one manifest file; larger files are refused rather than read into memory.
-const maxFileSize = 32 << 20
+// Size limits of the manifest directory. They are variables so that tests can lower them.
+var (
+	// maxFileSize bounds one manifest file; larger files are refused rather than read into memory.
+	maxFileSize int64 = 32 << 20
+	// maxDocumentSize bounds one YAML document (one object, or one v1 List): the API server refuses
+	// requests over 3 MiB (--max-request-bytes), and decoding is what costs memory (a 32 MiB
+	// EndpointSlice took 1.8 GB to decode), so a larger document is refused before decoding. Split
+	// a bigger List into documents.
+	maxDocumentSize = 3 << 20
+	// maxDirBytes is the budget of one load of the whole directory: a file that would take the
+	// total over it is refused (by itself; the files that fit are read).
+	maxDirBytes int64 = 256 << 20
+)
 
 // manifestExtensions are the file name endings the file source reads.
 var manifestExtensions = []string{".yaml", ".yml", ".json"}
@@ -55,6 +65,8 @@ type FileSource struct {
 	AllowWorldWritable bool
 
 	logger hclog.Logger
+	// proxyFilter says which Services and EndpointSlices are programmed (SetServiceProxyName).
+	proxyFilter ServiceProxyFilter
 
 	// mu serializes loads: the cache and prev belong to whoever loads.
 	mu sync.Mutex
@@ -68,6 +80,16 @@ type FileSource struct {
 	// prev is the previous State, whose EndpointSlice lists and MetalLB config are reused when
 	// nothing in them changed.
 	prev *State
+}
+
+// SetServiceProxyName makes the source read only the Services and EndpointSlices labelled
+// service.kubernetes.io/service-proxy-name=name (NodeConfig serviceProxyName). The default, "", is
+// kube-proxy's choice: only those without that label. Objects labelled service.kubernetes.io/headless
+// are left out either way. Call it before the first Load.
+func (f *FileSource) SetServiceProxyName(name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.proxyFilter = ServiceProxyFilter{Name: name}
 }
 
 // NewFileSource returns a file source for dir. A nil logger discards log lines.
@@ -87,12 +109,15 @@ func (f *FileSource) checkDir() error {
 	if !fi.IsDir() {
 		return fmt.Errorf("manifest directory %s is not a directory", f.Dir)
 	}
-	if fi.Mode().Perm()&0o002 != 0 && !f.AllowWorldWritable {
+	if f.AllowWorldWritable {
+		return nil
+	}
+	if fi.Mode().Perm()&0o002 != 0 {
 		return fmt.Errorf("manifest directory %s is world-writable (mode %#o): any local user could inject "+
 			"Services and redirect traffic; fix it with `chmod o-w %s` (or allow it explicitly with "+
 			"AllowWorldWritable)", f.Dir, fi.Mode().Perm(), f.Dir)
 	}
-	return nil
+	return checkTrusted("manifest directory "+f.Dir, fi)
 }
 
 // fileIdent identifies one version of a file (os.Stat, following symlinks: a ConfigMap volume
@@ -152,6 +177,18 @@ func (f *FileSource) Load() (*State, error) {
 	var rejected []Rejection
 	cache := map[[sha256.Size]byte][]decoded{}
 	files := map[string]fileResult{}
+	var total int64 // bytes of the directory's manifests so far, against maxDirBytes
+	fileRejected := func(name, reason string) {
+		rejected = append(rejected, Rejection{Kind: "file", Object: name, Source: "file " + name, Reason: reason})
+	}
+	overBudget := func(name string, size int64) bool {
+		if total+size > maxDirBytes {
+			fileRejected(name, fmt.Sprintf("not read: with its %d bytes the manifest directory would hold more than %d bytes", size, maxDirBytes))
+			return true
+		}
+		total += size
+		return false
+	}
 	for _, e := range entries { // os.ReadDir sorts by file name
 		name := e.Name()
 		if !isManifestName(name) {
@@ -160,6 +197,9 @@ func (f *FileSource) Load() (*State, error) {
 		// The identity is taken before the read: a file that changes while it is read is read
 		// again at the next load.
 		ident, identOK := statIdent(filepath.Join(f.Dir, name))
+		if identOK && ident.mode.IsRegular() && overBudget(name, ident.size) {
+			continue
+		}
 		if prev, ok := f.files[name]; ok && identOK && prev.ident == ident {
 			objs = append(objs, prev.objs...)
 			rejected = append(rejected, prev.rejected...)
@@ -171,11 +211,14 @@ func (f *FileSource) Load() (*State, error) {
 		}
 		data, err := f.readFile(name)
 		if err != nil {
-			rejected = append(rejected, Rejection{Kind: "file", Object: name, Source: "file " + name, Reason: err.Error()})
+			fileRejected(name, err.Error())
 			continue
 		}
 		if data == nil {
-			continue // a directory or special file with a manifest-like name
+			continue // a directory with a manifest-like name
+		}
+		if !identOK && overBudget(name, int64(len(data))) {
+			continue
 		}
 		res := fileResult{ident: ident}
 		docs, splitErr := splitDocuments(data)
@@ -185,7 +228,7 @@ func (f *FileSource) Load() (*State, error) {
 			ds, ok := cache[sum]
 			if !ok {
 				if ds, ok = f.cache[sum]; !ok {
-					ds = decodeDocument(doc)
+					ds = decodeSized(doc)
 				}
 				cache[sum] = ds
 			}
@@ -232,31 +275,37 @@ func isManifestName(name string) bool {
 }
 
 // readFile reads one manifest, following symlinks (ConfigMap volumes are symlinks). It returns nil,
-// nil for something that is not a regular file.
+// nil for a directory (a manifest-like name is not enough to make it one). Anything else that is
+// not a regular file (a FIFO, a device, a socket, or a link to one) is an error, found without
+// opening it and without ever blocking (openRegular): a FIFO named a.yaml must not stall the node.
 func (f *FileSource) readFile(name string) ([]byte, error) {
-	fh, err := os.Open(filepath.Join(f.Dir, name))
+	fh, fi, err := openRegular(filepath.Join(f.Dir, name))
 	if err != nil {
+		if fi != nil && fi.IsDir() {
+			return nil, nil
+		}
 		return nil, fmt.Errorf("opening: %w", err)
 	}
 	defer fh.Close()
-	fi, err := fh.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("stat: %w", err)
+	if !f.AllowWorldWritable {
+		if err := checkTrusted("file", fi); err != nil {
+			return nil, err
+		}
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, nil
-	}
-	if fi.Mode().Perm()&0o002 != 0 && !f.AllowWorldWritable {
-		return nil, fmt.Errorf("file is world-writable (mode %#o): fix it with `chmod o-w`", fi.Mode().Perm())
-	}
-	data, err := io.ReadAll(io.LimitReader(fh, maxFileSize+1))
+	data, err := readRegular(fh, maxFileSize)
 	if err != nil {
 		return nil, fmt.Errorf("reading: %w", err)
 	}
-	if len(data) > maxFileSize {
-		return nil, fmt.Errorf("larger than %d bytes", maxFileSize)
-	}
 	return data, nil
+}
+
+// decodeSized decodes a document that is not larger than maxDocumentSize; a larger one is refused
+// undecoded.
+func decodeSized(doc []byte) []decoded {
+	if len(doc) > maxDocumentSize {
+		return []decoded{{kind: "document", err: fmt.Errorf("%d bytes, larger than the %d bytes the API server accepts for one object; not decoded", len(doc), maxDocumentSize)}}
+	}
+	return decodeDocument(doc)
 }
 
 // build assembles a State from decoded objects in (file name, document index) order: the first
@@ -285,6 +334,8 @@ func (f *FileSource) build(objs []located, rejected []Rejection) *State {
 	var mlb MetalLBConfig
 	for _, o := range objs {
 		switch {
+		case o.proxied && f.proxyFilter.Ignores(o.proxyLabels):
+			// Labelled for another proxy, or headless: the Kubernetes source would never see it.
 		case o.err != nil:
 			reject(o, o.err.Error())
 		case o.service != nil:

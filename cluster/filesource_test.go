@@ -539,3 +539,76 @@ func TestFileSourceSkipsUnchangedFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestFileSourceIgnoresProxyLabels checks that the file source leaves alone, silently, the Services and
+// EndpointSlices kube-proxy ignores (service.kubernetes.io/headless, service-proxy-name), as the
+// Kubernetes source does with its label selector.
+func TestFileSourceIgnoresProxyLabels(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "10-svc.yaml", `apiVersion: v1
+kind: Service
+metadata: {name: plain, namespace: demo}
+spec: {clusterIP: 10.96.0.30, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: headless-label, namespace: demo, labels: {service.kubernetes.io/headless: ""}}
+spec: {clusterIP: 10.96.0.31, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: other-proxy, namespace: demo, labels: {service.kubernetes.io/service-proxy-name: other}}
+spec: {clusterIP: 10.96.0.32, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: broken-but-ignored, namespace: demo, labels: {service.kubernetes.io/headless: ""}}
+spec: {clusterIP: 10.96.0.300, ports: [{port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: headless-label-abc
+  namespace: demo
+  labels: {kubernetes.io/service-name: headless-label, service.kubernetes.io/headless: ""}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.1.31]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: plain-abc
+  namespace: demo
+  labels: {kubernetes.io/service-name: plain}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.1.30]}]
+`)
+	st, err := NewFileSource(dir, hclog.NewNullLogger()).Load()
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if diff := cmp.Diff([]string{"plain"}, keys(st)); diff != "" {
+		t.Errorf("Services (-want +got):\n%s", diff)
+	}
+	if _, ok := st.EndpointSlices[ServiceKey{"demo", "headless-label"}]; ok || len(st.EndpointSlices) != 1 {
+		t.Errorf("slices of ignored Services are in the State: %v", st.EndpointSlices)
+	}
+	if len(st.Rejected) != 0 {
+		t.Errorf("ignored objects are reported as rejected: %v", st.Rejected)
+	}
+
+	// serviceProxyName "other": only the Services labelled for it (never the headless-labelled).
+	fs := NewFileSource(dir, hclog.NewNullLogger())
+	fs.SetServiceProxyName("other")
+	if st, err = fs.Load(); err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if diff := cmp.Diff([]string{"other-proxy"}, keys(st)); diff != "" {
+		t.Errorf("Services with serviceProxyName other (-want +got):\n%s", diff)
+	}
+	if len(st.EndpointSlices) != 0 || len(st.Rejected) != 0 {
+		t.Errorf("slices %v, rejected %v", st.EndpointSlices, st.Rejected)
+	}
+}

@@ -10,8 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -38,10 +36,6 @@ var (
 	kubeDiscoveryRetry = 2 * time.Second
 )
 
-// LabelServiceProxyName is the Service label that hands a Service to another proxy: kube-proxy
-// ignores Services that carry it, and so does vipgate.
-const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
-
 // EventComponent is the component name on the Kubernetes Events vipgate's node agent records.
 const EventComponent = "vipgate-node"
 
@@ -49,8 +43,8 @@ const EventComponent = "vipgate-node"
 const EventReasonRejected = "Rejected"
 
 // KubeSource builds State from the Kubernetes API with shared informers, as kube-proxy does: Services
-// (except those with the service.kubernetes.io/service-proxy-name label), discovery/v1 EndpointSlices,
-// all Nodes, and MetalLB's IPAddressPool, L2Advertisement, BGPAdvertisement, Community, BFDProfile
+// and discovery/v1 EndpointSlices (except those labelled service.kubernetes.io/service-proxy-name or
+// service.kubernetes.io/headless, see ServiceProxyFilter), all Nodes, and MetalLB's IPAddressPool, L2Advertisement, BGPAdvertisement, Community, BFDProfile
 // (metallb.io/v1beta1) and BGPPeer (metallb.io/v1beta2). A MetalLB kind whose CRD is not installed
 // counts as empty; the source looks for it again every 30 s.
 //
@@ -72,6 +66,8 @@ type KubeSource struct {
 	cfg      *rest.Config
 	nodeName string
 	logger   hclog.Logger
+	// proxyFilter says which Services and EndpointSlices are listed (SetServiceProxyName).
+	proxyFilter ServiceProxyFilter
 	// secretsNamespace, when set, is where the BGP password Secrets (BGPPeer passwordSecret) are
 	// read from: the node agent's own namespace, the only one its RBAC lets it read Secrets in.
 	secretsNamespace string
@@ -100,6 +96,12 @@ func NewKubeSource(cfg *rest.Config, nodeName string, logger hclog.Logger) *Kube
 	}
 	return &KubeSource{cfg: rest.CopyConfig(cfg), nodeName: nodeName, logger: logger}
 }
+
+// SetServiceProxyName makes the source list only the Services and EndpointSlices labelled
+// service.kubernetes.io/service-proxy-name=name (NodeConfig serviceProxyName), as Cilium's
+// k8s-service-proxy-name does. The default, "", is kube-proxy's choice: only those without that
+// label. Objects labelled service.kubernetes.io/headless are never listed. Call it before Run.
+func (k *KubeSource) SetServiceProxyName(name string) { k.proxyFilter = ServiceProxyFilter{Name: name} }
 
 // WatchBGPSecrets makes the source read the basic-auth Secrets of namespace ns (BGPPeer
 // passwordSecret, as MetalLB's speaker does in its own namespace) into State.MetalLB.Secrets. Call it
@@ -163,14 +165,10 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 		DeleteFunc: func(any) { notify() },
 	}
 
-	// As kube-proxy: Services handed to another proxy are not even listed. Their EndpointSlices
-	// carry the same label (the EndpointSlice controller copies Service labels), so the same filter
-	// applies to slices.
-	noProxyName, err := labels.NewRequirement(LabelServiceProxyName, selection.DoesNotExist, nil)
-	if err != nil {
-		return fmt.Errorf("building the Service label selector: %w", err)
-	}
-	selector := labels.NewSelector().Add(*noProxyName).String()
+	// As kube-proxy: Services handed to another proxy (service-proxy-name) or marked headless are
+	// not even listed. Their EndpointSlices carry the same labels (the EndpointSlice controller
+	// copies Service labels), so the same filter applies to slices.
+	selector := k.proxyFilter.Selector().String()
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
 		informers.WithTransform(stripManagedFields))
@@ -247,6 +245,7 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 	k.logger.Info("Kubernetes API caches synced", "duration", time.Since(start).Round(time.Millisecond))
 
 	b := newKubeBuilder(k.logger, recorder)
+	b.proxyFilter = k.proxyFilter
 	snapshot := func() *State {
 		return b.build(kubeObjects{
 			services: listAll[*corev1.Service](svcInf.Informer()),

@@ -41,8 +41,9 @@ type convCache[T any] map[types.UID]converted[T]
 // UID and resourceVersion, so an object that did not change is neither converted nor reported again,
 // and keeps its pointer. Used by Run's goroutine only.
 type kubeBuilder struct {
-	logger   hclog.Logger
-	recorder record.EventRecorder
+	logger      hclog.Logger
+	recorder    record.EventRecorder
+	proxyFilter ServiceProxyFilter
 
 	services convCache[*Service]
 	slices   convCache[*EndpointSlice]
@@ -109,6 +110,11 @@ func (b *kubeBuilder) build(objs kubeObjects) *State {
 
 	services := make(convCache[*Service], len(objs.services))
 	for _, o := range objs.services {
+		// The informers' label selector already keeps these away; checked again so that the
+		// builder means the same whoever lists for it.
+		if b.proxyFilter.Ignores(o.Labels) {
+			continue
+		}
 		svc, err := convertCached(b.services, services, o, ServiceFromAPI, b.reject("Service"))
 		if err != nil {
 			addRejection("Service", o, err)
@@ -120,6 +126,9 @@ func (b *kubeBuilder) build(objs kubeObjects) *State {
 
 	sliceCache := make(convCache[*EndpointSlice], len(objs.slices))
 	for _, o := range objs.slices {
+		if b.proxyFilter.Ignores(o.Labels) {
+			continue
+		}
 		es, err := convertCached(b.slices, sliceCache, o, EndpointSliceFromAPI, b.reject("EndpointSlice"))
 		if err != nil {
 			addRejection("EndpointSlice", o, err)

@@ -9,6 +9,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 )
@@ -91,6 +92,64 @@ func TestKubeBuilder(t *testing.T) {
 	fourth := b.build(kubeObjects{services: objs.services[:1]})
 	if len(fourth.Rejected) != 0 || len(fourth.EndpointSlices) != 0 || !fourth.MetalLB.IsEmpty() {
 		t.Errorf("after deletions: %s, MetalLB %+v", describeState(fourth), fourth.MetalLB)
+	}
+}
+
+// TestKubeBuilderIgnoresProxyLabels: Services and EndpointSlices kube-proxy ignores are left out even
+// when a listing holds them (the informers' label selector normally keeps them away), without a
+// rejection.
+func TestKubeBuilderIgnoresProxyLabels(t *testing.T) {
+	b := newKubeBuilder(hclog.New(&hclog.LoggerOptions{Output: testWriter{t}}), nil)
+	headless := apiService("marked", "s2", "1", "10.96.0.11")
+	headless.Labels = map[string]string{LabelHeadless: ""}
+	other := apiService("other", "s3", "1", "10.96.0.12")
+	other.Labels = map[string]string{LabelServiceProxyName: "someone-else"}
+	markedSlice := apiSlice("marked-a", "marked", "e2", "1")
+	markedSlice.Labels[LabelHeadless] = ""
+	st := b.build(kubeObjects{
+		services: []*corev1.Service{apiService("web", "s1", "1", "10.96.0.10"), headless, other},
+		slices:   []*discoveryv1.EndpointSlice{apiSlice("web-a", "web", "e1", "1"), markedSlice},
+	})
+	if len(st.Services) != 1 || st.Services[ServiceKey{"default", "web"}] == nil {
+		t.Errorf("services %s", describeState(st))
+	}
+	if len(st.EndpointSlices) != 1 || len(st.Rejected) != 0 {
+		t.Errorf("slices %v, rejected %v", st.EndpointSlices, st.Rejected)
+	}
+}
+
+// TestServiceProxyFilter checks the filter and the informers' selector against each other, and the
+// default against kube-proxy's selector.
+func TestServiceProxyFilter(t *testing.T) {
+	if got, want := (ServiceProxyFilter{}).Selector().String(), "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name"; got != want {
+		t.Errorf("default selector %q, want kube-proxy's %q", got, want)
+	}
+	for _, tc := range []struct {
+		name   string
+		labels map[string]string
+		// ignoredBy is whether the default filter and the one named "vipgate" ignore the object.
+		ignoredDefault, ignoredNamed bool
+	}{
+		{"no labels", nil, false, true},
+		{"other labels", map[string]string{"app": "web"}, false, true},
+		{"headless", map[string]string{LabelHeadless: ""}, true, true},
+		{"another proxy", map[string]string{LabelServiceProxyName: "other"}, true, true},
+		{"this proxy", map[string]string{LabelServiceProxyName: "vipgate"}, true, false},
+		{"this proxy but headless", map[string]string{LabelServiceProxyName: "vipgate", LabelHeadless: "x"}, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, f := range []struct {
+				filter ServiceProxyFilter
+				want   bool
+			}{{ServiceProxyFilter{}, tc.ignoredDefault}, {ServiceProxyFilter{Name: "vipgate"}, tc.ignoredNamed}} {
+				if got := f.filter.Ignores(tc.labels); got != f.want {
+					t.Errorf("%+v.Ignores(%v) = %v, want %v", f.filter, tc.labels, got, f.want)
+				}
+				if got := !f.filter.Selector().Matches(labels.Set(tc.labels)); got != f.want {
+					t.Errorf("%+v: selector %q ignores %v: %v, want %v", f.filter, f.filter.Selector(), tc.labels, got, f.want)
+				}
+			}
+		})
 	}
 }
 

@@ -123,6 +123,12 @@ func TestKubeSource(t *testing.T) {
 	must(c.CoreV1().Services("default").Create(ctx,
 		kubeTestService("elsewhere", map[string]string{LabelServiceProxyName: "other-proxy"}), metav1.CreateOptions{}))
 	must(c.DiscoveryV1().EndpointSlices("default").Create(ctx, kubeTestSlice("web-a", "web", "10.244.1.11"), metav1.CreateOptions{}))
+	// Labelled headless: kube-proxy ignores the Service and its slices, whatever their spec says.
+	must(c.CoreV1().Services("default").Create(ctx,
+		kubeTestService("marked-headless", map[string]string{LabelHeadless: ""}), metav1.CreateOptions{}))
+	markedSlice := kubeTestSlice("marked-headless-a", "marked-headless", "10.244.1.13")
+	markedSlice.Labels[LabelHeadless] = ""
+	must(c.DiscoveryV1().EndpointSlices("default").Create(ctx, markedSlice, metav1.CreateOptions{}))
 	// No kubernetes.io/service-name label: nobody can tell which Service it belongs to.
 	must(c.DiscoveryV1().EndpointSlices("default").Create(ctx, kubeTestSlice("orphan", "", "10.244.1.12"), metav1.CreateOptions{}))
 	must(c.CoreV1().Nodes().Create(ctx, &corev1.Node{
@@ -169,6 +175,12 @@ func TestKubeSource(t *testing.T) {
 		if _, ok := first.Services[ServiceKey{"default", "elsewhere"}]; ok {
 			t.Errorf("a Service with %s is in the snapshot", LabelServiceProxyName)
 		}
+		if _, ok := first.Services[ServiceKey{"default", "marked-headless"}]; ok {
+			t.Errorf("a Service with %s is in the snapshot", LabelHeadless)
+		}
+		if sl, ok := first.EndpointSlices[ServiceKey{"default", "marked-headless"}]; ok {
+			t.Errorf("an EndpointSlice with %s is in the snapshot: %+v", LabelHeadless, sl)
+		}
 		// The API server's own "kubernetes" Service is there too.
 		if _, ok := first.Services[ServiceKey{"default", "kubernetes"}]; !ok {
 			t.Errorf("default/kubernetes missing: %s", describeState(first))
@@ -185,6 +197,25 @@ func TestKubeSource(t *testing.T) {
 		}
 		if !first.MetalLB.IsEmpty() {
 			t.Errorf("MetalLB = %+v without CRDs", first.MetalLB)
+		}
+	})
+
+	t.Run("serviceProxyName", func(t *testing.T) {
+		// A second source, named like the proxy "elsewhere" is handed to: it lists that Service only.
+		rec2 := newStateRecorder()
+		src2 := NewKubeSource(srv.RESTConfig(), "node1", hclog.NewNullLogger())
+		src2.SetServiceProxyName("other-proxy")
+		ctx2, stop2 := context.WithCancel(ctx)
+		done2 := make(chan error, 1)
+		go func() { done2 <- src2.Run(ctx2, rec2.onChange) }()
+		defer func() { stop2(); <-done2 }()
+		st := rec2.wait(t, "the first snapshot of the named source", func(*State) bool { return true })
+		var got []string
+		for k := range st.Services {
+			got = append(got, k.String())
+		}
+		if len(got) != 1 || got[0] != "default/elsewhere" {
+			t.Errorf("Services %v, want only default/elsewhere", got)
 		}
 	})
 
@@ -231,6 +262,42 @@ func TestKubeSource(t *testing.T) {
 			s := st.Services[ServiceKey{"default", "api"}]
 			return s != nil && s.Type == TypeLoadBalancer && slices.Equal(s.LoadBalancerIPs, []netip.Addr{netip.MustParseAddr("203.0.113.10")})
 		})
+	})
+
+	// The API server does not check status.loadBalancer.ingress beyond "an IP": whoever may write a
+	// Service's status can name the node's loopback or the metadata address. vipgate rejects the
+	// Service (alone), with an Event saying why, and reads its creationTimestamp and uid for claims.
+	t.Run("hostile load balancer status", func(t *testing.T) {
+		must := mustFor(t)
+		svc := kubeTestService("grabber", nil)
+		svc.Spec.Type = corev1.ServiceTypeLoadBalancer
+		svc, err := c.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := rec.wait(t, "Service grabber", func(st *State) bool { return st.Services[ServiceKey{"default", "grabber"}] != nil })
+		if g := st.Services[ServiceKey{"default", "grabber"}]; g.UID != string(svc.UID) || !g.Created.Equal(svc.CreationTimestamp.Time) {
+			t.Errorf("uid %q created %v, want %q %v", g.UID, g.Created, svc.UID, svc.CreationTimestamp)
+		}
+		svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{
+			{IP: "127.0.0.1", IPMode: new(corev1.LoadBalancerIPModeVIP)},
+			{IP: "169.254.169.254", IPMode: new(corev1.LoadBalancerIPModeVIP)},
+		}
+		must(c.CoreV1().Services("default").UpdateStatus(ctx, svc, metav1.UpdateOptions{}))
+		st = rec.wait(t, "grabber rejected", func(st *State) bool { return st.Services[ServiceKey{"default", "grabber"}] == nil })
+		found := false
+		for _, r := range st.Rejected {
+			if r.Object == "default/grabber" && strings.Contains(r.Reason, "status.loadBalancer.ingress[0].ip: 127.0.0.1") && strings.Contains(r.Reason, "loopback") {
+				found = true
+			}
+		}
+		if !found || st.Services[ServiceKey{"default", "web"}] == nil {
+			t.Errorf("rejected %v; web still there: %v", st.Rejected, st.Services[ServiceKey{"default", "web"}] != nil)
+		}
+		ev := waitEvent(t, ctx, c, "grabber")
+		if ev.Type != corev1.EventTypeWarning || ev.InvolvedObject.Kind != "Service" || !strings.Contains(ev.Message, "loopback") {
+			t.Errorf("event %+v", ev)
+		}
 	})
 
 	t.Run("MetalLB CRDs installed later", func(t *testing.T) {

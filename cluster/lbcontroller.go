@@ -108,6 +108,9 @@ func (c *LBController) Run(ctx context.Context) error {
 
 func (c *LBController) lead(ctx context.Context) {
 	c.alloc = nil
+	done := make(chan struct{})
+	go func() { defer close(done); c.runFinalizers(ctx) }()
+	defer func() { <-done }()
 	src := NewKubeSource(c.cfg, ControllerComponent, c.log.Named("source"))
 	if err := src.Run(ctx, func(st *State) { c.reconcile(ctx, st) }); err != nil && ctx.Err() == nil {
 		c.log.Error("watching the cluster", "err", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -121,6 +122,62 @@ func TestLBControllerAgainstAPIServer(t *testing.T) {
 	}
 	if got := lbWaitIngress(t, c, "exhausted"); got != ipA {
 		t.Errorf("exhausted got %s after a was deleted, want the freed %s", got, ipA)
+	}
+
+	// The cleanup finalizer (what the upstream "load balancer cleanup finalizer" e2e test checks):
+	// on every served LoadBalancer Service, off when it stops being one (its stale IP gone from the
+	// status), back when it is one again; a deleted Service goes once the controller let go.
+	lbWaitFinalizer(t, c, "b", true)
+	svc, err := c.CoreV1().Services("apps").Get(ctx, "b", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Spec.Type = corev1.ServiceTypeClusterIP
+	for i := range svc.Spec.Ports {
+		svc.Spec.Ports[i].NodePort = 0
+	}
+	svc.Spec.AllocateLoadBalancerNodePorts = nil
+	svc.Spec.ExternalTrafficPolicy = ""
+	if _, err := c.CoreV1().Services("apps").Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	lbWaitFinalizer(t, c, "b", false)
+	if s, _ := c.CoreV1().Services("apps").Get(ctx, "b", metav1.GetOptions{}); len(s.Status.LoadBalancer.Ingress) != 0 {
+		t.Errorf("b is a ClusterIP Service now but its status still has %v", s.Status.LoadBalancer.Ingress)
+	}
+	svc, _ = c.CoreV1().Services("apps").Get(ctx, "b", metav1.GetOptions{})
+	svc.Spec.Type = corev1.ServiceTypeLoadBalancer
+	if _, err := c.CoreV1().Services("apps").Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	lbWaitFinalizer(t, c, "b", true)
+	if err := c.CoreV1().Services("apps").Delete(ctx, "b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := c.CoreV1().Services("apps").Get(ctx, "b", metav1.GetOptions{}); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("deleted Service b is still there: the controller did not remove its finalizer")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func lbWaitFinalizer(t *testing.T, c kubernetes.Interface, name string, want bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s, err := c.CoreV1().Services("apps").Get(context.Background(), name, metav1.GetOptions{})
+		if err == nil && slices.Contains(s.Finalizers, LoadBalancerCleanupFinalizer) == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Service %s: finalizer %s present = %v, want %v", name, LoadBalancerCleanupFinalizer, !want, want)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -11,6 +11,7 @@ package cluster
 
 import (
 	"net/netip"
+	"strings"
 	"time"
 )
 
@@ -75,6 +76,11 @@ type ServicePort struct {
 type Service struct {
 	Key  ServiceKey
 	Type ServiceType
+	// Created (metadata.creationTimestamp) and UID (metadata.uid) order Services that claim the same
+	// entry (IP, protocol, port): the oldest keeps it, whatever the names, so that nobody wins an
+	// entry by choosing a name that sorts first (see ClaimOrder). Zero when a file does not say.
+	Created time.Time
+	UID     string
 	// ClusterIPs holds the cluster IPs, at most one per family. Empty for headless and ExternalName
 	// Services.
 	ClusterIPs []netip.Addr
@@ -166,6 +172,34 @@ type Rejection struct {
 	Object string
 	Source string
 	Reason string
+}
+
+// ClaimOrder orders two Services that claim the same entry between equals: the one created first
+// wins (metadata.creationTimestamp, which has a resolution of one second), then the smaller UID
+// (unique and random in a cluster, so a tie cannot be steered), and only when neither says (a file
+// without creationTimestamp and uid) the namespace/name. A Service with a creation time comes before
+// one without: an object that states no age never takes an entry from one that does. It returns a
+// negative number when a wins, positive when b wins, 0 only for the same Service.
+func ClaimOrder(a, b *Service) int {
+	switch {
+	case a.Created.IsZero() != b.Created.IsZero():
+		if a.Created.IsZero() {
+			return 1
+		}
+		return -1
+	case !a.Created.Equal(b.Created):
+		return a.Created.Compare(b.Created)
+	case (a.UID == "") != (b.UID == ""):
+		if a.UID == "" {
+			return 1
+		}
+		return -1
+	case a.UID != b.UID:
+		return strings.Compare(a.UID, b.UID)
+	case a.Key.Namespace != b.Key.Namespace:
+		return strings.Compare(a.Key.Namespace, b.Key.Namespace)
+	}
+	return strings.Compare(a.Key.Name, b.Key.Name)
 }
 
 // String formats the rejection for a log line.

@@ -21,6 +21,13 @@ type SpeakerConfig struct {
 	HeartbeatInterval time.Duration
 	// DeadAfter is how long a member may stay silent before its VIPs move (0: 400ms).
 	DeadAfter time.Duration
+	// MemberKeyFile holds the keys that authenticate the heartbeats, one per line (the first signs,
+	// any verifies: two during a rotation), e.g. the vipgate-memberlist Secret mounted as a file.
+	// --member-key-file overrides it.
+	MemberKeyFile string
+	// Insecure runs the membership without a key (labs only: anyone on the LAN can steer it).
+	// Without a key and without Insecure, L2 announcements are refused.
+	Insecure bool
 }
 
 // SpeakerMember is one entry of SpeakerConfig.Members.
@@ -35,6 +42,8 @@ type speakerConfigFile struct {
 	Members           []speakerMemberFile `json:"members"`
 	HeartbeatInterval string              `json:"heartbeatInterval"`
 	DeadAfter         string              `json:"deadAfter"`
+	MemberKeyFile     string              `json:"memberKeyFile"`
+	Insecure          bool                `json:"insecure"`
 }
 
 type speakerMemberFile struct {
@@ -49,6 +58,7 @@ func parseSpeakerConfig(f *speakerConfigFile) (SpeakerConfig, error) {
 		return c, nil
 	}
 	c.MemberPort = f.MemberPort
+	c.MemberKeyFile, c.Insecure = f.MemberKeyFile, f.Insecure
 	var err error
 	for _, d := range []struct {
 		field string

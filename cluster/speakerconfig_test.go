@@ -16,6 +16,7 @@ func TestNodeConfigSpeaker(t *testing.T) {
   memberPort: 7000
   heartbeatInterval: 50ms
   deadAfter: 200ms
+  memberKeyFile: /etc/vipgate/memberlist/key
   members:
   - {name: n1, address: 192.0.2.11}
   - {name: n2, address: "2001:db8:1::12"}
@@ -24,7 +25,8 @@ func TestNodeConfigSpeaker(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := SpeakerConfig{MemberPort: 7000, HeartbeatInterval: 50 * time.Millisecond, DeadAfter: 200 * time.Millisecond,
-		Members: []SpeakerMember{{"n1", netip.MustParseAddr("192.0.2.11")}, {"n2", netip.MustParseAddr("2001:db8:1::12")}}}
+		MemberKeyFile: "/etc/vipgate/memberlist/key",
+		Members:       []SpeakerMember{{"n1", netip.MustParseAddr("192.0.2.11")}, {"n2", netip.MustParseAddr("2001:db8:1::12")}}}
 	if diff := cmp.Diff(want, c.Speaker, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 		t.Errorf("speaker (-want +got):\n%s", diff)
 	}
@@ -33,6 +35,7 @@ func TestNodeConfigSpeaker(t *testing.T) {
 	}
 	for _, tc := range []struct{ yaml, err string }{
 		{"speaker: {memberport: 1}", "unknown field"},
+		{"speaker: {insecure: maybe}", "insecure"},
 		{"speaker: {memberPort: 70000}", "speaker.memberPort"},
 		{"speaker: {heartbeatInterval: fast}", "speaker.heartbeatInterval"},
 		{"speaker: {heartbeatInterval: 1ms}", "speaker.heartbeatInterval"},

@@ -20,6 +20,9 @@ type NodeInfo struct {
 	NodeIPs []netip.Addr
 	// PodTrafficKnown says whether cluster CIDRs are configured (pod traffic can be recognised).
 	PodTrafficKnown bool
+	// Screen refuses external and LoadBalancer IPs the node's policy does not allow (nil: all
+	// allowed).
+	Screen *AddressScreen
 }
 
 // entry is one way into a Service port: an IP (ClusterIP, external IP, LoadBalancer IP) or the NodePort.
@@ -48,13 +51,20 @@ func BuildService(n NodeInfo, svc *cluster.Service, eps []*cluster.EndpointSlice
 		return p
 	}
 	b := &serviceBuilder{n: n, svc: svc, p: p, uses: map[string]bool{}, chains: map[string]bool{}}
+	// The addresses besides the cluster IP, screened once for all ports: a refused one is no entry
+	// of this Service at all, and the Part says why.
+	b.externalIPs = n.Screen.screen(b.familyAddrs(svc.ExternalIPs), true, &p.Refused)
+	if svc.Type == cluster.TypeLoadBalancer {
+		b.lbIPs = n.Screen.screen(b.familyAddrs(svc.LoadBalancerIPs), false, &p.Refused)
+	}
 	// The elements are built in a reused scratch slice and kept in one of their exact size: a full
 	// sync holds ~150,000 of them, and memory the process touches for the first time is what a
 	// full sync pays most for (page faults) after the kernel's own work.
 	scratch := elementScratch.Get().(*[]Element)
 	p.Elements = append((*scratch)[:0], Element{Set: SetClusterIPs, Addr: clusterIP})
-	for _, sp := range svc.Ports {
-		b.port(sp, clusterIP, eps)
+	targets := ResolveTargetPorts(svc.Ports, eps)
+	for j, sp := range svc.Ports {
+		b.port(sp, clusterIP, eps, targets, j)
 	}
 	built := p.Elements
 	p.Elements = slices.Clone(built)
@@ -77,6 +87,9 @@ type serviceBuilder struct {
 	p      *Part
 	uses   map[string]bool
 	chains map[string]bool
+	// externalIPs and lbIPs are the Service's external and LoadBalancer IPs of this family that
+	// passed the node's screen.
+	externalIPs, lbIPs []netip.Addr
 }
 
 func (b *serviceBuilder) familyAddrs(in []netip.Addr) []netip.Addr {
@@ -104,24 +117,20 @@ func (b *serviceBuilder) use(chain string) string {
 	return chain
 }
 
-func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slices_ []*cluster.EndpointSlice) {
+func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slices_ []*cluster.EndpointSlice, targets TargetPorts, j int) {
 	proto := ProtoNumber(sp.Protocol)
 	if proto == 0 || sp.Port == 0 {
 		return
 	}
 	svc := b.svc
 	name := servicePortName(svc.Key, proto, sp.Port)
-	externalIPs := b.familyAddrs(svc.ExternalIPs)
-	var lbIPs []netip.Addr
-	if svc.Type == cluster.TypeLoadBalancer {
-		lbIPs = b.familyAddrs(svc.LoadBalancerIPs)
-	}
+	externalIPs, lbIPs := b.externalIPs, b.lbIPs
 	nodePort := sp.NodePort
 	if svc.Type != cluster.TypeNodePort && svc.Type != cluster.TypeLoadBalancer {
 		nodePort = 0
 	}
 	external := len(externalIPs) > 0 || len(lbIPs) > 0 || nodePort != 0
-	all := PortEndpoints(sp, slices_, b.n.Family, b.n.NodeName)
+	all := PortEndpoints(targets, j, slices_, b.n.Family, b.n.NodeName)
 	cat := Categorize(all, svc, external, b.n.NodeName, b.n.Zone)
 	externalLocal := svc.ExternalPolicyLocal && external
 
@@ -161,9 +170,17 @@ func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slic
 			b.p.Elements = append(b.p.Elements, Element{Set: SetHairpin, Addr: e.Addr, Addr2: e.Addr, Proto: proto, Port: e.Port})
 		}
 	}
-	if len(cat.Local) > b.p.LocalEndpoints {
-		b.p.LocalEndpoints = len(cat.Local)
+	// The healthCheckNodePort counts local READY endpoints only, as kube-proxy's
+	// LocalReadyEndpoints does: a node whose local endpoints all terminate must fail the load
+	// balancer's health check (so it stops sending new connections), even though traffic that still
+	// arrives falls back to the serving-terminating ones (cat.Local).
+	localReady := 0
+	for _, e := range all {
+		if e.Local && e.Ready {
+			localReady++
+		}
 	}
+	b.p.LocalEndpoints = max(b.p.LocalEndpoints, localReady)
 
 	// ClusterIP.
 	ci := entry{addr: clusterIP, port: sp.Port}

@@ -343,14 +343,16 @@ func ConntrackView(state *cluster.State) map[ConntrackPortKey]ConntrackServicePo
 			continue // no VIP, no DNAT, so no entries of ours
 		}
 		vips := slices.Concat(svc.ClusterIPs, svc.ExternalIPs, svc.LoadBalancerIPs)
-		for _, sp := range svc.Ports {
+		svcSlices := state.EndpointSlices[key]
+		targets := ResolveTargetPorts(svc.Ports, svcSlices)
+		for j, sp := range svc.Ports {
 			proto := ctProtoNumber(sp.Protocol)
 			if proto == 0 {
 				continue
 			}
 			ports := ConntrackServicePort{VIPs: vips, Port: sp.Port, NodePort: sp.NodePort}
-			for _, slice := range state.EndpointSlices[key] {
-				ports.Endpoints = append(ports.Endpoints, ctSliceEndpoints(slice, sp)...)
+			for i, slice := range svcSlices {
+				ports.Endpoints = append(ports.Endpoints, ctSliceEndpoints(slice, targets.At(i, j))...)
 			}
 			slices.SortFunc(ports.Endpoints, netip.AddrPort.Compare)
 			ports.Endpoints = slices.Compact(ports.Endpoints)
@@ -371,18 +373,10 @@ func ctProtoNumber(p cluster.Protocol) uint8 {
 	return 0
 }
 
-// ctSliceEndpoints returns the serving endpoints of slice for the Service port sp (matched by name and
-// protocol, as kube-proxy does), with the slice's target port.
-func ctSliceEndpoints(slice *cluster.EndpointSlice, sp cluster.ServicePort) []netip.AddrPort {
-	var target uint16
-	found := false
-	for _, p := range slice.Ports {
-		if p.Name == sp.Name && p.Protocol == sp.Protocol {
-			target, found = p.Port, true
-			break
-		}
-	}
-	if !found || target == 0 {
+// ctSliceEndpoints returns the serving endpoints of slice with the slice's target port for the
+// Service port (see ResolveTargetPorts; 0: the slice does not serve it).
+func ctSliceEndpoints(slice *cluster.EndpointSlice, target uint16) []netip.AddrPort {
+	if target == 0 {
 		return nil
 	}
 	var out []netip.AddrPort

@@ -23,11 +23,62 @@ type Endpoint struct {
 // AddrPort returns the endpoint as addr:port.
 func (e Endpoint) AddrPort() netip.AddrPort { return netip.AddrPortFrom(e.Addr, e.Port) }
 
-// PortEndpoints collects the endpoints of one Service port from the Service's slices of one family,
-// matching slice ports by name and protocol as kube-proxy does. Duplicates (the same addr:port in two
-// slices) are kept once, preferring a ready copy. The result is sorted by address and port so that the
-// endpoint index in the maps is stable.
-func PortEndpoints(port cluster.ServicePort, slices_ []*cluster.EndpointSlice, family cluster.Family, nodeName string) []Endpoint {
+// TargetPorts says on which port the endpoints of each EndpointSlice of a Service listen for each
+// Service port. The EndpointSlice controller writes into every slice the number its own endpoints use
+// for each Service port name: a named targetPort ("http") may resolve to different numbers on
+// different pods, and the controller then groups the endpoints into one slice per mapping. So the
+// number is a property of the slice, never of the Service.
+type TargetPorts struct {
+	nPorts int
+	// ports holds, row by row, slice i's number for Service port j at i*nPorts+j; 0 when the slice
+	// has no port of that name and protocol (its endpoints do not serve that Service port).
+	ports []uint16
+}
+
+// At returns slice i's target port for Service port j, 0 if none.
+func (t TargetPorts) At(slice, port int) uint16 { return t.ports[slice*t.nPorts+port] }
+
+// ResolveTargetPorts matches every slice's ports to the Service's ports by name and protocol, as
+// kube-proxy does, in time linear in the number of ports: a slice port is first tried against the
+// Service port at the same position (the EndpointSlice controller keeps the Service's order), and
+// only a slice that differs pays for an index of the Service ports.
+func ResolveTargetPorts(svcPorts []cluster.ServicePort, slices_ []*cluster.EndpointSlice) TargetPorts {
+	type portID struct {
+		name  string
+		proto cluster.Protocol
+	}
+	n := len(svcPorts)
+	t := TargetPorts{nPorts: n, ports: make([]uint16, len(slices_)*n)}
+	var index map[portID]int
+	for i, es := range slices_ {
+		row := t.ports[i*n : (i+1)*n]
+		for k, sp := range es.Ports {
+			j := k
+			if j >= n || svcPorts[j].Name != sp.Name || svcPorts[j].Protocol != sp.Protocol {
+				if index == nil {
+					index = make(map[portID]int, n)
+					for j, p := range svcPorts {
+						index[portID{p.Name, p.Protocol}] = j
+					}
+				}
+				var ok bool
+				if j, ok = index[portID{sp.Name, sp.Protocol}]; !ok {
+					continue
+				}
+			}
+			if row[j] == 0 {
+				row[j] = sp.Port
+			}
+		}
+	}
+	return t
+}
+
+// PortEndpoints collects the endpoints of Service port j (an index into the ports targets was
+// resolved for) from the Service's slices of one family, each endpoint with the target port of its
+// own slice. Duplicates (the same addr:port in two slices) are kept once, preferring a ready copy. The
+// result is sorted by address and port so that the endpoint index in the maps is stable.
+func PortEndpoints(targets TargetPorts, j int, slices_ []*cluster.EndpointSlice, family cluster.Family, nodeName string) []Endpoint {
 	total := 0
 	for _, es := range slices_ {
 		total += len(es.Endpoints)
@@ -50,19 +101,12 @@ func PortEndpoints(port cluster.ServicePort, slices_ []*cluster.EndpointSlice, f
 		}
 		return 0, false
 	}
-	for _, es := range slices_ {
+	for i, es := range slices_ {
 		if es.Family != family {
 			continue
 		}
-		var epPort uint16
-		found := false
-		for _, sp := range es.Ports {
-			if sp.Name == port.Name && sp.Protocol == port.Protocol {
-				epPort, found = sp.Port, true
-				break
-			}
-		}
-		if !found || epPort == 0 {
+		epPort := targets.At(i, j)
+		if epPort == 0 {
 			continue
 		}
 		for _, ep := range es.Endpoints {

@@ -234,7 +234,8 @@ func GatewayServiceEntries(cfg GatewayConfig, f cluster.Family, svc *cluster.Ser
 	}
 	snat := gatewaySNAT(cfg, svc)
 	var out []GatewayEntry
-	for _, sp := range svc.Ports {
+	targets := ResolveTargetPorts(svc.Ports, slices_)
+	for j, sp := range svc.Ports {
 		proto := ProtoNumber(sp.Protocol)
 		if proto == 0 {
 			continue
@@ -243,7 +244,7 @@ func GatewayServiceEntries(cfg GatewayConfig, f cluster.Family, svc *cluster.Ser
 		why := ""
 		switch cfg.Forwarding {
 		case cluster.ForwardDirect:
-			eps := PortEndpoints(sp, slices_, f, "")
+			eps := PortEndpoints(targets, j, slices_, f, "")
 			ready := filter(eps, func(e Endpoint) bool { return e.Ready })
 			if len(ready) == 0 {
 				// As the node does: while nothing is ready, what is still serving while terminating
@@ -426,7 +427,9 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 	for k := range st.Services {
 		keys = append(keys, k)
 	}
-	sortServiceKeys(keys)
+	// Oldest first: of the Services that claim one VIP port, the oldest keeps it
+	// (cluster.ClaimOrder), never the one whose name sorts first.
+	slices.SortFunc(keys, func(a, b cluster.ServiceKey) int { return cluster.ClaimOrder(st.Services[a], st.Services[b]) })
 	type entryID struct {
 		vip   netip.Addr
 		proto uint8

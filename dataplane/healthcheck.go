@@ -7,10 +7,11 @@ package dataplane
 //     nodes that answer 200, i.e. nodes with at least one local ready endpoint, so that traffic is never
 //     dropped for lack of a local endpoint and the client source IP survives.
 //   - ProxyHealthServer is the proxy's own /healthz and /livez (healthzBindAddress, 127.0.0.1:10256 by
-//     default), which kubelet probes and LBs use as a node-level check.
+//     default), which kubelet probes and LBs use as a node-level check, and /readyz, vipgate's own,
+//     for the readiness probe.
 //
-// Both copy kube-proxy's response bytes and status semantics, because existing LB health checks and
-// monitoring are written against them.
+// /healthz, /livez and the health checks copy kube-proxy's response bytes and status semantics,
+// because existing LB health checks and monitoring are written against them.
 
 import (
 	"errors"
@@ -158,11 +159,7 @@ func (s *HealthCheckServer) open(key cluster.ServiceKey, port uint16) (*hcServic
 			svc.close()
 			return nil, fmt.Errorf("listening on %s: %w", ap, err)
 		}
-		srv := &http.Server{
-			Handler:           handler,
-			ReadHeaderTimeout: 10 * time.Second,
-			ErrorLog:          s.logger.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
-		}
+		srv := NewHTTPServer(handler, s.logger)
 		go func() {
 			// Serve returns ErrServerClosed after Close; anything else means the listener died.
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -249,6 +246,15 @@ func hcBody(key cluster.ServiceKey, count int, proxyHealthy bool) []byte {
 // unhealthy when a change was queued (QueuedUpdate) more than staleAfter ago and has not been applied
 // (Updated) since. It is healthy while nothing is pending, including before the first sync. /healthz is
 // also unhealthy when the node is not eligible (being deleted), /livez is not.
+//
+// /readyz is vipgate's addition, for a readiness probe: /healthz answers 200 from start-up on (a proxy
+// still starting is not unhealthy, and kubelet must not restart it), so a pod probed on /healthz is
+// Ready before any Service works through it. /readyz answers 503 until the first sync was programmed
+// into the kernel (Updated), and 200 afterwards as long as the proxy is healthy (the /livez
+// condition): a later failed sync leaves the previous rules in place, which still serve, so it does not
+// make the pod unready by itself; only when the failures last beyond staleAfter, when /healthz and
+// /livez fail too, does /readyz fail with them. Node eligibility is left to /healthz: a node being
+// drained still proxies.
 type ProxyHealthServer struct {
 	logger     hclog.Logger
 	bindAddr   string
@@ -280,7 +286,7 @@ func NewProxyHealthServer(logger hclog.Logger, bindAddr string, staleAfter time.
 	}
 }
 
-// Start listens on the bind address and serves /healthz and /livez in the background.
+// Start listens on the bind address and serves /healthz, /livez and /readyz in the background.
 func (h *ProxyHealthServer) Start() error {
 	ln, err := net.Listen("tcp", h.bindAddr)
 	if err != nil {
@@ -289,11 +295,8 @@ func (h *ProxyHealthServer) Start() error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", h.serveHealthz)
 	mux.HandleFunc("/livez", h.serveLivez)
-	srv := &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          h.logger.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
-	}
+	mux.HandleFunc("/readyz", h.serveReadyz)
+	srv := NewHTTPServer(mux, h.logger)
 	h.mu.Lock()
 	h.server = srv
 	h.addr = ln.Addr()
@@ -362,6 +365,12 @@ func (h *ProxyHealthServer) IsHealthy() bool {
 	return healthy
 }
 
+// IsReady reports what /readyz answers: synced at least once, and healthy.
+func (h *ProxyHealthServer) IsReady() bool {
+	healthy, lastUpdated, _ := h.health()
+	return healthy && !lastUpdated.IsZero()
+}
+
 // health returns the proxy's health, the last successful sync and the current time.
 func (h *ProxyHealthServer) health() (healthy bool, lastUpdated, now time.Time) {
 	h.mu.RLock()
@@ -389,6 +398,13 @@ func (h *ProxyHealthServer) serveLivez(w http.ResponseWriter, _ *http.Request) {
 	_, _ = fmt.Fprintf(w, `{"lastUpdated": %q,"currentTime": %q}`, hzTime(lastUpdated), hzTime(now))
 }
 
+func (h *ProxyHealthServer) serveReadyz(w http.ResponseWriter, _ *http.Request) {
+	healthy, lastUpdated, now := h.health()
+	synced := !lastUpdated.IsZero()
+	lastUpdated = hzWriteStatus(w, healthy && synced, lastUpdated, now)
+	_, _ = fmt.Fprintf(w, `{"lastUpdated": %q,"currentTime": %q, "synced": %v}`, hzTime(lastUpdated), hzTime(now), synced)
+}
+
 // hzWriteStatus writes the headers and status and returns the lastUpdated to report: when healthy,
 // kube-proxy reports the current time, because older releases did and monitoring relies on "recent".
 func hzWriteStatus(w http.ResponseWriter, healthy bool, lastUpdated, now time.Time) time.Time {
@@ -405,3 +421,33 @@ func hzWriteStatus(w http.ResponseWriter, healthy bool, lastUpdated, now time.Ti
 // hzTime formats t as kube-proxy does (time.Time's String), without the monotonic clock reading that
 // kube-proxy leaks into its output.
 func hzTime(t time.Time) string { return t.Round(0).String() }
+
+// Limits of every HTTP server vipgate runs (healthCheckNodePort servers on the node IPs, /healthz,
+// the admin endpoint). The health-check servers answer anyone on the LAN; without limits a client
+// that opens connections and sends nothing, or keeps them idle, or reads the answer one byte a
+// minute, holds a goroutine and a file descriptor each for ever. Every answer is a few hundred
+// bytes (/metrics a few MiB at most), every request a GET with a handful of headers.
+// They are variables so that tests can shorten them.
+var (
+	httpReadHeaderTimeout = 10 * time.Second
+	httpReadTimeout       = 15 * time.Second
+	httpWriteTimeout      = 30 * time.Second
+	// httpIdleTimeout is above the 5-30 s health-check interval of load balancers, so their
+	// keep-alive connections are reused, and far below "for ever".
+	httpIdleTimeout    = 60 * time.Second
+	httpMaxHeaderBytes = 16 << 10
+)
+
+// NewHTTPServer returns an http.Server for handler with vipgate's timeouts and header limit, logging
+// its errors (a client that misbehaves) to logger.
+func NewHTTPServer(handler http.Handler, logger hclog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: httpReadHeaderTimeout,
+		ReadTimeout:       httpReadTimeout,
+		WriteTimeout:      httpWriteTimeout,
+		IdleTimeout:       httpIdleTimeout,
+		MaxHeaderBytes:    httpMaxHeaderBytes,
+		ErrorLog:          logger.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
+	}
+}

@@ -362,16 +362,27 @@ func TestProxyHealthServer(t *testing.T) {
 	base := "http://" + h.Addr().String()
 
 	type probe struct {
-		Healthz, Livez int
+		Healthz, Livez, Readyz int
 	}
 	check := func(t *testing.T, want probe) {
 		t.Helper()
 		hz := hcMustGet(t, http.MethodGet, base+"/healthz")
 		lz := hcMustGet(t, http.MethodGet, base+"/livez")
-		if diff := cmp.Diff(want, probe{hz.Status, lz.Status}); diff != "" {
+		rz := hcMustGet(t, http.MethodGet, base+"/readyz")
+		if diff := cmp.Diff(want, probe{hz.Status, lz.Status, rz.Status}); diff != "" {
 			t.Errorf("status (-want +got):\n%s", diff)
 		}
-		for _, r := range []hcResponse{hz, lz} {
+		if got := h.IsReady(); got != (want.Readyz == 200) {
+			t.Errorf("IsReady = %v, /readyz %d", got, want.Readyz)
+		}
+		var rdoc map[string]any
+		if err := json.Unmarshal([]byte(rz.Body), &rdoc); err != nil {
+			t.Fatalf("readyz body %q is not JSON: %v", rz.Body, err)
+		}
+		if _, ok := rdoc["synced"]; !ok {
+			t.Errorf("readyz body %q lacks \"synced\"", rz.Body)
+		}
+		for _, r := range []hcResponse{hz, lz, rz} {
 			if r.ContentType != "application/json" || r.NoSniff != "nosniff" {
 				t.Errorf("headers: %+v", r)
 			}
@@ -395,15 +406,18 @@ func TestProxyHealthServer(t *testing.T) {
 		do   func()
 		want probe
 	}{
-		{"starting up", func() {}, probe{200, 200}},
-		{"queued before the first sync is still starting up", func() { h.QueuedUpdate(); clock.Advance(time.Minute) }, probe{200, 200}},
-		{"synced", h.Updated, probe{200, 200}},
-		{"idle for long is fine", func() { clock.Advance(time.Hour) }, probe{200, 200}},
-		{"change queued, not late yet", func() { h.QueuedUpdate(); clock.Advance(20 * time.Second) }, probe{200, 200}},
-		{"more changes do not move the deadline", func() { h.QueuedUpdate(); clock.Advance(11 * time.Second) }, probe{503, 503}},
-		{"applied", h.Updated, probe{200, 200}},
-		{"node being deleted fails healthz only", func() { h.SetNodeEligible(false) }, probe{503, 200}},
-		{"node eligible again", func() { h.SetNodeEligible(true) }, probe{200, 200}},
+		// Starting up is healthy (kubelet must not restart a proxy that is still starting) but not
+		// ready: no Service works through this node before the first sync is in the kernel.
+		{"starting up", func() {}, probe{200, 200, 503}},
+		{"queued before the first sync is still starting up", func() { h.QueuedUpdate(); clock.Advance(time.Minute) }, probe{200, 200, 503}},
+		{"synced", h.Updated, probe{200, 200, 200}},
+		{"idle for long is fine", func() { clock.Advance(time.Hour) }, probe{200, 200, 200}},
+		// A failed sync keeps the previous rules, which still serve: ready until it is late.
+		{"change queued, not late yet", func() { h.QueuedUpdate(); clock.Advance(20 * time.Second) }, probe{200, 200, 200}},
+		{"more changes do not move the deadline", func() { h.QueuedUpdate(); clock.Advance(11 * time.Second) }, probe{503, 503, 503}},
+		{"applied", h.Updated, probe{200, 200, 200}},
+		{"node being deleted fails healthz only", func() { h.SetNodeEligible(false) }, probe{503, 200, 200}},
+		{"node eligible again", func() { h.SetNodeEligible(true) }, probe{200, 200, 200}},
 	}
 	for _, step := range steps {
 		t.Run(step.name, func(t *testing.T) {
@@ -422,5 +436,136 @@ func TestProxyHealthServer(t *testing.T) {
 	wantBody := `{"lastUpdated": "2026-01-02 04:05:36 +0000 UTC","currentTime": "2026-01-02 04:06:36 +0000 UTC"}`
 	if diff := cmp.Diff(wantBody, body); diff != "" {
 		t.Errorf("livez body (-want +got):\n%s", diff)
+	}
+}
+
+// TestHealthCheckOnlyTerminatingLocalEndpoints is the upstream e2e "should fail health check node port
+// if there are only terminating endpoints": an externalTrafficPolicy=Local Service whose endpoints on
+// this node all terminate answers 503 with localEndpoints 0 on its healthCheckNodePort (kube-proxy
+// counts local READY endpoints), while the traffic that still arrives keeps falling back to the
+// serving-terminating endpoint. The count comes from a real Proxier sync, the answer from the real
+// HTTP server.
+func TestHealthCheckOnlyTerminatingLocalEndpoints(t *testing.T) {
+	logger, _ := hcTestLogger(t)
+	hc := NewHealthCheckServer(logger, []netip.Addr{hcLoopback}, nil)
+	t.Cleanup(func() { _ = hc.Close() })
+	key := cluster.ServiceKey{Namespace: "ns1", Name: "lb-local"}
+	hcPort := hcFreePort(t)
+	svc := &cluster.Service{Key: key, Type: cluster.TypeLoadBalancer, ClusterIPs: trAddrs("10.96.0.40"),
+		Ports:           []cluster.ServicePort{{Name: "http", Protocol: cluster.TCP, Port: 80, NodePort: 30040}},
+		LoadBalancerIPs: trAddrs("198.51.100.40"), ExternalPolicyLocal: true, HealthCheckNodePort: hcPort}
+	ready := trEp("10.244.1.40", trNode)
+	servingTerm := cluster.Endpoint{Addresses: trAddrs("10.244.1.41"), Serving: true, Terminating: true, NodeName: trNode}
+	notServingTerm := cluster.Endpoint{Addresses: trAddrs("10.244.1.42"), Terminating: true, NodeName: trNode}
+	remote := trEp("10.244.2.40", "node2")
+
+	prog := &txCapture{}
+	p := NewProxier(logger, Config{NodeName: trNode, Zone: "zone-a", NodeIPs: []netip.Addr{trNodeIP4},
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, Families: []cluster.Family{cluster.IPv4}}, prog)
+	steps := []struct {
+		name   string
+		eps    []cluster.Endpoint
+		count  int
+		status int
+		// fromOutside is where traffic to the LoadBalancer IP from beyond the node goes.
+		fromOutside string
+	}{
+		{"a local ready endpoint", []cluster.Endpoint{ready, servingTerm, remote}, 1, 200, "10.244.1.40:8080"},
+		{"only terminating local endpoints, one serving", []cluster.Endpoint{servingTerm, notServingTerm, remote}, 0, 503, "10.244.1.41:8080"},
+		{"only a terminating, not serving, local endpoint", []cluster.Endpoint{notServingTerm, remote}, 0, 503, "DROP"},
+		{"ready again", []cluster.Endpoint{ready, remote}, 1, 200, "10.244.1.40:8080"},
+	}
+	for _, step := range steps {
+		t.Run(step.name, func(t *testing.T) {
+			st := &cluster.State{Services: map[cluster.ServiceKey]*cluster.Service{key: svc},
+				EndpointSlices: map[cluster.ServiceKey][]*cluster.EndpointSlice{key: {trSlice(key, cluster.IPv4, trHTTP, step.eps...)}}}
+			rep, err := p.Sync(st)
+			if err != nil {
+				t.Fatalf("Sync: %v", err)
+			}
+			if got := rep.LocalEndpoints[key]; got != step.count {
+				t.Errorf("LocalEndpoints = %d, want %d", got, step.count)
+			}
+			if err := hc.SyncServices(rep.HealthChecks); err != nil {
+				t.Fatalf("SyncServices: %v", err)
+			}
+			hc.SyncEndpoints(rep.LocalEndpoints)
+			if diff := cmp.Diff(hcWant(step.status, key, step.count, true), hcMustGet(t, http.MethodGet, hcURL(hcLoopback, hcPort, "/"))); diff != "" {
+				t.Errorf("health check (-want +got):\n%s", diff)
+			}
+			// The traffic semantics are not the health check's: terminating fallback still serves.
+			res := Trace(p.Flatten(cluster.IPv4), trHost, Packet{Src: netip.MustParseAddr(outside), Dst: netip.MustParseAddr("198.51.100.40"), Proto: ProtoTCP, Port: 80})
+			if diff := cmp.Diff(step.fromOutside, res.String()); diff != "" {
+				t.Errorf("LoadBalancer IP from outside (-want +got):\n%s\n%s", diff, res.Explain())
+			}
+		})
+	}
+}
+
+// TestHTTPServerLimits: the healthCheckNodePort servers (and every server NewHTTPServer makes) close a
+// connection that sends no request, close an idle keep-alive connection, and refuse oversized headers.
+// The timeouts are shortened; the test waits for the close, it does not time it.
+func TestHTTPServerLimits(t *testing.T) {
+	defer func(h, i time.Duration) { httpReadHeaderTimeout, httpIdleTimeout = h, i }(httpReadHeaderTimeout, httpIdleTimeout)
+	httpReadHeaderTimeout, httpIdleTimeout = 200*time.Millisecond, 200*time.Millisecond
+	srv := NewHTTPServer(http.NotFoundHandler(), hclog.NewNullLogger())
+	if srv.ReadTimeout == 0 || srv.WriteTimeout == 0 || srv.IdleTimeout == 0 || srv.ReadHeaderTimeout == 0 || srv.MaxHeaderBytes == 0 {
+		t.Errorf("a limit is unset: %+v", srv)
+	}
+
+	logger, _ := hcTestLogger(t)
+	s := NewHealthCheckServer(logger, []netip.Addr{hcLoopback}, nil)
+	t.Cleanup(func() { _ = s.Close() })
+	web := cluster.ServiceKey{Namespace: "demo", Name: "web"}
+	port := hcFreePort(t)
+	if err := s.SyncServices(map[cluster.ServiceKey]uint16{web: port}); err != nil {
+		t.Fatal(err)
+	}
+	addr := netip.AddrPortFrom(hcLoopback, port).String()
+	// closed reads from c until the server closes it (a minute at most: a hang fails the test).
+	closed := func(c net.Conn) bool {
+		_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+		_, err := io.Copy(io.Discard, c)
+		return err == nil // EOF: the server closed it
+	}
+
+	// Nothing sent: closed after the header timeout.
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !closed(c) {
+		t.Error("a connection that sends nothing is kept open")
+	}
+
+	// One request, then idle: answered, then closed.
+	c2, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if _, err := io.WriteString(c2, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = c2.SetReadDeadline(time.Now().Add(time.Minute))
+	var got bytes.Buffer
+	if _, err := io.Copy(&got, c2); err != nil {
+		t.Errorf("idle keep-alive connection: %v (want the server to close it)", err)
+	}
+	if !strings.Contains(got.String(), "503") {
+		t.Errorf("no answer before the close: %q", got.String())
+	}
+
+	// Oversized headers: 431.
+	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/", nil)
+	req.Header.Set("X-Big", strings.Repeat("x", 64<<10))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("64 KiB header: %d, want 431", resp.StatusCode)
 	}
 }

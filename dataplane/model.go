@@ -266,9 +266,13 @@ type Part struct {
 	// programmed.
 	Backends []Backend
 	Entries  []EntryRef
-	// LocalEndpoints counts this node's endpoints usable for externalTrafficPolicy=Local (the largest
-	// over the Service's ports), for the healthCheckNodePort server.
+	// LocalEndpoints counts this node's ready endpoints (the largest count over the Service's ports),
+	// for the healthCheckNodePort server. Terminating endpoints do not count, even while
+	// externalTrafficPolicy=Local traffic falls back to them: kube-proxy's LocalReadyEndpoints.
 	LocalEndpoints int
+	// Refused lists the Service's external and LoadBalancer IPs of this family that the node's
+	// policy kept out (AddressScreen), for the report.
+	Refused []Refusal
 }
 
 // Backend is an endpoint a Service port DNATs to.

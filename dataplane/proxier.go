@@ -1,7 +1,9 @@
 package dataplane
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"runtime/debug"
 	"slices"
@@ -32,6 +34,8 @@ type Config struct {
 	MasqueradeBit int
 	// Families lists the families to program (default: IPv4 and IPv6).
 	Families []cluster.Family
+	// ExternalIPs is the policy for external and LoadBalancer IPs (see AddressScreen).
+	ExternalIPs cluster.ExternalIPPolicy
 }
 
 // SyncReport tells the caller what a sync did and what follows from it.
@@ -43,12 +47,14 @@ type SyncReport struct {
 	// gained their first endpoint).
 	StaleFlows []StaleFlowFilter
 	// HealthChecks is the healthCheckNodePort of every eTP=Local Service, and LocalEndpoints their local
-	// endpoint counts (both complete, not just the changes).
+	// ready endpoint counts (both complete, not just the changes).
 	HealthChecks   map[cluster.ServiceKey]uint16
 	LocalEndpoints map[cluster.ServiceKey]int
 	// Adopted says the first sync reconciled the live table in place instead of replacing it.
 	Adopted bool
-	// Conflicts lists entries refused because another Service already owns them.
+	// Conflicts lists, complete and sorted, the entries of Services that are not programmed because
+	// another Service holds them (claims.go) and the external and LoadBalancer IPs the node's policy
+	// refuses (AddressScreen).
 	Conflicts []cluster.Rejection
 }
 
@@ -73,7 +79,10 @@ type familyState struct {
 	rs         *Ruleset
 	elemRefs   map[Element]int
 	sharedRefs map[string]int
-	owner      map[entryKey]cluster.ServiceKey
+	// claims says who holds each entry (claims.go); refused keeps the addresses each Service's
+	// parts were refused (AddressScreen), for the report.
+	claims  *claimTable
+	refused map[cluster.ServiceKey][]Refusal
 	// sets indexes every set of the table by name (the netlink edge needs their kinds).
 	sets map[string]*Set
 }
@@ -95,9 +104,9 @@ type Proxier struct {
 	// What the last successful sync saw, to find changed Services by pointer.
 	seenSvc    map[cluster.ServiceKey]*cluster.Service
 	seenSlices map[cluster.ServiceKey][]*cluster.EndpointSlice
-	// contested Services lost an entry to another Service; they are rebuilt on every sync so they get
-	// it as soon as it is free.
-	contested map[cluster.ServiceKey]bool
+	// nodeAddrs are the node addresses the last sync screened external IPs against; when they
+	// change, every Service with external or LoadBalancer IPs is screened again.
+	nodeAddrs map[netip.Addr]bool
 	healthChk map[cluster.ServiceKey]uint16
 	localEps  map[cluster.ServiceKey]int
 	lastSync  time.Time
@@ -141,6 +150,17 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 	rep := &SyncReport{Full: p.needFull}
 
 	changed := p.changedServices(st)
+	screen := p.screen(st)
+	if !p.needFull && !maps.Equal(screen.NodeAddrs, p.nodeAddrs) {
+		// A node address came or went: Services that claim an address may gain or lose it.
+		for k, svc := range st.Services {
+			if len(svc.ExternalIPs) > 0 || len(svc.LoadBalancerIPs) > 0 {
+				changed = append(changed, k)
+			}
+		}
+		sortServiceKeys(changed)
+		changed = slices.Compact(changed)
+	}
 	if p.needFull && len(changed) > 1000 {
 		// A full sync of a big cluster allocates a few hundred MiB that die together; collecting
 		// less often during it halves its Go time. The memory goes back to the OS at the end.
@@ -157,7 +177,8 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 				rs:         &Ruleset{Family: f, Table: p.cfg.Table, Services: map[cluster.ServiceKey]*Part{}, Shared: map[string]*Chain{}},
 				elemRefs:   map[Element]int{},
 				sharedRefs: map[string]int{},
-				owner:      map[entryKey]cluster.ServiceKey{},
+				claims:     newClaimTable(),
+				refused:    map[cluster.ServiceKey][]Refusal{},
 				sets:       map[string]*Set{},
 			}
 		}
@@ -173,29 +194,69 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 			d.diffPart(nil, fs.rs.Base)
 		}
 		ni := p.nodeInfo(f)
+		ni.Screen = screen
+		// Withdraw every claim of the changed Services, then make their new ones. Who holds an
+		// entry afterwards depends only on who claims it, never on this order (claims.go); a
+		// Service that gains or loses an entry this way is rebuilt too (moved).
+		moved := map[cluster.ServiceKey]bool{}
 		for _, key := range changed {
-			old := fs.rs.Services[key]
-			var nw *Part
-			if svc := st.Services[key]; svc != nil {
-				nw = BuildService(ni, svc, st.EndpointSlices[key])
-			}
-			// Release what the old part owned, then claim for the new one.
-			if old != nil {
+			var held []entryKey
+			if old := fs.rs.Services[key]; old != nil {
 				for _, e := range old.Entries {
-					k := entryKey{e.NodePort, e.Addr, e.Proto, e.Port}
-					if fs.owner[k] == key {
-						delete(fs.owner, k)
-					}
+					held = append(held, entryKey{e.NodePort, e.Addr, e.Proto, e.Port})
 				}
 			}
-			if nw != nil {
-				nw = p.claim(fs, key, nw, rep)
+			for k := range fs.claims.lost[key] {
+				held = append(held, k)
 			}
+			for _, k := range held {
+				if s := fs.claims.remove(k, key); s != nil {
+					moved[s.Key] = true
+				}
+			}
+		}
+		built := make(map[cluster.ServiceKey]*Part, len(changed))
+		for _, key := range changed {
+			svc := st.Services[key]
+			if svc == nil {
+				continue
+			}
+			nw := BuildService(ni, svc, st.EndpointSlices[key])
+			built[key] = nw
+			for k, c := range claimsOf(svc, nw) {
+				if s := fs.claims.add(k, c); s != nil {
+					moved[s.Key] = true
+				}
+			}
+		}
+		todo := changed
+		if len(moved) > 0 {
+			todo = slices.Clone(changed)
+			for k := range moved {
+				if _, ok := built[k]; !ok && !slices.Contains(changed, k) {
+					todo = append(todo, k)
+				}
+			}
+			sortServiceKeys(todo)
+		}
+		for _, key := range todo {
+			old := fs.rs.Services[key]
+			nw, ok := built[key]
+			if svc := st.Services[key]; !ok && svc != nil {
+				// Unchanged, but it gained or lost an entry to a changed Service.
+				nw = BuildService(ni, svc, st.EndpointSlices[key])
+			}
+			nw = fs.claims.filter(key, nw)
 			d.diffPart(old, nw)
 			if nw == nil || (len(nw.Elements) == 0 && len(nw.Chains) == 0) {
 				delete(fs.rs.Services, key)
 			} else {
 				fs.rs.Services[key] = nw
+			}
+			if nw != nil && len(nw.Refused) > 0 {
+				fs.refused[key] = nw.Refused
+			} else {
+				delete(fs.refused, key)
 			}
 			if !rep.Full {
 				// After a full sync the caller reconciles conntrack against the whole state instead
@@ -223,6 +284,8 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 		newFams[f] = fs
 	}
 
+	rep.Conflicts = conflictReport(newFams)
+
 	for _, tx := range rep.Txs {
 		if err := p.prog.Apply(tx); err != nil {
 			// The in-memory state already moved on; the kernel did not. A full sync rebuilds both.
@@ -234,6 +297,7 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 		}
 	}
 	p.fams = newFams
+	p.nodeAddrs = screen.NodeAddrs
 	p.needFull = false
 	p.adopted = true
 	p.remember(st, changed, rep.Full)
@@ -266,50 +330,40 @@ func (p *Proxier) adopt(fs *familyState) (*Tx, error) {
 	return adoptTx(live, desired, fs.sets)
 }
 
-// claim removes from part every entry that another Service already owns (and the elements that belong
-// to it), records the conflict, and takes ownership of the rest.
-func (p *Proxier) claim(fs *familyState, key cluster.ServiceKey, part *Part, rep *SyncReport) *Part {
-	lost := map[entryKey]bool{}
-	for _, e := range part.Entries {
-		k := entryKey{e.NodePort, e.Addr, e.Proto, e.Port}
-		if o, ok := fs.owner[k]; ok && o != key {
-			lost[k] = true
-			what := fmt.Sprintf("%s %s:%d", ProtoName(e.Proto), e.Addr, e.Port)
-			if e.NodePort {
-				what = fmt.Sprintf("NodePort %s/%d", ProtoName(e.Proto), e.Port)
+// screen returns the address screen of a sync of st: the configured policy and ranges, and the
+// addresses of this node and of every Node st knows.
+func (p *Proxier) screen(st *cluster.State) *AddressScreen {
+	addrs := map[netip.Addr]bool{}
+	for _, a := range p.cfg.NodeIPs {
+		addrs[a.Unmap()] = true
+	}
+	for _, a := range p.cfg.NodePortIPs {
+		addrs[a.Unmap()] = true
+	}
+	for _, n := range st.Nodes {
+		for _, a := range n.Addresses {
+			addrs[a.Unmap()] = true
+		}
+	}
+	return &AddressScreen{Policy: p.cfg.ExternalIPs, ServiceCIDRs: p.cfg.ServiceCIDRs, ClusterCIDRs: p.cfg.ClusterCIDRs, NodeAddrs: addrs}
+}
+
+// conflictReport lists, sorted and once each, the entries lost to other Services and the addresses
+// refused by the node's policy, over all families.
+func conflictReport(fams map[cluster.Family]*familyState) []cluster.Rejection {
+	var out []cluster.Rejection
+	for _, fs := range fams {
+		out = append(out, fs.claims.conflicts()...)
+		for key, rs := range fs.refused {
+			for _, r := range rs {
+				out = append(out, cluster.Rejection{Kind: "Service", Object: key.String(), Reason: r.String()})
 			}
-			rep.Conflicts = append(rep.Conflicts, cluster.Rejection{Kind: "Service", Object: key.String(),
-				Reason: fmt.Sprintf("%s is already used by Service %s; not programmed for this Service", what, o)})
 		}
 	}
-	if len(lost) == 0 {
-		delete(p.contested, key)
-		for _, e := range part.Entries {
-			fs.owner[entryKey{e.NodePort, e.Addr, e.Proto, e.Port}] = key
-		}
-		return part
-	}
-	if p.contested == nil {
-		p.contested = map[cluster.ServiceKey]bool{}
-	}
-	p.contested[key] = true
-	np := *part
-	np.Elements = nil
-	for _, el := range part.Elements {
-		if k, ok := elementEntry(el); ok && lost[k] {
-			continue
-		}
-		np.Elements = append(np.Elements, el)
-	}
-	np.Entries = nil
-	for _, e := range part.Entries {
-		k := entryKey{e.NodePort, e.Addr, e.Proto, e.Port}
-		if !lost[k] {
-			fs.owner[k] = key
-			np.Entries = append(np.Entries, e)
-		}
-	}
-	return &np
+	slices.SortFunc(out, func(a, b cluster.Rejection) int {
+		return cmp.Or(cmp.Compare(a.Object, b.Object), cmp.Compare(a.Reason, b.Reason))
+	})
+	return slices.Compact(out)
 }
 
 // elementEntry says which entry an element belongs to, for elements keyed by an entry.
@@ -350,9 +404,6 @@ func (p *Proxier) changedServices(st *cluster.State) []cluster.ServiceKey {
 		if st.Services[k] == nil {
 			add(k)
 		}
-	}
-	for k := range p.contested {
-		add(k)
 	}
 	sortServiceKeys(out)
 	return out
@@ -461,12 +512,20 @@ func (p *Proxier) LastSync() time.Time {
 // BuildRuleset builds the complete ruleset of one family for st without any kernel: what `vipgate
 // render` prints.
 func BuildRuleset(cfg Config, f cluster.Family, st *cluster.State) *Ruleset {
+	rs, _ := BuildRulesetReport(cfg, f, st)
+	return rs
+}
+
+// BuildRulesetReport is BuildRuleset that also returns what the node would report for st: the
+// entries lost to other Services and the addresses its policy refuses (SyncReport.Conflicts).
+func BuildRulesetReport(cfg Config, f cluster.Family, st *cluster.State) (*Ruleset, []cluster.Rejection) {
 	p := NewProxier(hclog.NewNullLogger(), cfg, nopProgrammer{})
 	p.cfg.Families = []cluster.Family{f}
-	if _, err := p.Sync(st); err != nil {
-		return nil
+	rep, err := p.Sync(st)
+	if err != nil {
+		return nil, nil
 	}
-	return p.fams[f].rs
+	return p.fams[f].rs, rep.Conflicts
 }
 
 type nopProgrammer struct{}

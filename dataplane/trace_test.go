@@ -178,6 +178,25 @@ func trFixture() []trService {
 		topo.slices[0].Endpoints[i].ZoneHints = []string{z}
 	}
 	add(topo, func(s *cluster.Service) { s.TrafficDistribution = "PreferClose" })
+	// named: a named targetPort that resolves to different numbers on different pods (the upstream
+	// e2e "should support named targetPorts that resolve to different ports on different
+	// endpoints"). The EndpointSlice controller then writes one slice per port mapping, each with the
+	// numbers of its own endpoints; slice b also lists its ports in another order than the Service.
+	namedKey := cluster.ServiceKey{Namespace: "ns1", Name: "named"}
+	namedA := trSlice(namedKey, v4, []cluster.EndpointPort{{Name: "mutable-named-port", Protocol: cluster.TCP, Port: 8080}, {Name: "metrics", Protocol: cluster.TCP, Port: 9100}},
+		trEp("10.244.1.18", trNode))
+	namedA.Name = "named-a"
+	namedB := trSlice(namedKey, v4, []cluster.EndpointPort{{Name: "metrics", Protocol: cluster.TCP, Port: 9101}, {Name: "mutable-named-port", Protocol: cluster.TCP, Port: 8081}},
+		trEp("10.244.2.18", "node2"))
+	namedB.Name = "named-b"
+	// A slice of pods that do not name the port at all: they serve no Service port.
+	namedC := trSlice(namedKey, v4, nil, trEp("10.244.3.18", "node3"))
+	namedC.Name = "named-c"
+	out = append(out, trService{
+		svc: &cluster.Service{Key: namedKey, Type: cluster.TypeNodePort, ClusterIPs: trAddrs("10.96.0.22"),
+			Ports: []cluster.ServicePort{{Name: "mutable-named-port", Protocol: cluster.TCP, Port: 8001, NodePort: 30086}, {Name: "metrics", Protocol: cluster.TCP, Port: 9090}}},
+		slices: []*cluster.EndpointSlice{namedA, namedB, namedC},
+	})
 	// np6: an IPv6-only NodePort Service.
 	np6 := trSimple("np6", cluster.TypeNodePort, []string{"2001:db8:96::12"}, v6, trEp("2001:db8:244:1::10", trNode), trEp("2001:db8:244:2::10", "node2"))
 	add(np6, func(s *cluster.Service) { s.Ports[0].NodePort = 30085 })
@@ -304,6 +323,11 @@ func TestTraceFlowsIPv4(t *testing.T) {
 		{name: "session affinity external IP", src: podHere, dst: "203.0.113.101", port: 80, output: "10.244.1.16:8080, 10.244.2.16:8080, 10.244.3.16:8080 masq"},
 		{name: "session affinity hairpin", src: "10.244.1.16", dst: "10.96.0.19", port: 80, output: "10.244.1.16:8080 masq, 10.244.2.16:8080, 10.244.3.16:8080"},
 		{name: "topology hints", src: podHere, dst: "10.96.0.21", port: 80, output: "10.244.1.17:8080, 10.244.2.17:8080"},
+
+		// Named targetPort resolving to different numbers: each endpoint with its own slice's port.
+		{name: "named targetPort, different ports per slice", src: podHere, dst: "10.96.0.22", port: 8001, output: "10.244.1.18:8080, 10.244.2.18:8081"},
+		{name: "named targetPort, second Service port", src: podHere, dst: "10.96.0.22", port: 9090, output: "10.244.1.18:9100, 10.244.2.18:9101"},
+		{name: "named targetPort NodePort", src: outside, dst: trNodeIP4.String(), port: 30086, output: "10.244.1.18:8080, 10.244.2.18:8081 masq"},
 
 		// loadBalancerSourceRanges.
 		{name: "source range allowed", src: outside, dst: "198.51.100.13", port: 80, output: "10.244.1.10:8080, 10.244.2.10:8080 masq"},
@@ -561,6 +585,7 @@ func trNewKernelLab(t *testing.T, podAddrs []netip.Addr) *trKernelLab {
 		trSh(t, "ip", "-n", pod.name, "route", "add", trNodeIP4.String(), "dev", "eth0")
 		trSh(t, "ip", "-n", pod.name, "route", "add", "default", "via", trNodeIP4.String(), "dev", "eth0")
 		trServe(t, pod, 8080)
+		trServe(t, pod, 8081) // the second number of the named targetPort
 	}
 	// The node's own traffic to Service IPs needs a route before DNAT re-routes it: any pod link will do.
 	trSh(t, "ip", "-n", n, "route", "add", "default", "dev", "vgp0", "src", trNodeIP4.String())
@@ -699,6 +724,8 @@ func TestTraceAgreesWithKernel(t *testing.T) {
 		{"terminating", pod(podHere), podHere, true, "10.96.0.18", 80, false},
 		{"topology", pod(podHere), podHere, true, "10.96.0.21", 80, false},
 		{"affinity", pod(podHere), podHere, true, "10.96.0.19", 80, false},
+		{"named targetPort", pod(podHere), podHere, true, "10.96.0.22", 8001, false},
+		{"named targetPort NodePort", lab.client, outside, true, trNodeIP4.String(), 30086, false},
 		{"source range allowed", lab.client, outside, true, "198.51.100.13", 80, false},
 		{"source range denied", lab.client, bad, true, "198.51.100.13", 80, false},
 	}

@@ -16,31 +16,14 @@ import (
 	"github.com/hashicorp/go-hclog"
 )
 
-func TestHeartbeatCodec(t *testing.T) {
-	for _, tc := range []struct {
-		ready bool
-		hears []string
-	}{{true, []string{"n1", "n2"}}, {false, nil}, {true, nil}} {
-		name, ready, hears, err := decodeHeartbeat(encodeHeartbeat("n3", tc.ready, tc.hears))
-		if err != nil || name != "n3" || ready != tc.ready || !slices.Equal(hears, tc.hears) {
-			t.Errorf("round trip of %v: %q %v %v %v", tc, name, ready, hears, err)
-		}
-	}
-	for _, bad := range []string{"", "vipgate-hb1 n1", "vipgate-hb2 n1 2 -", "vipgate-hb2 n1 1", "hello n1 1 -"} {
-		if _, _, _, err := decodeHeartbeat([]byte(bad)); err == nil {
-			t.Errorf("%q decoded", bad)
-		}
-	}
-}
-
 func TestHasQuorum(t *testing.T) {
-	two := func(other string) map[string][]netip.Addr {
-		return map[string][]netip.Addr{other: {netip.MustParseAddr("127.0.0.2")}}
+	two := func(other string) map[string]*peer {
+		return map[string]*peer{other: {name: other}}
 	}
 	for _, tc := range []struct {
 		self         string
 		heard, total int
-		peers        map[string][]netip.Addr
+		peers        map[string]*peer
 		want         bool
 	}{
 		{"a", 1, 1, nil, true},      // alone by configuration
@@ -99,7 +82,7 @@ func startMembers(t *testing.T, f *fabric, names ...string) (map[string]*Members
 	out := map[string]*Members{}
 	cancels := map[string]context.CancelFunc{}
 	for _, n := range names {
-		m, err := NewMembers(hclog.NewNullLogger(), n, MemberOptions{Port: port, Bind: addrs[n][0]})
+		m, err := NewMembers(hclog.NewNullLogger(), n, MemberOptions{Port: port, Bind: addrs[n][0], Keys: testKeys})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,6 +99,9 @@ func startMembers(t *testing.T, f *fabric, names ...string) (map[string]*Members
 }
 
 var portSeq atomic.Int32
+
+// testKeys is the membership key of the tests.
+var testKeys = [][]byte{[]byte("0123456789abcdef0123456789abcdef")}
 
 // describe renders a view as "ready candidates", e.g. "true n1,n2".
 func describe(v View) string {

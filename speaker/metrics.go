@@ -9,7 +9,9 @@ import (
 // RegisterMetrics registers the membership gauges on reg (never the global registry):
 // vipgate_speaker_members (the member count), vipgate_speaker_members_heard (members this node hears,
 // itself included), vipgate_speaker_members_candidates (members that may announce, as this node sees
-// it) and vipgate_speaker_ready (1 while this node may announce).
+// it) and vipgate_speaker_ready (1 while this node may announce); and the heartbeat counters
+// vipgate_speaker_heartbeats_received_total, vipgate_speaker_heartbeats_rejected_total{reason}
+// (forged, replayed, from strangers...: see dropReason) and vipgate_speaker_heartbeat_send_errors_total.
 func (m *Members) RegisterMetrics(reg prometheus.Registerer) error {
 	for _, g := range []struct {
 		name, help string
@@ -29,6 +31,11 @@ func (m *Members) RegisterMetrics(reg prometheus.Registerer) error {
 		if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: g.name, Help: g.help},
 			func() float64 { return f(m.View()) })); err != nil {
 			return fmt.Errorf("registering %s: %w", g.name, err)
+		}
+	}
+	for _, c := range []prometheus.Collector{m.rejVec, m.received, m.sendErrs} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("registering the heartbeat counters: %w", err)
 		}
 	}
 	return nil

@@ -97,6 +97,9 @@ type NodeStatus struct {
 	Tables   []dataplane.ProgrammedCounts `json:"tables"`
 	Rejected []RejectedObject             `json:"rejected"`
 	VIPs     []VIPStatus                  `json:"vips"`
+	// Warnings are conditions of the node as a whole (e.g. L2 refused without a membership key,
+	// or unauthenticated membership).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // adminServer serves /metrics and /status. The sync loop writes through recordSync; the handlers
@@ -149,11 +152,7 @@ func (a *adminServer) Start() error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
 	mux.HandleFunc("/status", a.serveStatus)
-	srv := &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          a.log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
-	}
+	srv := dataplane.NewHTTPServer(mux, a.log)
 	a.mu.Lock()
 	a.srv, a.bound = srv, ln.Addr()
 	a.mu.Unlock()
@@ -238,6 +237,9 @@ func (a *adminServer) snapshot() NodeStatus {
 	st.VIPs = []VIPStatus{}
 	if vips != nil {
 		st.VIPs = append(st.VIPs, vips.VIPs()...)
+		if w, ok := vips.(interface{ Warnings() []string }); ok {
+			st.Warnings = w.Warnings()
+		}
 	}
 	return st
 }

@@ -6,12 +6,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
@@ -27,6 +30,11 @@ By default the table is read back from the kernel of the network namespace expla
 where "vipgate node" or "vipgate gateway" runs, e.g. "ip netns exec NODE vipgate explain ...").
 With --manifests and --config (a NodeConfig or a GatewayConfig) it traces the ruleset vipgate would
 program for those manifests instead, touching nothing.
+
+What names the destination but is not programmed — a Service refused for a special address, an
+external IP the node's externalIPs policy refuses, an entry another Service holds — is listed as
+"rejected:" with its reason: from the rendered manifests, or, tracing the kernel's table with
+--config, from the node's /status (its metricsBindAddress).
 
 On a gateway the backend of a flow is picked by Maglev hashing of its addresses and ports: give the
 source port (--from ADDR:PORT) to see the one slot and backend the flow takes; without it, every
@@ -145,6 +153,10 @@ type ExplainReport struct {
 	Others     []string           `json:"others,omitempty"`
 	// Maglev is a gateway's consistent-hash choice for the flow (with a source port only).
 	Maglev *ExplainMaglev `json:"maglev,omitempty"`
+	// Rejected lists the objects, entries and addresses that name the destination but are not
+	// programmed, and why (a hostile Service refused, an entry another Service holds): the rendered
+	// ruleset's own, or with the kernel's table the node's /status (when --config says where).
+	Rejected []RejectedObject `json:"rejected,omitempty"`
 	// DecidedBy lists the rules that decided each outcome; Why says it in words.
 	DecidedBy string           `json:"decidedBy,omitempty"`
 	Why       []string         `json:"why,omitempty"`
@@ -178,6 +190,10 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 		flat   *dataplane.Flat
 		isLoc  func(netip.Addr) bool
 		source = "kernel"
+		// rejected is what the source or the node refused, before filtering by destination.
+		rejected []RejectedObject
+		// holders is the rendered node ruleset, whose parts say which Service holds an entry.
+		holders *dataplane.Ruleset
 	)
 	if ef.config != "" {
 		c, err := cluster.LoadConfig(ef.config)
@@ -230,11 +246,15 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 		}
 		dpCfg := dataplaneConfig(cfg, log)
 		dpCfg.Table = table
-		rs := dataplane.BuildRuleset(dpCfg, fam, st)
+		rs, conflicts := dataplane.BuildRulesetReport(dpCfg, fam, st)
 		if rs == nil {
 			return nil, fmt.Errorf("building the IPv%d ruleset failed", fam)
 		}
 		flat = rs.Flatten()
+		holders = rs
+		for _, r := range append(slices.Clone(st.Rejected), conflicts...) {
+			rejected = append(rejected, RejectedObject{Kind: r.Kind, Object: r.Object, Source: r.Source, Reason: r.Reason})
+		}
 		local := map[netip.Addr]bool{}
 		for _, a := range append(append([]netip.Addr{}, cfg.NodeIPs...), dpCfg.NodePortIPs...) {
 			local[a.Unmap()] = true
@@ -244,6 +264,9 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 		prog := &dataplane.NetlinkProgrammer{}
 		if flat, err = prog.ReadTable(fam, table); err != nil {
 			return nil, err
+		}
+		if cfg != nil {
+			rejected = nodeRejections(cfg.MetricsBindAddress)
 		}
 		local, err := localAddrs()
 		if err != nil {
@@ -285,7 +308,7 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 		rep.Steps = []dataplane.Step{}
 	}
 	if st != nil {
-		rep.Service = serviceFor(st, isLoc, dst, proto)
+		rep.Service = serviceFor(st, holders, isLoc, dst, proto)
 	}
 	if srcPort != 0 {
 		rep.Maglev = maglevChoice(flat, netip.AddrPortFrom(srcAddr, srcPort), dst, proto)
@@ -302,7 +325,55 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 		rep.Candidates = append(rep.Candidates, ec)
 	}
 	rep.Why = whyNot(res, flat, dst, proto, srcAddr)
+	for _, r := range rejected {
+		if mentionsAddr(r.Reason, dst.Addr()) {
+			rep.Rejected = append(rep.Rejected, r)
+		}
+	}
 	return rep, nil
+}
+
+// mentionsAddr says whether text names addr (alone, as addr:port or [addr]:port), not merely a
+// longer address that starts with the same characters.
+func mentionsAddr(text string, addr netip.Addr) bool {
+	for _, tok := range strings.FieldsFunc(text, func(r rune) bool {
+		return !(r >= '0' && r <= '9' || r >= 'a' && r <= 'f' || r >= 'A' && r <= 'F' || r == '.' || r == ':' || r == '[' || r == ']')
+	}) {
+		for _, t := range []string{tok, strings.TrimRight(tok, ".:")} {
+			if a, err := netip.ParseAddr(strings.Trim(t, "[]")); err == nil && a.Unmap() == addr {
+				return true
+			}
+			if ap, err := netip.ParseAddrPort(t); err == nil && ap.Addr().Unmap() == addr {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// nodeRejections reads the rejected objects and entries from the /status of the node agent running
+// here (metricsBindAddress); nil if it does not answer.
+func nodeRejections(addr netip.AddrPort) []RejectedObject {
+	host := addr.Addr()
+	if host.IsUnspecified() {
+		host = netip.IPv6Loopback()
+		if addr.Addr().Is4() {
+			host = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+		}
+	}
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + netip.AddrPortFrom(host, addr.Port()).String() + "/status")
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Rejected []RejectedObject `json:"rejected"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&st) != nil {
+		return nil
+	}
+	return st.Rejected
 }
 
 // gatewayTrace says whether the trace went through a gateway's jhash rule.
@@ -498,8 +569,36 @@ func entryAddrKnown(f *dataplane.Flat, addr netip.Addr) bool {
 }
 
 // serviceFor names the Service port that dst belongs to in st ("" if none).
-func serviceFor(st *cluster.State, isLocal func(netip.Addr) bool, dst netip.AddrPort, proto uint8) string {
-	for key, svc := range st.Services {
+//
+// When several Services claim the destination, the one that holds it is named: with a rendered node
+// ruleset (holders), the Service whose part programs the entry; otherwise the first claim in the
+// order the node resolves claims by (cluster IPs first, then the oldest Service).
+func serviceFor(st *cluster.State, holders *dataplane.Ruleset, isLocal func(netip.Addr) bool, dst netip.AddrPort, proto uint8) string {
+	keys := slices.SortedFunc(maps.Keys(st.Services), func(a, b cluster.ServiceKey) int {
+		return cluster.ClaimOrder(st.Services[a], st.Services[b])
+	})
+	if holders != nil {
+		keys = slices.DeleteFunc(keys, func(k cluster.ServiceKey) bool {
+			part := holders.Services[k]
+			return part == nil || !slices.ContainsFunc(part.Entries, func(e dataplane.EntryRef) bool {
+				return e.Proto == proto && e.Port == dst.Port() && (e.Addr == dst.Addr() || e.NodePort && isLocal(dst.Addr()))
+			})
+		})
+	}
+	// Cluster IP claims first: they win over external ones.
+	for _, key := range keys {
+		svc := st.Services[key]
+		if !slices.Contains(svc.ClusterIPs, dst.Addr()) {
+			continue
+		}
+		for _, p := range svc.Ports {
+			if dataplane.ProtoNumber(p.Protocol) == proto && p.Port == dst.Port() {
+				return fmt.Sprintf("%s port %d/%s", key, p.Port, p.Protocol)
+			}
+		}
+	}
+	for _, key := range keys {
+		svc := st.Services[key]
 		for _, p := range svc.Ports {
 			if dataplane.ProtoNumber(p.Protocol) != proto {
 				continue
@@ -531,6 +630,9 @@ func (r *ExplainReport) writeText(w io.Writer) {
 	fmt.Fprintf(w, "ruleset:  table %s (%s)\n", r.Table, map[string]string{"kernel": "read from the kernel", "rendered": "rendered from manifests"}[r.Ruleset])
 	if r.Service != "" {
 		fmt.Fprintf(w, "Service:  %s\n", r.Service)
+	}
+	for _, rj := range r.Rejected {
+		fmt.Fprintf(w, "rejected: %s %s: %s\n", rj.Kind, rj.Object, rj.Reason)
 	}
 	fmt.Fprintln(w, "\ntrace:")
 	for _, s := range r.Steps {

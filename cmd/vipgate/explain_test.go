@@ -128,3 +128,24 @@ nodes:
 		})
 	}
 }
+
+// TestMentionsAddr: explain lists a rejection for a destination only when the rejection names that
+// very address, alone or with a port, not a longer one that starts the same.
+func TestMentionsAddr(t *testing.T) {
+	for _, tc := range []struct {
+		text, addr string
+		want       bool
+	}{
+		{"udp 10.96.0.10:53 is held by Service kube-system/kube-dns", "10.96.0.10", true},
+		{"udp 10.96.0.10:53 is held by Service kube-system/kube-dns", "10.96.0.1", false},
+		{"spec.externalIPs[0]: 127.0.0.1 is a special address (loopback)", "127.0.0.1", true},
+		{"spec.externalIPs[0]: :: is a special address (unspecified)", "::", true},
+		{"tcp [2001:db8:ff::50]:80 is held by Service default/zzz-old", "2001:db8:ff::50", true},
+		{"tcp [2001:db8:ff::50]:80 is held by Service default/zzz-old", "2001:db8:ff::5", false},
+		{"spec.externalIPs 192.0.2.11 is not programmed: it is a node's address.", "192.0.2.11", true},
+	} {
+		if got := mentionsAddr(tc.text, netip.MustParseAddr(tc.addr)); got != tc.want {
+			t.Errorf("mentionsAddr(%q, %s) = %v, want %v", tc.text, tc.addr, got, tc.want)
+		}
+	}
+}

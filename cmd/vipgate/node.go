@@ -53,6 +53,8 @@ func parseNodeFlags(name, help string, args []string) (*nodeFlags, error) {
 	fs.BoolVar(&f.cleanup, "cleanup", false, "delete vipgate's nftables tables and exit")
 	fs.DurationVar(&bgpDrain, "bgp-shutdown-drain", 0, "on SIGTERM, advertise routes with GRACEFUL_SHUTDOWN and local-pref 0 for this long, then withdraw (0: keep them for graceful restart)")
 	fs.IntVar(&memberPort, "member-port", memberPort, "UDP port of the speakers' membership heartbeats, the same on every node (0: the config's speaker.memberPort, else 7473)")
+	fs.StringVar(&memberKeyFile, "member-key-file", memberKeyFile, "file of the keys that authenticate the membership heartbeats, one per line: the first signs, any verifies (over the config's speaker.memberKeyFile); without one L2 announcements are refused")
+	fs.BoolVar(&memberInsecure, "member-insecure", memberInsecure, "run the L2 membership without a key (labs only: anyone on the LAN can steer it)")
 	fs.BoolVar(&f.allowWorldWritable, "allow-world-writable-manifests", false, "accept a manifest directory anyone can write to (unsafe)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), help)
@@ -108,6 +110,9 @@ func runNode(args []string) error {
 	if err != nil {
 		return err
 	}
+	if ps, ok := src.(interface{ SetServiceProxyName(string) }); ok {
+		ps.SetServiceProxyName(cfg.ServiceProxyName)
+	}
 
 	dpCfg := dataplaneConfig(cfg, log)
 	proxier := dataplane.NewProxier(log.Named("dataplane"), dpCfg, prog)
@@ -123,8 +128,9 @@ func runNode(args []string) error {
 	}
 	defer stopAdmin()
 
-	// /healthz and /livez: QueuedUpdate when a snapshot arrives, Updated when one is programmed, so
-	// a node whose syncs keep failing (or never run) turns unhealthy after staleAfter.
+	// /healthz, /livez and /readyz: QueuedUpdate when a snapshot arrives, Updated when one is
+	// programmed, so a node whose syncs keep failing (or never run) turns unhealthy after staleAfter;
+	// /readyz stays 503 until the first sync is in the kernel (the DaemonSet's readiness probe).
 	healthz := dataplane.NewProxyHealthServer(log, cfg.HealthzBindAddress.String(), 2*time.Minute)
 	if err := healthz.Start(); err != nil {
 		log.Warn("healthz server not started", "addr", cfg.HealthzBindAddress, "err", err)
@@ -176,6 +182,10 @@ func runNode(args []string) error {
 	}()
 	log.Info("vipgate node started", "node", cfg.NodeName, "table", cfg.TableName, "source", src.String(), "version", version)
 
+	conflicts := &conflictLog{log: log}
+	if ks, ok := src.(kubeSource); ok {
+		conflicts.events = ks.KubeSource
+	}
 	var pending *cluster.State
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
@@ -206,9 +216,7 @@ func runNode(args []string) error {
 		pending0 := pending
 		pending = nil
 		healthz.Updated()
-		for _, c := range rep.Conflicts {
-			log.Warn("rejected", "object", c.Object, "reason", c.Reason)
-		}
+		conflicts.report(pending0, rep.Conflicts)
 		if err := hc.SyncServices(rep.HealthChecks); err != nil {
 			log.Warn("health check servers", "err", err)
 		}
@@ -280,5 +288,6 @@ func dataplaneConfig(cfg *cluster.NodeConfig, log hclog.Logger) dataplane.Config
 		NodePortIPs:   npIPs,
 		MasqueradeAll: cfg.MasqueradeAll,
 		MasqueradeBit: cfg.MasqueradeBit,
+		ExternalIPs:   cfg.ExternalIPs,
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/hashicorp/go-hclog"
@@ -52,13 +53,27 @@ func runRender(args []string) error {
 	if err != nil {
 		return err
 	}
+	return renderNode(os.Stdout, log, cfg, st)
+}
+
+// renderNode prints the node ruleset of st (both families) to w and logs, to log, what the node
+// would not program: the entries held by another Service and the addresses its externalIPs policy
+// refuses, once for both families. (The objects the file source refused were logged by its Load.)
+func renderNode(w io.Writer, log hclog.Logger, cfg *cluster.NodeConfig, st *cluster.State) error {
 	dpCfg := dataplaneConfig(cfg, log)
+	seen := map[cluster.Rejection]bool{}
 	for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-		rs := dataplane.BuildRuleset(dpCfg, f, st)
+		rs, conflicts := dataplane.BuildRulesetReport(dpCfg, f, st)
 		if rs == nil {
 			return fmt.Errorf("building the IPv%d ruleset failed", f)
 		}
-		if err := dataplane.Render(os.Stdout, rs.Flatten()); err != nil {
+		for _, c := range conflicts {
+			if !seen[c] {
+				seen[c] = true
+				log.Warn("not programmed", "kind", c.Kind, "object", c.Object, "reason", c.Reason)
+			}
+		}
+		if err := dataplane.Render(w, rs.Flatten()); err != nil {
 			return err
 		}
 	}

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -55,6 +58,17 @@ type nodeSpeaker interface {
 // default) takes the config's speaker.memberPort, else speaker.DefaultMemberPort.
 var memberPort int
 
+// memberKeyFile is --member-key-file: the keys that authenticate the membership heartbeats, one per
+// line (over the config's speaker.memberKeyFile). memberInsecure is --member-insecure: run without.
+var (
+	memberKeyFile  string
+	memberInsecure bool
+)
+
+// memberKeyReload is how often the key file is read again, so that a rotated Secret (the kubelet
+// updates the mounted file) takes effect without a restart.
+const memberKeyReload = 10 * time.Second
+
 // bgpDrain is --bgp-shutdown-drain: on SIGTERM, announce the routes with the GRACEFUL_SHUTDOWN
 // community and local-pref 0 for this long, then withdraw them. 0 keeps them (a restart: routers
 // with graceful restart keep forwarding until vipgate is back).
@@ -76,21 +90,17 @@ func startSpeaker(ctx context.Context, cfg *cluster.NodeConfig, log hclog.Logger
 // gateway can run it as well as a node.
 func newSpeaker(ctx context.Context, name string, ips []netip.Addr, sc cluster.SpeakerConfig, log hclog.Logger) (*l2Speaker, error) {
 	log = log.Named("speaker")
-	mem, err := speaker.NewMembers(log.Named("members"), name, speaker.MemberOptions{
-		Port:              cmp.Or(memberPort, sc.MemberPort),
-		HeartbeatInterval: sc.HeartbeatInterval,
-		DeadAfter:         sc.DeadAfter,
-	})
-	if err != nil {
-		return nil, err
-	}
-	if err := mem.RegisterMetrics(nodeRegistry()); err != nil {
-		mem.Close()
-		return nil, err
+	keyFile := cmp.Or(memberKeyFile, sc.MemberKeyFile)
+	insecure := (memberInsecure || sc.Insecure) && keyFile == ""
+	var keys [][]byte
+	if keyFile != "" {
+		var err error
+		if keys, err = readMemberKeys(keyFile); err != nil {
+			return nil, err
+		}
 	}
 	ann, err := l2.New(log.Named("l2"), nodeRegistry(), l2.Options{})
 	if err != nil {
-		mem.Close()
 		return nil, err
 	}
 	def := ""
@@ -100,23 +110,58 @@ func newSpeaker(ctx context.Context, name string, ips []netip.Addr, sc cluster.S
 			break
 		}
 	}
-	s := &l2Speaker{log: log, self: name, mem: mem, ann: ann, defIface: def, problems: map[string]string{}}
-	if len(sc.Members) > 0 {
-		s.fixedPeers = map[string][]netip.Addr{}
-		for _, m := range sc.Members {
-			s.fixedPeers[m.Name] = []netip.Addr{m.Address}
-		}
-		mem.SetPeers(s.fixedPeers)
-	}
+	s := &l2Speaker{log: log, self: name, ann: ann, defIface: def, problems: map[string]string{}}
 	for _, ip := range ips {
 		if ip.Is4() {
 			s.routerID = ip
 		}
 	}
-	mem.OnChange(s.recompute)
 	ctx, cancel := context.WithCancel(ctx)
 	s.cancel = cancel
-	go mem.Run(ctx)
+	mem, err := speaker.NewMembers(log.Named("members"), name, speaker.MemberOptions{
+		Port:              cmp.Or(memberPort, sc.MemberPort),
+		HeartbeatInterval: sc.HeartbeatInterval,
+		DeadAfter:         sc.DeadAfter,
+		Keys:              keys,
+		Insecure:          insecure,
+	})
+	switch {
+	case errors.Is(err, speaker.ErrNoMemberKey):
+		// The dataplane and BGP do not need the membership: refuse L2 alone, loudly, rather than
+		// take the node's Service routing down with it.
+		s.l2Disabled = "L2 mode refused: " + err.Error()
+		log.Error("L2 announcements disabled: no membership key", "err", err)
+	case err != nil:
+		cancel()
+		ann.Close()
+		return nil, err
+	default:
+		if err := mem.RegisterMetrics(nodeRegistry()); err != nil {
+			cancel()
+			mem.Close()
+			ann.Close()
+			return nil, err
+		}
+		s.mem = mem
+		if insecure {
+			s.insecure = "membership heartbeats are not authenticated (--member-insecure): anyone on the LAN can steer which node answers for the VIPs"
+			log.Warn(s.insecure)
+		}
+	}
+	if s.mem != nil && len(sc.Members) > 0 {
+		s.fixedPeers = map[string][]netip.Addr{}
+		for _, m := range sc.Members {
+			s.fixedPeers[m.Name] = []netip.Addr{m.Address}
+		}
+		s.mem.SetPeers(s.fixedPeers)
+	}
+	if s.mem != nil {
+		s.mem.OnChange(s.recompute)
+		go s.mem.Run(ctx)
+		if keyFile != "" {
+			go s.reloadKeys(ctx, keyFile, keys)
+		}
+	}
 	go func() {
 		t := time.NewTicker(speakerResync)
 		defer t.Stop()
@@ -132,10 +177,55 @@ func newSpeaker(ctx context.Context, name string, ips []netip.Addr, sc cluster.S
 	return s, nil
 }
 
+// readMemberKeys reads a membership key file (speaker.ParseMemberKeys).
+func readMemberKeys(path string) ([][]byte, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the membership key file: %w", err)
+	}
+	keys, err := speaker.ParseMemberKeys(data)
+	if err != nil {
+		return nil, fmt.Errorf("membership key file %s: %w", path, err)
+	}
+	return keys, nil
+}
+
+// reloadKeys reads the key file again every memberKeyReload and hands changed keys to the
+// membership: a rotated Secret takes effect without a restart. A broken file keeps the old keys.
+func (s *l2Speaker) reloadKeys(ctx context.Context, path string, keys [][]byte) {
+	t := time.NewTicker(memberKeyReload)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		next, err := readMemberKeys(path)
+		if err != nil {
+			s.log.Error("keeping the previous membership keys", "err", err)
+			continue
+		}
+		if slices.EqualFunc(keys, next, bytes.Equal) {
+			continue
+		}
+		if err := s.mem.SetKeys(next); err != nil {
+			s.log.Error("keeping the previous membership keys", "err", err)
+			continue
+		}
+		keys = next
+		s.log.Info("membership keys reloaded", "keys", len(keys))
+	}
+}
+
 type l2Speaker struct {
-	log      hclog.Logger
-	self     string
-	mem      *speaker.Members
+	log  hclog.Logger
+	self string
+	// mem is nil when L2 is refused (l2Disabled says why).
+	mem        *speaker.Members
+	l2Disabled string
+	// insecure is the warning shown in /status when the membership runs without a key.
+	insecure string
 	ann      *l2.Announcer
 	defIface string
 	cancel   context.CancelFunc
@@ -165,14 +255,16 @@ type l2Speaker struct {
 }
 
 func (s *l2Speaker) Update(st *cluster.State, _ *dataplane.SyncReport) {
-	if s.fixedPeers == nil {
+	if s.mem != nil && s.fixedPeers == nil {
 		s.mem.SetPeers(nodeMembers(st))
 	}
 	s.mu.Lock()
 	s.st = st
 	s.mu.Unlock()
 	// Now this node can answer: tell the others (a no-op after the first State).
-	s.mem.SetWilling(true)
+	if s.mem != nil {
+		s.mem.SetWilling(true)
+	}
 	s.recompute()
 	s.updateBGP(st)
 }
@@ -269,14 +361,24 @@ func (s *l2Speaker) recompute() {
 	if s.st == nil {
 		return
 	}
-	view := s.mem.View()
-	if view.Total == 1 && !s.alone && len(s.st.Nodes) <= 1 {
+	var view speaker.View
+	if s.mem != nil {
+		view = s.mem.View()
+	}
+	if s.mem != nil && view.Total == 1 && !s.alone && len(s.st.Nodes) <= 1 {
 		s.alone = true
 		s.log.Warn("no other speakers known (no Node objects and no speaker.members): this node announces alone; " +
 			"run every speaker with the same member list, or each one answers for every IP")
 	}
 	owned, decisions := speaker.DecideL2(speaker.L2Input{Self: s.self, Live: view.Candidates, Links: links,
 		DefaultInterface: s.defIface, State: s.st})
+	if s.mem == nil {
+		for i := range decisions {
+			if decisions[i].Reason == "" || decisions[i].Owner == "" {
+				decisions[i].Reason = s.l2Disabled
+			}
+		}
+	}
 	s.decisions = decisions
 	s.logProblems(decisions)
 	now := map[string]bool{}
@@ -376,9 +478,22 @@ func (s *l2Speaker) VIPs() []VIPStatus {
 	return out
 }
 
+// Warnings lists what /status should show about the speaker as a whole.
+func (s *l2Speaker) Warnings() []string {
+	var out []string
+	for _, w := range []string{s.l2Disabled, s.insecure} {
+		if w != "" {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
 func (s *l2Speaker) Stop() {
 	s.cancel()
-	s.mem.Close()
+	if s.mem != nil {
+		s.mem.Close()
+	}
 	s.ann.Close()
 	s.mu.Lock()
 	b := s.bgp

@@ -124,6 +124,9 @@ func writeStatus(w io.Writer, st *NodeStatus, now time.Time) {
 		}
 		fmt.Fprintf(w, "LAST SYNC FAILED%s: %s\n", when, st.LastError)
 	}
+	for _, warn := range st.Warnings {
+		fmt.Fprintf(w, "WARNING:   %s\n", warn)
+	}
 	fmt.Fprintf(w, "services:  %d   endpoints: %d\n", st.Services, st.Endpoints)
 	for _, t := range st.Tables {
 		total := 0

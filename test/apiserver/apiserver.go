@@ -81,7 +81,7 @@ type Server struct {
 	addr     netip.Addr
 	port     int
 	etcdURL  string
-	pki      *pki
+	pki      *PKI
 	apiBin   string
 	restCfg  *rest.Config
 	logf     func(string, ...any)
@@ -159,7 +159,7 @@ func Launch(opts Options, dir string, logf func(string, ...any)) (*Server, error
 	s.etcdURL = "http://" + net.JoinHostPort(loop.String(), strconv.Itoa(etcdPorts[0]))
 	peerURL := "http://" + net.JoinHostPort(loop.String(), strconv.Itoa(etcdPorts[1]))
 
-	if s.pki, err = makePKI(s.dir, s.addr); err != nil {
+	if s.pki, err = MakePKI(s.dir, s.addr); err != nil {
 		return s, err
 	}
 	s.Token = "vipgate-test-" + strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -261,7 +261,7 @@ func freePorts(ns string, addr netip.Addr, n int) ([]int, error) {
 // writeKubeconfig writes the kubeconfig file for the server.
 func (s *Server) writeKubeconfig() error {
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["test"] = &clientcmdapi.Cluster{Server: s.URL, CertificateAuthorityData: s.pki.caPEM}
+	cfg.Clusters["test"] = &clientcmdapi.Cluster{Server: s.URL, CertificateAuthorityData: s.pki.CAPEM}
 	cfg.AuthInfos["test"] = &clientcmdapi.AuthInfo{Token: s.Token}
 	cfg.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test", Namespace: metav1.NamespaceDefault}
 	cfg.CurrentContext = "test"
@@ -307,15 +307,15 @@ func (s *Server) startAPIServer() error {
 		"--bind-address", s.addr.String(),
 		"--advertise-address", s.addr.String(),
 		"--secure-port", strconv.Itoa(s.port),
-		"--tls-cert-file", s.pki.servingCert,
-		"--tls-private-key-file", s.pki.servingKey,
+		"--tls-cert-file", s.pki.ServingCert,
+		"--tls-private-key-file", s.pki.ServingKey,
 		"--cert-dir", filepath.Join(s.dir, "certs"),
 		"--token-auth-file", filepath.Join(s.dir, "tokens.csv"),
 		"--authorization-mode", "AlwaysAllow",
 		"--service-cluster-ip-range", ServiceCIDR,
 		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file", s.pki.serviceAccountKey,
-		"--service-account-signing-key-file", s.pki.serviceAccountKey,
+		"--service-account-key-file", s.pki.ServiceAccountKey,
+		"--service-account-signing-key-file", s.pki.ServiceAccountKey,
 		// Two cores shared with the tests: skip what a test cluster does not need.
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",

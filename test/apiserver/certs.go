@@ -16,19 +16,20 @@ import (
 	"time"
 )
 
-// pki is the key material of one test API server, written to files in its directory.
-type pki struct {
-	caPEM             []byte
-	servingCert       string // file paths
-	servingKey        string
-	serviceAccountKey string
+// PKI is the key material of one test API server, written to files in its directory.
+type PKI struct {
+	CAPEM             []byte
+	CACert            string // file paths
+	ServingCert       string
+	ServingKey        string
+	ServiceAccountKey string
 }
 
-// makePKI writes a throwaway CA, a serving certificate for the given addresses (plus localhost and
+// MakePKI writes a throwaway CA, a serving certificate for the given addresses (plus localhost and
 // the first service IP, as kube-apiserver's own certificates have) and a service-account signing key.
 // Generating them here, rather than letting kube-apiserver self-sign with --cert-dir, gives the
 // clients a CA to verify against instead of skipping verification.
-func makePKI(dir string, addrs ...netip.Addr) (*pki, error) {
+func MakePKI(dir string, addrs ...netip.Addr) (*PKI, error) {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("generating CA key: %w", err)
@@ -38,7 +39,7 @@ func makePKI(dir string, addrs ...netip.Addr) (*pki, error) {
 		SerialNumber:          big.NewInt(1),
 		Subject:               pkix.Name{CommonName: "vipgate-test-ca"},
 		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(24 * time.Hour),
+		NotAfter:              now.Add(30 * 24 * time.Hour),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
 		BasicConstraintsValid: true,
 		IsCA:                  true,
@@ -64,7 +65,7 @@ func makePKI(dir string, addrs ...netip.Addr) (*pki, error) {
 		SerialNumber: big.NewInt(2),
 		Subject:      pkix.Name{CommonName: "kube-apiserver"},
 		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(24 * time.Hour),
+		NotAfter:     now.Add(30 * 24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		DNSNames:     []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
@@ -79,11 +80,12 @@ func makePKI(dir string, addrs ...netip.Addr) (*pki, error) {
 		return nil, fmt.Errorf("generating service-account key: %w", err)
 	}
 
-	p := &pki{
-		caPEM:             pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		servingCert:       filepath.Join(dir, "apiserver.crt"),
-		servingKey:        filepath.Join(dir, "apiserver.key"),
-		serviceAccountKey: filepath.Join(dir, "sa.key"),
+	p := &PKI{
+		CAPEM:             pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		CACert:            filepath.Join(dir, "ca.crt"),
+		ServingCert:       filepath.Join(dir, "apiserver.crt"),
+		ServingKey:        filepath.Join(dir, "apiserver.key"),
+		ServiceAccountKey: filepath.Join(dir, "sa.key"),
 	}
 	keyPEM, err := ecKeyPEM(key)
 	if err != nil {
@@ -94,10 +96,10 @@ func makePKI(dir string, addrs ...netip.Addr) (*pki, error) {
 		return nil, err
 	}
 	files := map[string][]byte{
-		p.servingCert:                pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		p.servingKey:                 keyPEM,
-		p.serviceAccountKey:          saPEM,
-		filepath.Join(dir, "ca.crt"): p.caPEM,
+		p.ServingCert:       pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		p.ServingKey:        keyPEM,
+		p.ServiceAccountKey: saPEM,
+		p.CACert:            p.CAPEM,
 	}
 	for name, data := range files {
 		if err := os.WriteFile(name, data, 0o600); err != nil {

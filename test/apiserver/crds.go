@@ -33,35 +33,19 @@ var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version:
 // in the Go module cache, the version go.mod requires) and waits until the API server serves them.
 func (s *Server) InstallMetalLBCRDs(t testing.TB) {
 	t.Helper()
-	dir, err := metallbCRDDir()
+	crds, err := MetalLBCRDs(t.Logf)
 	if err != nil {
-		t.Fatalf("finding MetalLB CRDs: %v", err)
-	}
-	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no MetalLB CRDs in %s (%v)", dir, err)
+		t.Fatalf("reading MetalLB CRDs: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
 	var names []string
-	for _, f := range files {
-		crds, err := readObjects(f)
-		if err != nil {
-			t.Fatalf("reading %s: %v", f, err)
+	for _, crd := range crds {
+		_, err := s.Dynamic.Resource(crdGVR).Create(ctx, crd, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("creating CRD %s: %v", crd.GetName(), err)
 		}
-		for _, crd := range crds {
-			if crd.GetKind() != "CustomResourceDefinition" {
-				continue
-			}
-			if fixed := fixInt32Maximums(crd.Object, ""); len(fixed) > 0 {
-				t.Logf("CRD %s: dropped format int32 from %v (maximum beyond int32; this kube-apiserver refuses every value there)", crd.GetName(), fixed)
-			}
-			_, err := s.Dynamic.Resource(crdGVR).Create(ctx, crd, metav1.CreateOptions{})
-			if err != nil && !apierrors.IsAlreadyExists(err) {
-				t.Fatalf("creating CRD %s: %v", crd.GetName(), err)
-			}
-			names = append(names, crd.GetName())
-		}
+		names = append(names, crd.GetName())
 	}
 	for _, name := range names {
 		err := s.waitFor(func(ctx context.Context) error {
@@ -92,7 +76,38 @@ func (s *Server) InstallMetalLBCRDs(t testing.TB) {
 			t.Fatalf("waiting for %s in discovery: %v", gv, err)
 		}
 	}
-	t.Logf("installed %d MetalLB CRDs from %s", len(names), dir)
+	t.Logf("installed %d MetalLB CRDs", len(names))
+}
+
+// MetalLBCRDs reads MetalLB's CRDs (config/crd/bases of the go.universe.tf/metallb module in the Go
+// module cache, the version go.mod requires), with fixInt32Maximums applied; logf (may be nil)
+// hears about each fix.
+func MetalLBCRDs(logf func(string, ...any)) ([]*unstructured.Unstructured, error) {
+	dir, err := metallbCRDDir()
+	if err != nil {
+		return nil, fmt.Errorf("finding MetalLB CRDs: %w", err)
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		return nil, fmt.Errorf("no MetalLB CRDs in %s (%v)", dir, err)
+	}
+	var out []*unstructured.Unstructured
+	for _, f := range files {
+		objs, err := readObjects(f)
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", f, err)
+		}
+		for _, crd := range objs {
+			if crd.GetKind() != "CustomResourceDefinition" {
+				continue
+			}
+			if fixed := fixInt32Maximums(crd.Object, ""); len(fixed) > 0 && logf != nil {
+				logf("CRD %s: dropped format int32 from %v (maximum beyond int32; this kube-apiserver refuses every value there)", crd.GetName(), fixed)
+			}
+			out = append(out, crd)
+		}
+	}
+	return out, nil
 }
 
 // fixInt32Maximums removes `format: int32` from integer schemas whose maximum does not fit an int32,

@@ -14,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/test/lab"
 )
 
@@ -78,6 +79,24 @@ func TestDataplane(t *testing.T) {
 		}
 		t.Logf("%s: shown between %v and %v after the manifest was written", what, lo.Round(time.Millisecond), hi.Round(time.Millisecond))
 	}
+
+	// 0. The readiness endpoint the DaemonSet probes: 200 once the first sync is in the kernel (before
+	// it, 503; the unit test of dataplane.ProxyHealthServer covers that window, too short to catch
+	// here).
+	t.Run("readyz after the first sync", func(t *testing.T) {
+		if _, err := exec.LookPath("curl"); err != nil {
+			t.Skip("needs curl")
+		}
+		for _, node := range []string{"node1", "node2"} {
+			dpEventually(t, dpSettleTimeout, node+" /readyz", func() string {
+				code, body, err := d.httpGet(node, "http://127.0.0.1:10256/readyz")
+				if err != nil || code != 200 || !strings.Contains(body, `"synced": true`) {
+					return fmt.Sprintf("GET /readyz: %d %q %v, want 200 and synced", code, body, err)
+				}
+				return ""
+			})
+		}
+	})
 
 	// 1. ClusterIP: two ports, TCP and UDP, named target ports, random choice, no SNAT from pods,
 	// masquerade from outside; headless Services get nothing.
@@ -161,6 +180,64 @@ func TestDataplane(t *testing.T) {
 				}
 			}
 		})
+	})
+
+	// 1b. A named targetPort that resolves to different numbers on different pods (the upstream e2e
+	// "should support named targetPorts that resolve to different ports on different endpoints",
+	// with its port name longer than a container port name may be). The EndpointSlice controller
+	// writes one slice per port mapping; each pod must be reached on its own slice's number.
+	t.Run("named targetPort resolving to different ports", func(t *testing.T) {
+		port := func(target int32) []dpSvcPort {
+			return []dpSvcPort{{Name: "mutable-named-port", Protocol: corev1.ProtocolTCP, Port: 8001, Target: target, TargetName: "mutable-port"}}
+		}
+		spec := dpSvcSpec{Name: "named", ClusterIPs: []string{"10.96.1.3"}, Ports: port(8080)}
+		on8081 := spec
+		on8081.Ports = port(8081)
+		sliceA := dpEndpointSlices(spec, dpReady(a1))[0]
+		sliceB := dpEndpointSlices(on8081, dpReady(b1))[0]
+		sliceA.Name, sliceB.Name = "named-8080", "named-8081"
+		written := d.write(t, "01-named.yaml", dpYamlDocs(dpService(spec), sliceA, sliceB))
+		applied(t, written, "both pods answer on their own port", d.expectAnswer(t, "a2", "tcp", dpAP("10.96.1.3", 8001), dpNames(a1, b1)))
+		want := map[string]uint16{a1.Name: 8080, b1.Name: 8081}
+		rs := d.probeN(t, "a2", "tcp", dpAP("10.96.1.3", 8001), 16)
+		for _, r := range rs {
+			if why := dpJudge(r, dpNames(a1, b1), nil); why != "" {
+				t.Fatal(why)
+			}
+			if r.Dst.Port() != want[r.Pod] {
+				t.Errorf("%v: %s reached on port %d, want its slice's %d", r, r.Pod, r.Dst.Port(), want[r.Pod])
+			}
+		}
+		if got := dpTally(rs); len(got) < 2 {
+			t.Errorf("16 new flows all went to %v: want both pods", got)
+		}
+	})
+
+	// 1c. The service.kubernetes.io/headless label: kube-proxy ignores the Service and its slices
+	// entirely (not even the ClusterIP is programmed), and so must vipgate.
+	t.Run("service.kubernetes.io/headless label", func(t *testing.T) {
+		marked := dpSvcSpec{Name: "marked", ClusterIPs: []string{"10.96.1.4"}, Ports: dpTcpUDP("web", 80, 8080, 0)}
+		svc := dpService(marked)
+		svc.Labels = map[string]string{cluster.LabelHeadless: ""}
+		slice := dpEndpointSlices(marked, []dpEndpoint{{Pod: a1, Ready: true, Serving: true, IPv4: "10.244.1.98"}})[0]
+		slice.Labels[cluster.LabelHeadless] = ""
+		canary := dpSvcSpec{Name: "canary-marked", ClusterIPs: []string{"10.96.1.5"}, Ports: dpTcpUDP("web", 80, 8080, 0)}
+		written := d.write(t, "01-marked.yaml", dpYamlDocs(svc, slice)+"---\n"+dpManifest(canary, dpReady(a2)))
+		applied(t, written, "canary next to the labelled Service answers", d.expectAnswer(t, "a1", "tcp", dpAP("10.96.1.5", 80), dpNames(a2)))
+		for _, node := range []string{"node1", "node2"} {
+			out, err := d.Exec(node, "nft", "list", "table", "ip", "vipgate")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(out, "10.96.1.5") {
+				t.Fatalf("%s: the canary's ClusterIP is not in the listing either:\n%s", node, out)
+			}
+			for _, addr := range []string{"10.96.1.4", "10.244.1.98"} {
+				if strings.Contains(out, addr) {
+					t.Errorf("%s: %s of the labelled Service is in the ruleset:\n%s", node, addr, dpGrepLines(out, addr))
+				}
+			}
+		}
 	})
 
 	// 2. NodePort on the node addresses, not on loopback.

@@ -207,7 +207,7 @@ var deployUnits = []struct {
 		}
 		return cs
 	}},
-	{regexp.MustCompile(`^cluster/lbcontroller\.go$`), func(map[string]string) []string { return []string{componentController} }},
+	{regexp.MustCompile(`^cluster/lb(controller|finalizer)\.go$`), func(map[string]string) []string { return []string{componentController} }},
 	// The BGP password Secrets: only the node agent asks the source for them (cmd/vipgate/source.go).
 	{regexp.MustCompile(`^cluster/bgpsecrets\.go$`), func(src map[string]string) []string {
 		if strings.Contains(src["cmd/vipgate/source.go"], ".WatchBGPSecrets(") {
@@ -606,6 +606,7 @@ var deployVariants = map[string]string{
 rbac:
   create: true
 imagePullSecrets: [{name: regcred}]
+apiServer: {host: 192.0.2.10, port: 6443}
 node:
   extraArgs: [--bgp-shutdown-drain=10s]
   nodeSelector: {kubernetes.io/os: linux}
@@ -783,7 +784,9 @@ func TestDeployChartMatchesManifests(t *testing.T) {
 	keys := func(objs []deployObject) []string {
 		var ks []string
 		for _, o := range objs {
-			if o.Kind != "Namespace" {
+			// The chart generates the membership key Secret; with the manifests it is created by
+			// hand (kubectl create secret), never committed.
+			if o.Kind != "Namespace" && !(o.Kind == "Secret" && strings.HasSuffix(o.Metadata.Name, "-memberlist")) {
 				ks = append(ks, o.key())
 			}
 		}
@@ -829,6 +832,83 @@ func TestDeployChartMatchesManifests(t *testing.T) {
 		if d := cmp.Diff(c.want, c.got); d != "" {
 			t.Errorf("DaemonSet %s (-manifests +chart):\n%s", c.what, d)
 		}
+	}
+}
+
+// deployContainers returns the first container of the node DaemonSet and of the controller
+// Deployment (nil when the controller is disabled).
+func deployContainers(t *testing.T, objs []deployObject) (node, controller *corev1.Container) {
+	t.Helper()
+	ds, _ := daemonSetOf(t, objs)
+	node = &ds.Spec.Template.Spec.Containers[0]
+	for _, o := range objs {
+		if o.Kind == "Deployment" {
+			var d appsv1.Deployment
+			o.decodeInto(t, &d)
+			controller = &d.Spec.Template.Spec.Containers[0]
+		}
+	}
+	return node, controller
+}
+
+// TestDeployImageAndProbes: both ways to deploy use the same default image, and the readiness probe
+// is /readyz (503 until the first sync is in the kernel), not /healthz (healthy from start-up on).
+func TestDeployImageAndProbes(t *testing.T) {
+	const wantImage = "ghcr.io/vipgate/vipgate:0.2.0"
+	check := func(t *testing.T, objs []deployObject) {
+		node, ctrl := deployContainers(t, objs)
+		if ctrl == nil {
+			t.Fatal("no controller Deployment")
+		}
+		if node.Image != wantImage || ctrl.Image != wantImage {
+			t.Errorf("images %q (node) and %q (controller), want %q", node.Image, ctrl.Image, wantImage)
+		}
+		if p := node.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" {
+			t.Errorf("node readiness probe %+v, want GET /readyz", p)
+		}
+		if p := node.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/livez" {
+			t.Errorf("node liveness probe %+v, want GET /livez", p)
+		}
+	}
+	t.Run("manifests", func(t *testing.T) { check(t, manifestObjects(t)) })
+	t.Run("chart", func(t *testing.T) { check(t, readObjects(t, renderChart(t, ""))) })
+}
+
+// TestDeployAPIServerAddress: apiServer.host puts KUBERNETES_SERVICE_HOST/PORT on the node and
+// controller containers (in-cluster config then dials the API server directly, not the "kubernetes"
+// ClusterIP nothing programs before vipgate runs); by default neither ways to deploy set them.
+func TestDeployAPIServerAddress(t *testing.T) {
+	apiEnv := func(c *corev1.Container) map[string]string {
+		out := map[string]string{}
+		for _, e := range c.Env {
+			if strings.HasPrefix(e.Name, "KUBERNETES_SERVICE_") {
+				out[e.Name] = e.Value
+			}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		objs func(t *testing.T) []deployObject
+		want map[string]string
+	}{
+		{"manifests", manifestObjects, map[string]string{}},
+		{"chart-default", func(t *testing.T) []deployObject { return readObjects(t, renderChart(t, "")) }, map[string]string{}},
+		{"chart-custom", func(t *testing.T) []deployObject { return readObjects(t, renderChart(t, deployVariants["custom"])) },
+			map[string]string{"KUBERNETES_SERVICE_HOST": "192.0.2.10", "KUBERNETES_SERVICE_PORT": "6443"}},
+		{"chart-host-only", func(t *testing.T) []deployObject {
+			return readObjects(t, renderChart(t, "apiServer: {host: \"2001:db8::10\"}\n"))
+		}, map[string]string{"KUBERNETES_SERVICE_HOST": "2001:db8::10", "KUBERNETES_SERVICE_PORT": "6443"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node, ctrl := deployContainers(t, tc.objs(t))
+			if d := cmp.Diff(tc.want, apiEnv(node)); d != "" {
+				t.Errorf("node env (-want +got):\n%s", d)
+			}
+			if d := cmp.Diff(tc.want, apiEnv(ctrl)); d != "" {
+				t.Errorf("controller env (-want +got):\n%s", d)
+			}
+		})
 	}
 }
 

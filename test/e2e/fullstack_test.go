@@ -79,7 +79,7 @@ func TestFullStackThroughTheAPI(t *testing.T) {
 		if err := os.WriteFile(cfg, []byte(labNodeConfig(n)), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		p, err := l.Start(n.Name, "", bin, "node", "--config", cfg, "--kubeconfig", srv.Kubeconfig)
+		p, err := l.Start(n.Name, "", append([]string{bin, "node", "--config", cfg, "--kubeconfig", srv.Kubeconfig}, memberKeyArgs(t)...)...)
 		if err != nil {
 			t.Fatal(err)
 		}

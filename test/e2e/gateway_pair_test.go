@@ -93,7 +93,7 @@ nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]`))
 		if err := os.WriteFile(cfg, []byte(gwNodeConfig(n)), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		p, err := l.Start(n.Name, filepath.Join(dir, n.Name+".log"), bin, "node", "--config", cfg, "--manifests", manifests)
+		p, err := l.Start(n.Name, filepath.Join(dir, n.Name+".log"), append([]string{bin, "node", "--config", cfg, "--manifests", manifests}, memberKeyArgs(t)...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,7 +104,7 @@ nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]`))
 		if err := os.WriteFile(cfg, []byte(gwPairConfig(forwarding, g, gws, node1, node2)), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		p, err := l.Start(g.Name, filepath.Join(dir, g.Name+".log"), bin, "gateway", "--config", cfg, "--manifests", manifests)
+		p, err := l.Start(g.Name, filepath.Join(dir, g.Name+".log"), append([]string{bin, "gateway", "--config", cfg, "--manifests", manifests}, memberKeyArgs(t)...)...)
 		if err != nil {
 			t.Fatal(err)
 		}

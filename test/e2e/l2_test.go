@@ -42,7 +42,12 @@ type l2Lab struct {
 	scan  scanner
 	// extraConfig is appended to every node's NodeConfig.
 	extraConfig string
+	// keys are the membership keys of the next start (nil: labMemberKey).
+	keys []string
 }
+
+// keyArgs is the --member-key-file flag with x.keys.
+func (x *l2Lab) keyArgs() []string { return memberKeyArgs(x.t, x.keys...) }
 
 // scanner asks who answers for IPs on the LAN: IP -> the MACs that answered (lower case).
 type scanner interface {
@@ -80,8 +85,8 @@ func (x *l2Lab) start(node string) {
 	if err := os.WriteFile(cfg, []byte(ndNodeConfig(n, "zone-a")+x.extraConfig), 0o644); err != nil {
 		x.t.Fatal(err)
 	}
-	p, err := x.l.Start(n.Name, filepath.Join(x.dir, fmt.Sprintf("%s-%d.log", n.Name, time.Now().UnixNano())), x.bin,
-		"node", "--config", cfg, "--manifests", filepath.Join(x.dir, "manifests"))
+	args := append([]string{x.bin, "node", "--config", cfg, "--manifests", filepath.Join(x.dir, "manifests")}, x.keyArgs()...)
+	p, err := x.l.Start(n.Name, filepath.Join(x.dir, fmt.Sprintf("%s-%d.log", n.Name, time.Now().UnixNano())), args...)
 	if err != nil {
 		x.t.Fatal(err)
 	}

@@ -43,6 +43,20 @@ app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end -}}
 
+{{/*
+KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT when apiServer.host is set (env list entries, to be
+indented by the caller): the API server without the "kubernetes" Service, which nothing programs
+before vipgate runs.
+*/}}
+{{- define "vipgate.apiServerEnv" -}}
+{{- if .Values.apiServer.host -}}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ .Values.apiServer.host | toString | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ required "apiServer.port is required with apiServer.host" .Values.apiServer.port | toString | quote }}
+{{- end -}}
+{{- end -}}
+
 {{/* The container image. */}}
 {{- define "vipgate.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/vipgate/vipgate/cluster"
+)
+
+// serviceEventer records an Event on a Service (the Kubernetes source; nil with the file source).
+type serviceEventer interface {
+	Event(ref *corev1.ObjectReference, eventType, reason, message string)
+}
+
+// conflictLog reports the node's conflicts and refusals (dataplane SyncReport.Conflicts: entries
+// held by another Service, addresses the externalIPs policy refuses). Every sync reports all of
+// them; each is logged, and recorded as a Warning Event on its Service, once when it appears, and
+// logged again when it is resolved. /status always lists all of them.
+type conflictLog struct {
+	log    hclog.Logger
+	events serviceEventer
+	seen   map[cluster.Rejection]bool
+}
+
+func (c *conflictLog) report(st *cluster.State, conflicts []cluster.Rejection) {
+	now := make(map[cluster.Rejection]bool, len(conflicts))
+	for _, r := range conflicts {
+		now[r] = true
+		if c.seen[r] {
+			continue
+		}
+		c.log.Warn("not programmed", "kind", r.Kind, "object", r.Object, "reason", r.Reason)
+		if c.events == nil || r.Kind != "Service" {
+			continue
+		}
+		ns, name, _ := strings.Cut(r.Object, "/")
+		svc := st.Services[cluster.ServiceKey{Namespace: ns, Name: name}]
+		if svc == nil {
+			continue
+		}
+		c.events.Event(&corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: ns, Name: name, UID: types.UID(svc.UID)},
+			corev1.EventTypeWarning, cluster.EventReasonRejected, "vipgate does not program part of this Service: "+r.Reason)
+	}
+	for r := range c.seen {
+		if !now[r] {
+			c.log.Info("conflict resolved", "kind", r.Kind, "object", r.Object, "was", r.Reason)
+		}
+	}
+	c.seen = now
+}
