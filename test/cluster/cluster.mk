@@ -25,9 +25,9 @@ endif
 CONFORMANCE_OUT ?= docs/conformance.md
 K8S_BINS    := $(addprefix $(K8S_BIN)/,$(K8S_CMDS) agnhost e2e.test)
 CLUSTER_APT := containerd runc containernetworking-plugins busybox-static curl gcc libc6-dev util-linux
-# The Services e2e tests CI runs (every [Conformance] Services test plus the LoadBalancer,
-# externalTrafficPolicy and session affinity ones); `make conformance` runs all of them.
-CONFORMANCE_FOCUS ?= \[sig-network\] Services
+# What `make conformance` runs against vipgate (kube-proxy runs the Services suite only: alone it
+# has no LoadBalancer IPs). `make test` runs a subset, testcluster.CIFocus.
+CONFORMANCE_FOCUS ?= \[sig-network\] (Services|LoadBalancers)
 
 .PHONY: k8s k8s-images cluster-deps cluster cluster-down conformance
 
