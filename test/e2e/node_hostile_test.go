@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,39 +25,13 @@ func TestNodeHostileInput(t *testing.T) {
 		{Name: "node2", Pods: []string{"b1"}},
 	}})
 	bin := vipgateBinary(t)
-	dir := t.TempDir()
-	manifests := filepath.Join(dir, "manifests")
-	if err := os.Mkdir(manifests, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	procs := map[string]*lab.Proc{}
-	for _, n := range l.Nodes() {
-		cfg := filepath.Join(dir, n.Name+".yaml")
+	dir, manifests, _ := ndStartNodes(t, l, bin, func(n *lab.Node) string {
 		body := ndNodeConfig(n, "zone-a")
 		if n.Name == "node2" {
 			body += "externalIPs: {allowClusterCIDRs: true}\n"
 		}
-		if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		p, err := l.Start(n.Name, filepath.Join(dir, n.Name+".log"), bin, "node", "--config", cfg, "--manifests", manifests)
-		if err != nil {
-			t.Fatal(err)
-		}
-		procs[n.Name] = p
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			for name, p := range procs {
-				t.Logf("--- vipgate on %s:\n%s", name, p.Tail(60))
-			}
-		}
+		return body
 	})
-	for _, p := range []string{"10.96.0.0/16", "203.0.113.0/24", "2001:db8:96::/108", "2001:db8:ff::/64"} {
-		if err := l.AddRoute(netip.MustParsePrefix(p), "node1"); err != nil {
-			t.Fatal(err)
-		}
-	}
 	a1, a2, b1 := l.Pod("a1"), l.Pod("a2"), l.Pod("b1")
 	node1, node2 := l.Node("node1"), l.Node("node2")
 	w := &ndWriter{t: t, dir: manifests}

@@ -28,40 +28,13 @@ func TestNodeDataplane(t *testing.T) {
 		{Name: "node2", Pods: []string{"b1"}},
 	}})
 	bin := vipgateBinary(t)
-	dir := t.TempDir()
-	manifests := filepath.Join(dir, "manifests")
-	if err := os.Mkdir(manifests, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	procs := map[string]*lab.Proc{}
-	for _, n := range l.Nodes() {
-		cfg := filepath.Join(dir, n.Name+".yaml")
+	dir, manifests, procs := ndStartNodes(t, l, bin, func(n *lab.Node) string {
 		zone := "zone-b"
 		if n.Name == "node1" {
 			zone = "zone-a"
 		}
-		if err := os.WriteFile(cfg, []byte(ndNodeConfig(n, zone)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		p, err := l.Start(n.Name, filepath.Join(dir, n.Name+".log"), bin, "node", "--config", cfg, "--manifests", manifests)
-		if err != nil {
-			t.Fatal(err)
-		}
-		procs[n.Name] = p
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			for name, p := range procs {
-				t.Logf("--- vipgate on %s:\n%s", name, p.Tail(40))
-			}
-		}
+		return ndNodeConfig(n, zone)
 	})
-	// The client reaches ClusterIPs and VIPs through node1, as a static route to a node would.
-	for _, p := range []string{"10.96.0.0/16", "203.0.113.0/24", "2001:db8:96::/108", "2001:db8:ff::/64"} {
-		if err := l.AddRoute(netip.MustParsePrefix(p), "node1"); err != nil {
-			t.Fatal(err)
-		}
-	}
 	a1, a2, b1 := l.Pod("a1"), l.Pod("a2"), l.Pod("b1")
 	node1 := l.Node("node1")
 	client := netip.MustParseAddr("198.51.100.10")
@@ -481,4 +454,43 @@ func ndHTTP(t *testing.T, l *lab.Lab, role, url string) (int, string) {
 	}
 	t.Fatalf("GET %s from %s: %v", url, role, lastErr)
 	return 0, ""
+}
+
+// ndStartNodes starts `vipgate node` in every node of l on one shared manifest directory, each with
+// the NodeConfig config(n) (written to dir/<node>.yaml, its log to dir/<node>.log), shows the tails
+// of their logs when the test failed, and routes the client's ClusterIP and VIP ranges through
+// node1, as a static route to a node would. It returns dir, the manifest directory and the
+// processes by node.
+func ndStartNodes(t *testing.T, l *lab.Lab, bin string, config func(n *lab.Node) string) (dir, manifests string, procs map[string]*lab.Proc) {
+	t.Helper()
+	dir = t.TempDir()
+	manifests = filepath.Join(dir, "manifests")
+	if err := os.Mkdir(manifests, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	procs = map[string]*lab.Proc{}
+	for _, n := range l.Nodes() {
+		cfg := filepath.Join(dir, n.Name+".yaml")
+		if err := os.WriteFile(cfg, []byte(config(n)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p, err := l.Start(n.Name, filepath.Join(dir, n.Name+".log"), bin, "node", "--config", cfg, "--manifests", manifests)
+		if err != nil {
+			t.Fatal(err)
+		}
+		procs[n.Name] = p
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for name, p := range procs {
+				t.Logf("--- vipgate on %s:\n%s", name, p.Tail(60))
+			}
+		}
+	})
+	for _, p := range []string{"10.96.0.0/16", "203.0.113.0/24", "2001:db8:96::/108", "2001:db8:ff::/64"} {
+		if err := l.AddRoute(netip.MustParsePrefix(p), "node1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir, manifests, procs
 }
