@@ -34,17 +34,8 @@ func TestL2SpeakerForgery(t *testing.T) {
 	l := lab.NewForTest(t, lab.Spec{Nodes: []lab.NodeSpec{
 		{Name: "node1", Pods: []string{"w1"}}, {Name: "node2", Pods: []string{"w2"}}, {Name: "node3", Pods: []string{"w3"}},
 	}})
-	dir := t.TempDir()
-	if err := os.Mkdir(filepath.Join(dir, "manifests"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	x := newL2Lab(t, l, dir)
-	scan, err := newARPScanner(l.NS("lanclient"), "eth0", lab.LANClientv4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	x.scan = scan
-	t.Cleanup(func() { x.scan.close() })
+	x := newL2Lab(t, l)
+	x.scanARP()
 	t.Cleanup(func() {
 		if t.Failed() {
 			for name, p := range x.procs {
@@ -53,7 +44,7 @@ func TestL2SpeakerForgery(t *testing.T) {
 		}
 	})
 	// One key file for the whole test, rewritten in place for the rotation.
-	keyFile := filepath.Join(dir, "memberkey")
+	keyFile := filepath.Join(x.dir, "memberkey")
 	keyA, keyB := "rotation-key-A-0123456789abcdef0123456789", "rotation-key-B-fedcba9876543210fedcba9876"
 	writeKeys := func(keys ...string) {
 		if err := os.WriteFile(keyFile+".tmp", []byte(strings.Join(keys, "\n")+"\n"), 0o600); err != nil {
@@ -496,17 +487,8 @@ func (c *udpCapture) from(src netip.Addr) [][]byte {
 // warns.
 func TestL2SpeakerNoKey(t *testing.T) {
 	l := lab.NewForTest(t, lab.Spec{Nodes: []lab.NodeSpec{{Name: "node1", Pods: []string{"w1"}}}})
-	dir := t.TempDir()
-	if err := os.Mkdir(filepath.Join(dir, "manifests"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	x := newL2Lab(t, l, dir)
-	scan, err := newARPScanner(l.NS("lanclient"), "eth0", lab.LANClientv4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	x.scan = scan
-	t.Cleanup(func() { x.scan.close() })
+	x := newL2Lab(t, l)
+	x.scanARP()
 	x.w.write("nodes.yaml", nodesYAML(l)...)
 	x.w.write("pools.yaml", `apiVersion: metallb.io/v1beta1
 kind: IPAddressPool

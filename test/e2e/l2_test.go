@@ -55,7 +55,12 @@ type scanner interface {
 	close()
 }
 
-func newL2Lab(t *testing.T, l *lab.Lab, dir string) *l2Lab {
+func newL2Lab(t *testing.T, l *lab.Lab) *l2Lab {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "manifests"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	x := &l2Lab{t: t, l: l, bin: vipgateBinary(t), dir: dir, w: &ndWriter{t: t, dir: filepath.Join(dir, "manifests")},
 		procs: map[string]*lab.Proc{}, macs: map[string]string{}}
 	for _, n := range l.Nodes() {
@@ -66,6 +71,17 @@ func newL2Lab(t *testing.T, l *lab.Lab, dir string) *l2Lab {
 		x.macs[n.Name] = strings.ToLower(strings.TrimSpace(mac))
 	}
 	return x
+}
+
+// scanARP watches who answers ARP for the VIPs from the LAN client (x.scan), until the test ends.
+func (x *l2Lab) scanARP() {
+	x.t.Helper()
+	scan, err := newARPScanner(x.l.NS("lanclient"), "eth0", lab.LANClientv4)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	x.scan = scan
+	x.t.Cleanup(func() { x.scan.close() })
 }
 
 // nodesYAML is the Node objects of the lab (both addresses).
@@ -181,17 +197,8 @@ func TestL2Speaker(t *testing.T) {
 		{Name: "node2", Pods: []string{"w2"}},
 		{Name: "node3", Pods: []string{"w3"}},
 	}})
-	dir := t.TempDir()
-	if err := os.Mkdir(filepath.Join(dir, "manifests"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	x := newL2Lab(t, l, dir)
-	scan, err := newARPScanner(l.NS("lanclient"), "eth0", lab.LANClientv4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	x.scan = scan
-	t.Cleanup(func() { x.scan.close() })
+	x := newL2Lab(t, l)
+	x.scanARP()
 	t.Cleanup(func() {
 		if d := os.Getenv("VIPGATE_L2_LOGS"); d != "" {
 			// Keep the speakers' logs for a closer look at the timings.
@@ -720,11 +727,7 @@ func TestL2Speaker1000(t *testing.T) {
 	l := lab.NewForTest(t, lab.Spec{Nodes: []lab.NodeSpec{
 		{Name: "node1", Pods: []string{"w1"}}, {Name: "node2", Pods: []string{"w2"}}, {Name: "node3", Pods: []string{"w3"}},
 	}})
-	dir := t.TempDir()
-	if err := os.Mkdir(filepath.Join(dir, "manifests"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	x := newL2Lab(t, l, dir)
+	x := newL2Lab(t, l)
 	var err error
 	if x.scan, err = newNDPScanner(l.NS("lanclient"), "eth0"); err != nil {
 		t.Fatal(err)
