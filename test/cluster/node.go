@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -43,7 +42,7 @@ func (c *Cluster) startNodes(ctx context.Context) error {
 	for _, ln := range c.Lab.Nodes() {
 		routes = append(routes, fmt.Sprintf("route add %s via %s", ln.PodCIDRv4, ln.IPv4))
 	}
-	if err := ipBatch(c.CPNS, routes); err != nil {
+	if err := lab.IPBatch(c.CPNS, routes); err != nil {
 		return err
 	}
 	tars := imageTarballs(c.Spec)
@@ -90,16 +89,6 @@ func (c *Cluster) startNodes(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("node %s: %w (log %s)", n.Name, err, filepath.Join(n.Dir, "kubelet.log"))
 		}
-	}
-	return nil
-}
-
-// ipBatch runs ip commands in a namespace.
-func ipBatch(ns string, cmds []string) error {
-	cmd := exec.Command("ip", "-n", ns, "-batch", "-")
-	cmd.Stdin = strings.NewReader(strings.Join(cmds, "\n") + "\n")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("ip -n %s: %w: %s", ns, err, out)
 	}
 	return nil
 }

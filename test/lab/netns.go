@@ -40,6 +40,10 @@ func ipBatch(ns string, cmds []string) error {
 	return err
 }
 
+// IPBatch runs ip commands in one lab (or other) namespace with one fork, for packages that add to a
+// lab (the test cluster's control-plane routes).
+func IPBatch(ns string, cmds []string) error { return ipBatch(ns, cmds) }
+
 // sysctl sets kernel parameters inside a namespace (ip netns exec gives the
 // command a /proc/sys/net of that namespace).
 func sysctl(ns string, kv ...string) error {
