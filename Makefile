@@ -59,12 +59,30 @@ fuzz:
 demo: deps build
 	$(GO) run ./test/demo --vipgate $(CURDIR)/$(BIN)/vipgate --labserver $(CURDIR)/$(BIN)/labserver
 
-# bench: one table of dataplane figures (full and incremental syncs vs kube-proxy and nft -f, rule
-# counts, memory, per-packet cost, throughput, control-plane latency), measured in throwaway network
-# namespaces; appended to BENCH.md. `go run ./test/bench --quick` takes about a minute. Go benchmarks of
-# the pure parts: `go test -run '^$$' -bench . -benchmem ./dataplane/`.
-bench: deps build apiserver
-	VIPGATE_LABSERVER=$(CURDIR)/$(BIN)/labserver VIPGATE_BIN=$(CURDIR)/$(BIN)/vipgate VIPGATE_KUBE_APISERVER=$(CURDIR)/$(BIN)/kube-apiserver $(GO) run ./test/bench --out BENCH.md
+# bench: one table of dataplane figures (full and incremental syncs vs the real kube-proxy and nft -f,
+# both measured in the same run; rule counts, memory, per-packet cost, throughput, control-plane
+# latency), measured in throwaway network namespaces; appended to BENCH.md, the scaling curves drawn as
+# SVG into docs/bench/. kube-proxy's nftables proxier v1.37.2 is measured by default (the driver
+# test/bench/kubeproxy, built into bin/ when its sources change); BENCH_KUBEPROXY=0 skips it,
+# BENCH_KUBEPROXY=v1.37.2,v1.36.3 adds v1.36.3. `go run ./test/bench --quick --no-kube-proxy` takes
+# about a minute. Go benchmarks of the pure parts: `go test -run '^$$' -bench . -benchmem ./dataplane/`.
+BENCH_KUBEPROXY ?= v1.37.2
+bench_comma := ,
+KUBEPROXY_BENCH_BINS := $(addprefix $(BIN)/kube-proxy-bench-,$(filter-out 0,$(subst $(bench_comma), ,$(BENCH_KUBEPROXY))))
+KUBEPROXY_BENCH_SRC  := $(wildcard test/bench/kubeproxy/*.go test/bench/kubeproxy/go.*)
+bench: deps build apiserver $(KUBEPROXY_BENCH_BINS)
+	VIPGATE_LABSERVER=$(CURDIR)/$(BIN)/labserver VIPGATE_BIN=$(CURDIR)/$(BIN)/vipgate VIPGATE_KUBE_APISERVER=$(CURDIR)/$(BIN)/kube-apiserver \
+		$(GO) run ./test/bench --out BENCH.md --plots docs/bench --kube-proxy "$(BENCH_KUBEPROXY)" --kube-proxy-bin $(CURDIR)/$(BIN)
+
+# The kube-proxy drivers of `make bench`: one module, the real nftables proxier of k8s.io/kubernetes
+# v1.37.2 (go.mod) or v1.36.3 (go.136.mod, tag kubeproxy136). Seconds with a warm build cache.
+$(BIN)/kube-proxy-bench-v1.37.2: $(KUBEPROXY_BENCH_SRC)
+	@mkdir -p $(BIN)
+	cd test/bench/kubeproxy && $(GO) build -o $(CURDIR)/$@ .
+
+$(BIN)/kube-proxy-bench-v1.36.3: $(KUBEPROXY_BENCH_SRC)
+	@mkdir -p $(BIN)
+	cd test/bench/kubeproxy && $(GO) build -modfile=go.136.mod -tags kubeproxy136 -o $(CURDIR)/$@ .
 
 # apiserver builds the real kube-apiserver for the Kubernetes integration tests (with the other
 # Kubernetes binaries of test/cluster/cluster.mk, in one go build: about 4 minutes the first time).

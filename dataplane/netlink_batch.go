@@ -226,27 +226,9 @@ func (n *NetlinkProgrammer) send(b *batch) error {
 		return err
 	}
 	defer conn.Close()
-	batchHeader := func(t uint16) netlink.Message {
-		return netlink.Message{
-			Header: netlink.Header{Type: netlink.HeaderType(t), Flags: netlink.Request},
-			Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, nfnlSubsysNftables}, // res_id: big-endian subsystem
-		}
-	}
-	all := make([]netlink.Message, 0, len(b.msgs)+2)
-	all = append(all, batchHeader(unix.NFNL_MSG_BATCH_BEGIN))
-	for _, m := range b.msgs {
-		m.Header.Flags &^= netlink.Acknowledge
-		m.Header.Length, m.Header.PID = 0, 0
-		all = append(all, m)
-	}
-	all = append(all, batchHeader(unix.NFNL_MSG_BATCH_END))
-	for i := range all {
-		all[i].Header.Sequence = uint32(i + 1)
-	}
-	last := &all[len(all)-2]
-	last.Header.Flags |= netlink.Acknowledge
-	lastSeq := last.Header.Sequence
-	if _, err := conn.SendMessages(all); err != nil {
+	buf, lastSeq := marshalBatch(b.msgs)
+	b.msgs = nil // their bytes are in buf now: collectable while the kernel works through the batch
+	if err := sendmsg(conn, buf); err != nil {
 		if errors.Is(err, syscall.EMSGSIZE) || errors.Is(err, syscall.ENOBUFS) {
 			return fmt.Errorf("nftables batch too large for the socket buffer: %w", err)
 		}
@@ -268,6 +250,67 @@ func (n *NetlinkProgrammer) send(b *batch) error {
 			}
 		}
 	}
+}
+
+// nlmsgHeaderLen is the size of struct nlmsghdr: length, type, flags, sequence, port ID.
+const nlmsgHeaderLen = 16
+
+// marshalBatch writes msgs between the batch's begin and end messages into one buffer of exactly the
+// batch's size, numbered from 1, with an ack asked for the last of msgs only; it returns the buffer
+// and that message's sequence number. (netlink.Conn.SendMessages would marshal each message into a
+// buffer of its own and append them all into a growing one: at 10,000 Services ~45 MB of garbage made
+// at the moment the model, the transaction and the messages are all alive, the peak of a full sync.)
+func marshalBatch(msgs []netlink.Message) ([]byte, uint32) {
+	hdr := []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, nfnlSubsysNftables} // res_id: big-endian subsystem
+	size := 2 * (nlmsgHeaderLen + nlaAlign(len(hdr)))
+	for _, m := range msgs {
+		size += nlmsgHeaderLen + nlaAlign(len(m.Data))
+	}
+	buf := make([]byte, 0, size)
+	var seq uint32
+	put := func(typ netlink.HeaderType, flags netlink.HeaderFlags, data []byte) {
+		seq++
+		// The length includes the padding, as netlink.Conn writes it; the port ID is left 0: the
+		// kernel answers the sending socket whatever it says.
+		buf = binary.NativeEndian.AppendUint32(buf, uint32(nlmsgHeaderLen+nlaAlign(len(data))))
+		buf = binary.NativeEndian.AppendUint16(buf, uint16(typ))
+		buf = binary.NativeEndian.AppendUint16(buf, uint16(flags))
+		buf = binary.NativeEndian.AppendUint32(buf, seq)
+		buf = binary.NativeEndian.AppendUint32(buf, 0)
+		buf = append(buf, data...)
+		for i := len(data); i < nlaAlign(len(data)); i++ {
+			buf = append(buf, 0)
+		}
+	}
+	put(netlink.HeaderType(unix.NFNL_MSG_BATCH_BEGIN), netlink.Request, hdr)
+	for i, m := range msgs {
+		flags := m.Header.Flags &^ netlink.Acknowledge
+		if i == len(msgs)-1 {
+			flags |= netlink.Acknowledge
+		}
+		put(m.Header.Type, flags, m.Data)
+	}
+	last := seq
+	put(netlink.HeaderType(unix.NFNL_MSG_BATCH_END), netlink.Request, hdr)
+	return buf, last
+}
+
+// sendmsg writes buf to the kernel in one sendmsg on c's socket. The kernel processes a netfilter
+// batch within that call.
+func sendmsg(c *netlink.Conn, buf []byte) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendmsg(int(fd), buf, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
+		return serr != unix.EAGAIN // the socket is non-blocking: wait until it takes the batch
+	})
+	if err != nil {
+		return err
+	}
+	return serr
 }
 
 // purgeAffinity deletes from affinity maps the clients remembered with an endpoint address the map

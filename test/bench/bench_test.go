@@ -171,7 +171,7 @@ func TestParseFlagsQuick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.packets.many != 10000 || len(o.sizes) != 3 {
+	if o.packets.many != 10000 || len(o.sizes) != 4 {
 		t.Errorf("defaults: sizes %v, many %d; want the per-packet figures at 10,000", o.sizes, o.packets.many)
 	}
 	if _, err := parseFlags([]string{"--sizes", "0"}); err == nil {

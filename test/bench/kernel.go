@@ -10,6 +10,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -17,21 +18,6 @@ import (
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
 )
-
-// kube-proxy's figures on this VM, recorded by kpbench (../shared/bench-kubeproxy/README.md: real
-// k8s.io/kubernetes v1.36.3 nftables proxier, median of 3 runs). They are not re-measured here: a
-// 10,000-Service kube-proxy run takes about 95 s and needs a separate module.
-var kubeProxy = map[int]struct {
-	full, oneEndpoint time.Duration
-	nftLines          int
-	hwmMiB            int
-}{
-	1000:  {365 * time.Millisecond, 302 * time.Millisecond, 7689, 65},
-	5000:  {5430 * time.Millisecond, 2200 * time.Millisecond, 37969, 221},
-	10000: {21100 * time.Millisecond, 7430 * time.Millisecond, 75819, 382},
-}
-
-const kubeProxyName = "kube-proxy v1.36.3 nftables (kpbench, this VM)"
 
 // benchConfig is the dataplane configuration of the bench node (the lab's node1 addresses).
 func benchConfig(nodeIP netip.Addr) dataplane.Config {
@@ -104,6 +90,16 @@ func rssMiB() (rss, hwm float64) {
 	return rss, hwm
 }
 
+// cpuTime is the user and system time this process has used (all threads: the Go runtime's GC
+// workers are part of a sync's cost).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // resetPeakRSS returns garbage to the OS and resets VmHWM (clear_refs 5), so the next VmHWM is the
 // peak of what follows.
 func resetPeakRSS() {
@@ -114,8 +110,9 @@ func resetPeakRSS() {
 
 // fullSync measures the first sync of n Services x 10 endpoints into a fresh namespace (median of
 // reps, each in its own namespace), what it programmed, the process's memory, and the same rules
-// loaded with `nft -f` as the kernel's own reference.
-func fullSync(t *table, n, reps int, withNft bool) {
+// loaded with `nft -f` as the kernel's own reference; kps are kube-proxy's figures of this run at n
+// (none beyond --kube-proxy-max or with --no-kube-proxy).
+func fullSync(t *table, n, reps int, withNft bool, kps []*kubeProxyFigures) {
 	what := fmt.Sprintf("full sync into the kernel, %s Services x 10 endpoints (median of %d)", thousands(n), reps)
 	st := synthState(n, 10)
 
@@ -130,6 +127,7 @@ func fullSync(t *table, n, reps int, withNft bool) {
 
 	var (
 		times, kernel []time.Duration
+		cpus          []time.Duration
 		p             *dataplane.Proxier
 		ns            *netns
 		peak          float64
@@ -148,6 +146,7 @@ func fullSync(t *table, n, reps int, withNft bool) {
 		}
 		prog := &timedProgrammer{inner: &dataplane.NetlinkProgrammer{NetNSFd: ns.fd()}}
 		p = dataplane.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), prog)
+		cpu := cpuTime()
 		start := time.Now()
 		rep, err := p.Sync(st)
 		if err != nil {
@@ -156,6 +155,7 @@ func fullSync(t *table, n, reps int, withNft bool) {
 			return
 		}
 		times = append(times, time.Since(start))
+		cpus = append(cpus, cpuTime()-cpu)
 		kernel = append(kernel, prog.last)
 		conflicts = len(rep.Conflicts)
 		_, hwm := rssMiB()
@@ -172,15 +172,27 @@ func fullSync(t *table, n, reps int, withNft bool) {
 		} else {
 			refs = append(refs, "`nft -f` of the same rules: "+fmtDuration(nftTime))
 			ratios = append(ratios, faster(total, nftTime)+" than nft")
+			t.scaling.add(plotSync, "nft -f of vipgate's rules (kernel floor)", n, nftTime.Seconds())
 		}
 	}
-	if kp, ok := kubeProxy[n]; ok {
-		refs = append(refs, kubeProxyName+": "+fmtDuration(kp.full))
-		ratios = append(ratios, faster(total, kp.full)+" than kube-proxy")
+	t.scaling.add(plotSync, "vipgate", n, total.Seconds())
+	for _, kp := range kps {
+		refs = append(refs, fmt.Sprintf("%s (median of %d): %s", kp.name(), kp.runs, fmtDuration(kp.full)))
+		ratios = append(ratios, faster(total, kp.full)+" than "+kp.name())
+		t.scaling.add(plotSync, kp.name(), n, kp.full.Seconds())
 	}
 	t.add(row{What: what, Vipgate: fmtDuration(total), Ref: strings.Join(refs, "; "), Ratio: strings.Join(ratios, "; ")})
 	t.add(row{Sub: true, What: "of which Go (model, diff; no kernel) / netlink batch to kernel ack",
 		Vipgate: fmtDuration(goTime) + " / " + fmtDuration(medianDuration(kernel))})
+	// CPU time: steadier than the wall time when the machine is shared.
+	cpu := medianDuration(cpus)
+	refs, ratios = nil, nil
+	for _, kp := range kps {
+		refs = append(refs, fmt.Sprintf("%s (with its nft processes): %s", kp.name(), fmtDuration(kp.fullCPU)))
+		ratios = append(ratios, faster(cpu, kp.fullCPU)+" than "+kp.name())
+	}
+	t.add(row{Sub: true, What: "CPU time of the full sync (user + system, the kernel's work in the syscalls included)",
+		Vipgate: fmtDuration(cpu), Ref: strings.Join(refs, "; "), Ratio: strings.Join(ratios, "; ")})
 
 	c := countFlat(p)
 	lines, err := nftListLines(ns.name)
@@ -192,9 +204,11 @@ func fullSync(t *table, n, reps int, withNft bool) {
 		listed += fmt.Sprintf(" (%d entries refused as conflicts!)", conflicts)
 	}
 	r := row{Sub: true, What: fmt.Sprintf("programmed at %s Services", thousands(n)), Vipgate: listed}
-	if kp, ok := kubeProxy[n]; ok {
-		r.Ref = fmt.Sprintf("kube-proxy: %s lines", thousands(kp.nftLines))
+	refs = nil
+	for _, kp := range kps {
+		refs = append(refs, fmt.Sprintf("%s: `nft list ruleset`: %s lines", kp.name(), thousands(kp.rulesetLines)))
 	}
+	r.Ref = strings.Join(refs, "; ")
 	t.add(r)
 
 	runtime.GC()
@@ -204,10 +218,18 @@ func fullSync(t *table, n, reps int, withNft bool) {
 	runtime.ReadMemStats(&ms)
 	r = row{Sub: true, What: fmt.Sprintf("memory holding %s Services: RSS after GC / Go heap in use / peak RSS during the sync", thousands(n)),
 		Vipgate: fmt.Sprintf("%.0f / %.0f / %.0f MiB", rss, float64(ms.HeapInuse)/(1<<20), peak)}
-	if kp, ok := kubeProxy[n]; ok {
-		r.Ref = fmt.Sprintf("kube-proxy peak (VmHWM): %d MiB", kp.hwmMiB)
-		r.Ratio = fmt.Sprintf("%.2f of kube-proxy's peak", peak/float64(kp.hwmMiB))
+	t.scaling.add(plotPeak, "vipgate, peak during the sync", n, peak)
+	t.scaling.add(plotPeak, "vipgate, RSS after", n, rss)
+	refs, ratios = nil, nil
+	for _, kp := range kps {
+		// The driver's process only, like vipgate's figure; knftables' nft child processes come on top.
+		refs = append(refs, fmt.Sprintf("%s: RSS after GC %.0f MiB, peak (VmHWM) %.0f MiB (+ its nft child: %.0f MiB)",
+			kp.name(), kp.afterMiB, kp.peakMiB, kp.nftChildMiB))
+		ratios = append(ratios, fmt.Sprintf("peak %.2f of %s's", peak/kp.peakMiB, kp.name()))
+		t.scaling.add(plotPeak, kp.name()+", peak during the sync", n, kp.peakMiB)
+		t.scaling.add(plotPeak, kp.name()+", RSS after", n, kp.afterMiB)
 	}
+	r.Ref, r.Ratio = strings.Join(refs, "; "), strings.Join(ratios, "; ")
 	t.add(r)
 	runtime.KeepAlive(st)
 	runtime.KeepAlive(p)
@@ -256,8 +278,9 @@ func firstLines(s string, n int) string {
 
 // incremental measures the time from a model change (Sync called with the new State) to the
 // kernel's ack, at n Services, for changes of four kinds, each `changes` times; and the kernel's
-// share of it (the netlink Apply).
-func incremental(t *table, n, changes int) {
+// share of it (the netlink Apply). kps are kube-proxy's figures of this run at n: its endpoint
+// additions go beside vipgate's.
+func incremental(t *table, n, changes int, kps []*kubeProxyFigures) {
 	what := fmt.Sprintf("incremental changes at %s Services", thousands(n))
 	ns, err := newNetns()
 	if err != nil {
@@ -272,7 +295,7 @@ func incremental(t *table, n, changes int) {
 		t.fail(what, err)
 		return
 	}
-	run := func(name string, kp time.Duration, change func(i int)) {
+	run := func(name string, kps []*kubeProxyFigures, change func(i int)) {
 		what := fmt.Sprintf("%s at %s Services, model change to kernel ack, p50 / p99 of %d", name, thousands(n), changes)
 		var total, kernel []time.Duration
 		for i := 0; i < changes; i++ {
@@ -295,32 +318,37 @@ func incremental(t *table, n, changes int) {
 			Vipgate: fmtDuration(quantile(total, 0.5)) + " / " + fmtDuration(quantile(total, 0.99)),
 			Ref:     "kernel (netlink batch to ack): " + fmtDuration(quantile(kernel, 0.5)) + " / " + fmtDuration(quantile(kernel, 0.99)),
 			Ratio:   fmt.Sprintf("Go part p50 %s", fmtDuration(max(quantile(total, 0.5)-quantile(kernel, 0.5), 0)))}
-		if kp > 0 {
-			r.Ref += fmt.Sprintf("; %s, +1 endpoint: %s", kubeProxyName, fmtDuration(kp))
-			r.Ratio += "; " + faster(quantile(total, 0.5), kp) + " than kube-proxy"
+		for _, kp := range kps {
+			if len(kp.changes) == 0 {
+				continue
+			}
+			// kube-proxy's p99 of a handful of changes is their maximum: say so.
+			r.Ref += fmt.Sprintf("; %s, +1 endpoint (OnEndpointSliceUpdate to its sync's end, %d of %d partial syncs), p50 / max of %d: %s / %s",
+				kp.name(), kp.partial, len(kp.changes), len(kp.changes), fmtDuration(quantile(kp.changes, 0.5)), fmtDuration(quantile(kp.changes, 1)))
+			r.Ratio += "; p50 " + faster(quantile(total, 0.5), quantile(kp.changes, 0.5)) + " than " + kp.name()
 		}
 		t.add(r)
 	}
 	// Spread the changes over the Services (every 7th: all kinds of Service get their turn).
 	pick := func(i int) cluster.ServiceKey { return serviceKey(i * 7 % n) }
 	saved := map[cluster.ServiceKey][]*cluster.EndpointSlice{}
-	run("one endpoint removed", 0, func(i int) {
+	run("one endpoint removed", nil, func(i int) {
 		k := pick(i)
 		saved[k] = st.EndpointSlices[k]
 		es := *st.EndpointSlices[k][0]
 		es.Endpoints = es.Endpoints[:len(es.Endpoints)-1]
 		st.EndpointSlices[k] = []*cluster.EndpointSlice{&es}
 	})
-	run("one endpoint added", kubeProxy[n].oneEndpoint, func(i int) {
+	run("one endpoint added", kps, func(i int) {
 		k := pick(i)
 		st.EndpointSlices[k] = saved[k]
 	})
-	run("one Service added", 0, func(i int) {
+	run("one Service added", nil, func(i int) {
 		svc, es := synthService(n+i, 10)
 		st.Services[svc.Key] = svc
 		st.EndpointSlices[svc.Key] = []*cluster.EndpointSlice{es}
 	})
-	run("one Service deleted", 0, func(i int) {
+	run("one Service deleted", nil, func(i int) {
 		k := serviceKey(n + i)
 		delete(st.Services, k)
 		delete(st.EndpointSlices, k)

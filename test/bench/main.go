@@ -1,12 +1,15 @@
 // Command bench is `make bench`: one command, one table of vipgate's dataplane figures next to what
 // the kernel does on its own (the same rules through `nft -f`, the netlink batch alone, the path to
-// the pod without a Service) and next to kube-proxy's recorded figures on the same VM.
+// the pod without a Service) and next to the real kube-proxy nftables proxier measured in the same
+// run on the same machine (test/bench/kubeproxy: v1.37.2, and v1.36.3 on request).
 //
-//	go run ./test/bench [--sizes 1000,10000,30000] [--quick] [--out BENCH.md]
+//	go run ./test/bench [--sizes 1000,3000,10000,30000] [--quick] [--out BENCH.md] [--plots docs/bench]
+//	                    [--kube-proxy v1.37.2,v1.36.3 | --no-kube-proxy]
 //
 // It measures, in network namespaces it creates and deletes (vg<pid>-…; never the root namespace):
 //
-//  1. the first (full) sync of N Services x 10 endpoints into a fresh namespace;
+//  1. the first (full) sync of N Services x 10 endpoints into a fresh namespace, vipgate and
+//     kube-proxy (up to --kube-proxy-max Services) with the same Services;
 //  2. incremental changes at 10,000 Services (endpoint removed/added, Service added/deleted):
 //     model change to kernel ack, p50/p99;
 //  3. what was programmed (chains, rules, set elements) and the process's memory;
@@ -16,8 +19,9 @@
 //  6. control plane to data plane: `vipgate node --manifests DIR`, EndpointSlice file written ->
 //     first connection through the new ClusterIP.
 //
-// Results are printed and appended to BENCH.md with the date and the machine. --quick (1,000
-// Services, fewer repetitions) finishes in well under two minutes, for CI. It needs root.
+// Results are printed and appended to BENCH.md with the date and the machine; --plots draws the
+// scaling curves (full sync time and peak memory against the number of Services) as SVG. --quick
+// (1,000 Services, fewer repetitions) finishes in about two minutes. It needs root.
 package main
 
 import (
@@ -46,6 +50,8 @@ type options struct {
 	cpBackground int
 	sections     map[string]bool
 	out          string
+	plots        string
+	kubeProxy    kubeProxyOptions
 	labserver    string
 	vipgate      string
 	timeout      time.Duration
@@ -55,9 +61,15 @@ var allSections = []string{"sync", "incremental", "packets", "throughput", "cont
 
 func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	sizes := fs.String("sizes", "1000,10000,30000", "Service counts (x10 endpoints) for the full-sync rows")
-	quick := fs.Bool("quick", false, "1,000 Services and fewer repetitions (under two minutes; for CI)")
+	sizes := fs.String("sizes", "1000,3000,10000,30000", "Service counts (x10 endpoints) for the full-sync rows")
+	quick := fs.Bool("quick", false, "1,000 Services and fewer repetitions (about two minutes; --no-kube-proxy: one)")
 	out := fs.String("out", "BENCH.md", "append the results to this file (\"\": print only)")
+	plots := fs.String("plots", "", "draw the scaling curves as SVG files into this directory (\"\": none)")
+	kubeProxy := fs.String("kube-proxy", defaultKubeProxy, "kube-proxy versions measured in the same run, comma-separated (have "+strings.Join(kubeProxyVersions(), ", ")+"; \"0\" or \"\": none)")
+	noKubeProxy := fs.Bool("no-kube-proxy", false, "do not measure kube-proxy (quick runs)")
+	kubeProxyBin := fs.String("kube-proxy-bin", "bin", "directory with kube-proxy-bench-<version> (`make bench` builds them; missing ones are built)")
+	kubeProxyMax := fs.Int("kube-proxy-max", 10000, "largest size kube-proxy is measured at (10,000: ~30 s per run for v1.37.2)")
+	kubeProxyChanges := fs.Int("kube-proxy-changes", 5, "endpoints added one at a time after each kube-proxy full sync (each waits out its 1 s minSyncPeriod)")
 	only := fs.String("only", strings.Join(allSections, ","), "sections to run")
 	reps := fs.Int("reps", 3, "full syncs per size (the median is reported)")
 	changes := fs.Int("changes", 100, "incremental changes of each kind")
@@ -71,28 +83,29 @@ func parseFlags(args []string) (*options, error) {
 	noNft := fs.Bool("no-nft", false, "skip the `nft -f` reference loads")
 	labserver := fs.String("labserver", os.Getenv(lab.LabServerEnv), "labserver binary (default: $VIPGATE_LABSERVER, else built)")
 	vipgate := fs.String("vipgate", os.Getenv("VIPGATE_BIN"), "vipgate binary (default: $VIPGATE_BIN, else built)")
-	timeout := fs.Duration("timeout", 20*time.Minute, "give up (and clean up) after this long")
+	timeout := fs.Duration("timeout", 45*time.Minute, "give up (and clean up) after this long")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	o := &options{reps: *reps, changes: *changes, nft: !*noNft, cpChanges: *cpChanges, cpBackground: *cpBackground,
-		out: *out, labserver: *labserver, vipgate: *vipgate, timeout: *timeout, sections: map[string]bool{},
+		out: *out, plots: *plots, labserver: *labserver, vipgate: *vipgate, timeout: *timeout, sections: map[string]bool{},
 		packets: packetOptions{rounds: *rounds, connTime: *connTime, workers: *workers, iperfTime: *iperfTime, iperfRuns: *iperfRuns}}
 	if *quick {
 		// Flags given explicitly still win over the quick defaults.
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		quickDefaults := map[string]func(){
-			"sizes":       func() { *sizes = "1000" },
-			"reps":        func() { o.reps = 3 },
-			"changes":     func() { o.changes = 20 },
-			"rounds":      func() { o.packets.rounds = 3 },
-			"conn-time":   func() { o.packets.connTime = time.Second },
-			"iperf-time":  func() { o.packets.iperfTime = 2 },
-			"iperf-runs":  func() { o.packets.iperfRuns = 1 },
-			"cp-changes":  func() { o.cpChanges = 10 },
-			"cp-services": func() { o.cpBackground = 1000 },
-			"timeout":     func() { o.timeout = 5 * time.Minute },
+			"sizes":              func() { *sizes = "1000" },
+			"reps":               func() { o.reps = 3 },
+			"changes":            func() { o.changes = 20 },
+			"rounds":             func() { o.packets.rounds = 3 },
+			"conn-time":          func() { o.packets.connTime = time.Second },
+			"iperf-time":         func() { o.packets.iperfTime = 2 },
+			"iperf-runs":         func() { o.packets.iperfRuns = 1 },
+			"cp-changes":         func() { o.cpChanges = 10 },
+			"cp-services":        func() { o.cpBackground = 1000 },
+			"timeout":            func() { o.timeout = 5 * time.Minute },
+			"kube-proxy-changes": func() { *kubeProxyChanges = 3 },
 		}
 		for name, f := range quickDefaults {
 			if !set[name] {
@@ -108,6 +121,15 @@ func parseFlags(args []string) (*options, error) {
 		o.sizes = append(o.sizes, n)
 	}
 	slices.Sort(o.sizes)
+	if !*noKubeProxy && *kubeProxy != "0" {
+		for _, v := range strings.FieldsFunc(*kubeProxy, func(r rune) bool { return r == ',' || r == ' ' }) {
+			if _, ok := kubeProxyBuild[v]; !ok {
+				return nil, fmt.Errorf("--kube-proxy: no driver for %q (have %s)", v, strings.Join(kubeProxyVersions(), ", "))
+			}
+			o.kubeProxy.versions = append(o.kubeProxy.versions, v)
+		}
+	}
+	o.kubeProxy.binDir, o.kubeProxy.maxServices, o.kubeProxy.changes, o.kubeProxy.reps = *kubeProxyBin, *kubeProxyMax, *kubeProxyChanges, o.reps
 	for _, s := range strings.Split(*only, ",") {
 		s = strings.TrimSpace(s)
 		if !slices.Contains(allSections, s) {
@@ -130,6 +152,8 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--iperf-time must be 1-30 seconds")
 	case o.packets.iperfRuns < 1 || o.packets.iperfRuns > 10:
 		return nil, fmt.Errorf("--iperf-runs must be 1-10")
+	case o.kubeProxy.changes < 0 || o.kubeProxy.changes > 100:
+		return nil, fmt.Errorf("--kube-proxy-changes must be 0-100")
 	case o.cpChanges < 1 || o.cpChanges > 200:
 		return nil, fmt.Errorf("--cp-changes must be 1-200")
 	case o.cpBackground < 0 || o.cpBackground > 17000:
@@ -190,14 +214,15 @@ func run(o *options) int {
 	t := &table{}
 	m := mixOf(synthState(1000, 10))
 	fmt.Println("Service mix:", m)
+	kp := newKubeProxyBench(o.kubeProxy)
 
 	if o.sections["sync"] {
 		for _, n := range o.sizes {
-			fullSync(t, n, o.reps, o.nft)
+			fullSync(t, n, o.reps, o.nft, kp.at(t, n))
 		}
 	}
 	if o.sections["incremental"] {
-		incremental(t, o.packets.many, o.changes)
+		incremental(t, o.packets.many, o.changes, kp.at(t, o.packets.many))
 	}
 	if o.sections["packets"] || o.sections["throughput"] || o.sections["controlplane"] {
 		labRows(t, o)
@@ -206,8 +231,19 @@ func run(o *options) int {
 	md := t.markdown()
 	fmt.Println()
 	fmt.Println(md)
+	var plots []string
+	if o.plots != "" {
+		var err error
+		if plots, err = t.scaling.draw(o.plots, time.Now().UTC().Format("2006-01-02")); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: drawing the plots:", err)
+			t.failed = true
+		}
+		for _, p := range plots {
+			fmt.Println("drew", p)
+		}
+	}
 	if o.out != "" {
-		if err := appendResults(o, machine, m, md, time.Since(started)); err != nil {
+		if err := appendResults(o, machine, m, md, plots, time.Since(started)); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			return 1
 		}
@@ -262,7 +298,7 @@ func vipgateBinary(path string) (string, error) {
 }
 
 // appendResults appends a dated section to the results file.
-func appendResults(o *options, machine string, m mix, md string, took time.Duration) error {
+func appendResults(o *options, machine string, m mix, md string, plots []string, took time.Duration) error {
 	f, err := os.OpenFile(o.out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 	if err != nil {
 		return fmt.Errorf("opening %s: %w", o.out, err)
@@ -272,8 +308,26 @@ func appendResults(o *options, machine string, m mix, md string, took time.Durat
 	for i, n := range o.sizes {
 		sizes[i] = strconv.Itoa(n)
 	}
-	_, err = fmt.Fprintf(f, "\n## %s\n\nMachine: %s.  \nCommand: `go run ./test/bench %s` (took %s).  \nService mix: %s per 1,000.\n\n%s",
-		time.Now().UTC().Format("2006-01-02 15:04 UTC"), machine, strings.Join(os.Args[1:], " "), took.Round(time.Second), m, md)
+	kubeProxy := "not measured (--no-kube-proxy)"
+	if len(o.kubeProxy.versions) > 0 {
+		kubeProxy = fmt.Sprintf("nftables proxier %s, measured in this run up to %s Services (test/bench/kubeproxy)",
+			strings.Join(o.kubeProxy.versions, ", "), thousands(o.kubeProxy.maxServices))
+	}
+	links := ""
+	if len(plots) > 0 {
+		base := filepath.Dir(o.out)
+		var ls []string
+		for _, p := range plots {
+			rel, err := filepath.Rel(base, p)
+			if err != nil {
+				rel = p
+			}
+			ls = append(ls, fmt.Sprintf("[%s](%s)", strings.TrimSuffix(filepath.Base(p), ".svg"), filepath.ToSlash(rel)))
+		}
+		links = "Plots: " + strings.Join(ls, ", ") + ".  \n"
+	}
+	_, err = fmt.Fprintf(f, "\n## %s\n\nMachine: %s.  \nCommand: `go run ./test/bench %s` (took %s).  \nService mix: %s per 1,000.  \nkube-proxy: %s.  \n%s\n%s",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), machine, strings.Join(os.Args[1:], " "), took.Round(time.Second), m, kubeProxy, links, md)
 	if err != nil {
 		return fmt.Errorf("writing %s: %w", o.out, err)
 	}

@@ -24,8 +24,9 @@ type row struct {
 // table collects rows and prints each one as soon as it is measured, so a long run shows progress
 // and an interrupted one still shows what it got.
 type table struct {
-	rows   []row
-	failed bool
+	rows    []row
+	failed  bool
+	scaling scaling // the points of the scaling plots
 }
 
 func (t *table) add(r row) {
