@@ -223,7 +223,7 @@ type GatewayConfig struct {
 	// knows no Node objects (a directory of manifests without Nodes). Node objects win when present.
 	Nodes []Node
 	// MaglevTableSize is the number of consistent-hash slots per VIP port (a prime, 251-65537; 0
-	// means the dataplane's default, 1021).
+	// means derived from the backends: the smallest of 1021 ... 65537 that is >= 100 x backends).
 	MaglevTableSize int
 	// Name is this gateway's name among the gateways of its group (default: the host name). It is
 	// the member name of the speakers' membership and the node name MetalLB selectors see.

@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/vipgate/vipgate/cluster"
@@ -51,6 +52,13 @@ func BuildService(n NodeInfo, svc *cluster.Service, eps []*cluster.EndpointSlice
 		return p
 	}
 	b := &serviceBuilder{n: n, svc: svc, p: p, uses: map[string]bool{}, chains: map[string]bool{}}
+	// A bad vipgate.io/lb-algorithm keeps the default and is reported with the Service's refusals
+	// (log, Event, /status), as a refused address is.
+	alg, err := cluster.ServiceLBAlgorithm(svc)
+	if err != nil {
+		p.Refused = append(p.Refused, Refusal{Field: "metadata.annotations[" + cluster.LBAlgorithmAnnotation + "]", Reason: err.Error()})
+	}
+	b.alg = alg
 	// The addresses besides the cluster IP, screened once for all ports: a refused one is no entry
 	// of this Service at all, and the Part says why.
 	b.externalIPs = n.Screen.screen(b.familyAddrs(svc.ExternalIPs), true, &p.Refused)
@@ -90,6 +98,8 @@ type serviceBuilder struct {
 	// externalIPs and lbIPs are the Service's external and LoadBalancer IPs of this family that
 	// passed the node's screen.
 	externalIPs, lbIPs []netip.Addr
+	// alg is the Service's balancing algorithm (vipgate.io/lb-algorithm; LBDefault is random).
+	alg cluster.LBAlgorithm
 }
 
 func (b *serviceBuilder) familyAddrs(in []netip.Addr) []netip.Addr {
@@ -270,21 +280,69 @@ func (b *serviceBuilder) noEndpoint(e entry, proto uint8, v VerdictKind) {
 }
 
 // pick returns the chain that DNATs entry e to one of eps, and adds the elements that chain needs.
-// With session affinity it is the Service port's own affinity chain; otherwise the shared picker for
-// len(eps) endpoints, keyed by the entry in the endpoint map (the "-cluster" map when clusterMap).
+// With session affinity it is the Service port's own affinity chain (affinity decides before any
+// algorithm), with round-robin the port's own round-robin chain; otherwise the shared picker of the
+// Service's algorithm (random, source-hash, maglev) for len(eps) endpoints, keyed by the entry in the
+// endpoint map (the "-cluster" map when clusterMap).
 func (b *serviceBuilder) pick(e entry, proto uint8, eps []Endpoint, clusterMap bool, name, policy string) string {
 	if b.svc.AffinityTimeout > 0 {
 		return b.affinityChain(eps, name, policy)
 	}
+	if b.alg == cluster.LBRoundRobin {
+		return b.roundRobinChain(eps, name, policy)
+	}
 	m := endpointMap(e.nodePort, clusterMap)
-	for i, ep := range eps {
-		el := Element{Set: m, Proto: proto, Port: e.port, Index: uint32(i), DataAddr: ep.Addr, DataPort: ep.Port}
-		if !e.nodePort {
-			el.Addr = e.addr
+	el := Element{Set: m, Proto: proto, Port: e.port}
+	if !e.nodePort {
+		el.Addr = e.addr
+	}
+	if b.alg == cluster.LBMaglev {
+		// Maglev: M slots per entry, slot -> endpoint, the same table on every node.
+		size := MaglevSizeFor(len(eps))
+		names := make([]string, len(eps))
+		for i, ep := range eps {
+			names[i] = ep.AddrPort().String()
 		}
+		if table, err := MaglevTable(names, size); err == nil {
+			for slot, i := range table {
+				el.Index, el.DataAddr, el.DataPort = uint32(slot), eps[i].Addr, eps[i].Port
+				b.p.Elements = append(b.p.Elements, el)
+			}
+			return b.use(pickChainFor(cluster.LBMaglev, m, size))
+		}
+		// Unreachable (MaglevSizeFor leaves room for every endpoint); random below.
+	}
+	for i, ep := range eps {
+		el.Index, el.DataAddr, el.DataPort = uint32(i), ep.Addr, ep.Port
 		b.p.Elements = append(b.p.Elements, el)
 	}
-	return b.use(PickChain(m, len(eps)))
+	alg := b.alg
+	if alg != cluster.LBSourceHash {
+		alg = cluster.LBRandom
+	}
+	return b.use(pickChainFor(alg, m, len(eps)))
+}
+
+// roundRobinChain builds (once) the round-robin chain of a Service port for one endpoint set: rule i
+// DNATs to endpoint i when its own `numgen inc mod (n-i)` counter is 0, so it takes every (n-i)-th
+// new connection that reaches it and the cascade hands the endpoints out strictly in turn. The
+// counters are the rules' own (per node, shared by all CPUs) and start again when the chain is
+// replaced (an endpoint change). No set: chains and plain rules are what the kernel charges least for.
+func (b *serviceBuilder) roundRobinChain(eps []Endpoint, name, policy string) string {
+	chain := "rr-" + name + "-" + policy
+	if b.chains[chain] {
+		return chain
+	}
+	rules := make([]Rule, 0, len(eps))
+	for i, ep := range eps {
+		a := Action{Kind: ActDNATRoundRobin, Addr: ep.Addr, Port: ep.Port}
+		if left := len(eps) - i; left > 1 {
+			a.Value = uint32(left)
+		}
+		rules = append(rules, Rule{Action: a})
+	}
+	b.addChain(&Chain{Name: chain, Comment: "round-robin " + name + " " + policy, Rules: rules})
+	return chain
 }
 
 func endpointMap(nodePort, clusterMap bool) string {
@@ -303,14 +361,15 @@ func endpointMap(nodePort, clusterMap bool) string {
 func (b *serviceBuilder) externalTarget(e entry, proto uint8, name string, local bool, cat Categorized, externalSet []Endpoint) string {
 	if !local {
 		// externalTrafficPolicy Cluster: any endpoint, source NATed so replies come back through us.
-		if b.svc.AffinityTimeout == 0 {
-			b.pick(e, proto, externalSet, false, name, "cluster")
-			return b.use(MasqPickChain(endpointMap(e.nodePort, false), len(externalSet)))
+		target := b.pick(e, proto, externalSet, false, name, "cluster")
+		if strings.HasPrefix(target, "pick-") {
+			return b.use("masq-" + target) // the shared picker's masquerading twin
 		}
+		// The Service port's own chain (affinity, round-robin): masquerade, then pick.
 		ext := "ext-" + name
 		b.addChain(&Chain{Name: ext, Rules: []Rule{
 			{Action: Action{Kind: ActJump, Chain: ChainMarkForMasquerade}, Comment: "masquerade"},
-			{Action: Action{Kind: ActGoto, Chain: b.affinityChain(externalSet, name, "cluster")}},
+			{Action: Action{Kind: ActGoto, Chain: target}},
 		}})
 		return ext
 	}

@@ -762,7 +762,8 @@ var (
 		MatchSaddrInPrefix, MatchFibSaddrLocal, MatchMarkAny, MatchHairpin, MatchNumgenZero}
 	actionKinds = []ActionKind{ActJump, ActGoto, ActReturn, ActDrop, ActReject, ActMarkSet, ActMasqClearMark, ActMasquerade,
 		ActVmapTuple, ActVmapProtoPort, ActDNATTupleMap, ActDNATProtoPortMap, ActAffinityDNAT, ActAffinityRefresh, ActAffinityRecall,
-		ActDNATJhashMap, ActDupJhashMap} // the gateway's (gateway_ir.go, gateway_route.go)
+		ActDNATJhashMap, ActDupJhashMap, // the gateway's (gateway_ir.go, gateway_route.go)
+		ActDNATProtoPortJhashMap, ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap, ActDupSrcHashMap, ActDNATRoundRobin} // lbalgo.go
 )
 
 // hints are the parameters a run of expressions offers to candidate matches and actions: the first
@@ -846,8 +847,15 @@ func (h hints) action(k ActionKind) Action {
 		a.Value = u32(h.xor)
 	case ActVmapTuple, ActVmapProtoPort:
 		a.Map = h.set
-	case ActDNATTupleMap, ActDNATProtoPortMap, ActDNATJhashMap, ActDupJhashMap:
+	case ActDNATTupleMap, ActDNATProtoPortMap, ActDNATJhashMap, ActDupJhashMap,
+		ActDNATProtoPortJhashMap, ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap, ActDupSrcHashMap:
 		a.Map, a.Value = h.set, h.modulus
+	case ActDNATRoundRobin:
+		a.Value = h.modulus
+		if len(h.imm) == 2 && len(h.imm[1]) == 2 {
+			a.Addr, _ = netip.AddrFromSlice(h.imm[0])
+			a.Port = binary.BigEndian.Uint16(h.imm[1])
+		}
 	case ActAffinityDNAT, ActAffinityRefresh:
 		a.Set = h.dynset
 		if len(h.imm) >= 1 {

@@ -36,8 +36,15 @@ import (
 const (
 	ChainGatewayPick     = "gateway-pick"
 	ChainGatewayMasqPick = "gateway-masq-pick"
-	SetGatewayVIPs       = "gateway-vips"
-	MapGatewayBackends   = "gateway-backends"
+	// ChainGatewayPickSH and ChainGatewayMasqPickSH are the source-hash twins (lb-algorithm:
+	// source-hash): the same Maglev table, keyed by a hash of the client address only.
+	ChainGatewayPickSH     = "gateway-pick-sh"
+	ChainGatewayMasqPickSH = "gateway-masq-pick-sh"
+	SetGatewayVIPs         = "gateway-vips"
+	MapGatewayBackends     = "gateway-backends"
+	// MapGatewayBackendsSH holds the Maglev tables of the source-hash VIP ports: a map of its own, so
+	// each map is bound by one rule and a slot is only ever read with the hash it was dealt for.
+	MapGatewayBackendsSH = "gateway-backends-sh"
 )
 
 // GatewayConfig is what the gateway dataplane needs to know.
@@ -47,7 +54,8 @@ type GatewayConfig struct {
 	SNAT       cluster.SNATMode
 	// Nodes are used for nodePort forwarding when the State knows no nodes.
 	Nodes []cluster.Node
-	// MaglevSize is the number of slots per VIP port (a prime; default DefaultMaglevSize).
+	// MaglevSize is the number of slots per VIP port (a prime). 0: derived from the number of
+	// backends, MaglevSizeFor of the largest backend count of the family's VIP ports.
 	MaglevSize    int
 	MasqueradeBit int
 	// Families lists the families to program (default: IPv4 and IPv6).
@@ -58,7 +66,6 @@ func (c GatewayConfig) withDefaults() GatewayConfig {
 	c.Table = cmp.Or(c.Table, cluster.DefaultTableName)
 	c.Forwarding = cmp.Or(c.Forwarding, cluster.ForwardNodePort)
 	c.SNAT = cmp.Or(c.SNAT, cluster.SNATAuto)
-	c.MaglevSize = cmp.Or(c.MaglevSize, DefaultMaglevSize)
 	c.MasqueradeBit = cmp.Or(c.MasqueradeBit, cluster.DefaultMasqueradeBit)
 	if len(c.Families) == 0 {
 		c.Families = []cluster.Family{cluster.IPv4, cluster.IPv6}
@@ -92,6 +99,9 @@ type GatewayEntry struct {
 	SNAT bool
 	// Why explains an entry without backends.
 	Why string
+	// Algorithm is how the entry's slots are keyed: LBMaglev (the flow) or LBSourceHash (the client
+	// address).
+	Algorithm cluster.LBAlgorithm
 }
 
 // String formats the entry for logs.
@@ -233,6 +243,7 @@ func GatewayServiceEntries(cfg GatewayConfig, f cluster.Family, svc *cluster.Ser
 		return nil
 	}
 	snat := gatewaySNAT(cfg, svc)
+	alg, _ := gatewayAlgorithm(cfg, svc)
 	var out []GatewayEntry
 	targets := ResolveTargetPorts(svc.Ports, slices_)
 	for j, sp := range svc.Ports {
@@ -284,15 +295,33 @@ func GatewayServiceEntries(cfg GatewayConfig, f cluster.Family, svc *cluster.Ser
 		slices.SortFunc(backends, netip.AddrPort.Compare)
 		backends = slices.Compact(backends)
 		for _, vip := range vips {
-			out = append(out, GatewayEntry{Service: svc.Key, VIP: vip, Proto: proto, Port: sp.Port, Backends: backends, SNAT: snat, Why: why})
+			out = append(out, GatewayEntry{Service: svc.Key, VIP: vip, Proto: proto, Port: sp.Port, Backends: backends, SNAT: snat, Why: why, Algorithm: alg})
 		}
 	}
 	return out
 }
 
-// gatewayPart turns a Service's entries into its part: a service-ips element and a Maglev table in
-// gateway-backends per entry with backends.
-func gatewayPart(cfg GatewayConfig, entries []GatewayEntry) (*Part, error) {
+// gatewayAlgorithm is the Service's balancing algorithm on a gateway, and why it is not the one the
+// annotation asks for ("" when it is). A gateway keys its Maglev table by the flow (maglev, the
+// default) or by the client address (source-hash); both are stateless and the same on every gateway,
+// which the gateways behind one ECMP router need. random and round-robin are per gateway (and in
+// forwarding: route, where the gateway keeps no conntrack state, per packet), so they keep Maglev.
+func gatewayAlgorithm(cfg GatewayConfig, svc *cluster.Service) (cluster.LBAlgorithm, string) {
+	alg, err := cluster.ServiceLBAlgorithm(svc)
+	switch {
+	case err != nil:
+		return cluster.LBMaglev, err.Error() + " (on a gateway the default is maglev)"
+	case alg == cluster.LBRandom || alg == cluster.LBRoundRobin:
+		return cluster.LBMaglev, fmt.Sprintf("metadata.annotations[%s]: %s is not done by gateways (two gateways behind ECMP would pick different backends for one flow); maglev is used", cluster.LBAlgorithmAnnotation, alg)
+	case alg == cluster.LBSourceHash:
+		return alg, ""
+	}
+	return cluster.LBMaglev, ""
+}
+
+// gatewayPart turns a Service's entries into its part: a service-ips element and a Maglev table of
+// size slots in gateway-backends per entry with backends.
+func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int) (*Part, error) {
 	p := &Part{}
 	for _, e := range entries {
 		p.Entries = append(p.Entries, EntryRef{Proto: e.Proto, Addr: e.VIP, Port: e.Port, HasEndpoints: len(e.Backends) > 0})
@@ -304,35 +333,43 @@ func gatewayPart(cfg GatewayConfig, entries []GatewayEntry) (*Part, error) {
 			names[i] = b.String()
 			p.Backends = append(p.Backends, Backend{Proto: e.Proto, Endpoint: b})
 		}
-		table, err := MaglevTable(names, cfg.MaglevSize)
+		table, err := MaglevTable(names, size)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", e, err)
 		}
+		sh := e.Algorithm == cluster.LBSourceHash
 		if cfg.Forwarding == cluster.ForwardRoute {
-			p.Elements = append(p.Elements, Element{Set: MapServiceIPs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Verdict: VerdictGoto, Chain: ChainGatewayRoute})
+			route := ChainGatewayRoute
+			if sh {
+				route = ChainGatewayRouteSH
+			}
+			p.Elements = append(p.Elements, Element{Set: MapServiceIPs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Verdict: VerdictGoto, Chain: route})
 			for slot, bi := range table {
-				p.Elements = append(p.Elements, Element{Set: MapGatewayRoutes, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: e.Backends[bi].Addr()})
+				p.Elements = append(p.Elements, Element{Set: [2]string{MapGatewayRoutes, MapGatewayRoutesSH}[boolInt(sh)], Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: e.Backends[bi].Addr()})
 			}
 			continue
 		}
-		pick := ChainGatewayPick
-		if e.SNAT {
-			pick = ChainGatewayMasqPick
-		}
+		pick := [2][2]string{{ChainGatewayPick, ChainGatewayMasqPick}, {ChainGatewayPickSH, ChainGatewayMasqPickSH}}[boolInt(sh)][boolInt(e.SNAT)]
 		p.Elements = append(p.Elements, Element{Set: MapServiceIPs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Verdict: VerdictGoto, Chain: pick})
 		for slot, bi := range table {
 			b := e.Backends[bi]
-			p.Elements = append(p.Elements, Element{Set: MapGatewayBackends, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: b.Addr(), DataPort: b.Port()})
+			p.Elements = append(p.Elements, Element{Set: [2]string{MapGatewayBackends, MapGatewayBackendsSH}[boolInt(sh)], Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: b.Addr(), DataPort: b.Port()})
 		}
 	}
 	return p, nil
 }
 
-// BuildGatewayBase builds the fixed part of a gateway table, with the set of every VIP it owns.
+// BuildGatewayBase builds the fixed part of a gateway table, with the set of every VIP it owns (with
+// cfg.MaglevSize slots per VIP port, DefaultMaglevSize if 0, and no source-hash chains).
 func BuildGatewayBase(cfg GatewayConfig, f cluster.Family, vips []netip.Addr) *Part {
-	cfg = cfg.withDefaults()
+	return buildGatewayBase(cfg.withDefaults(), f, vips, cmp.Or(cfg.MaglevSize, DefaultMaglevSize), false)
+}
+
+// buildGatewayBase is BuildGatewayBase for tables of size slots per VIP port, with the source-hash
+// chains when sh.
+func buildGatewayBase(cfg GatewayConfig, f cluster.Family, vips []netip.Addr, size int, sh bool) *Part {
 	if cfg.Forwarding == cluster.ForwardRoute {
-		return buildGatewayRouteBase(cfg, f, vips)
+		return buildGatewayRouteBase(cfg, f, vips, size, sh)
 	}
 	mark := uint32(1) << uint(cfg.MasqueradeBit)
 	p := &Part{}
@@ -354,12 +391,21 @@ func BuildGatewayBase(cfg GatewayConfig, f cluster.Family, vips []netip.Addr) *P
 	chain(&Chain{Name: ChainNATPostrouting, Type: NATType, Hook: HookPostrouting, Priority: PrioritySrcNAT, Rules: []Rule{jump(ChainMasquerading)}})
 	chain(&Chain{Name: ChainServices, Comment: "VIP dispatch", Rules: []Rule{{Action: Action{Kind: ActVmapTuple, Map: MapServiceIPs}}}})
 	chain(&Chain{Name: ChainGatewayPick, Comment: "Maglev: a fixed hash of the flow picks the slot", Rules: []Rule{
-		{Action: Action{Kind: ActDNATJhashMap, Map: MapGatewayBackends, Value: uint32(cfg.MaglevSize)}},
+		{Action: Action{Kind: ActDNATJhashMap, Map: MapGatewayBackends, Value: uint32(size)}},
 	}})
 	chain(&Chain{Name: ChainGatewayMasqPick, Rules: []Rule{
 		{Action: Action{Kind: ActMarkSet, Value: mark}},
 		{Action: Action{Kind: ActGoto, Chain: ChainGatewayPick}},
 	}})
+	if sh {
+		chain(&Chain{Name: ChainGatewayPickSH, Comment: "source-hash: a fixed hash of the client address picks the slot", Rules: []Rule{
+			{Action: Action{Kind: ActDNATSrcHashMap, Map: MapGatewayBackendsSH, Value: uint32(size)}},
+		}})
+		chain(&Chain{Name: ChainGatewayMasqPickSH, Rules: []Rule{
+			{Action: Action{Kind: ActMarkSet, Value: mark}},
+			{Action: Action{Kind: ActGoto, Chain: ChainGatewayPickSH}},
+		}})
+	}
 	chain(&Chain{Name: ChainMasquerading, Comment: "source NAT where the gateway must see the replies", Rules: []Rule{
 		{Matches: []Match{{Kind: MatchMarkAny, Value: mark}}, Action: Action{Kind: ActMasqClearMark, Value: mark}},
 	}})
@@ -367,6 +413,9 @@ func BuildGatewayBase(cfg GatewayConfig, f cluster.Family, vips []netip.Addr) *P
 		{Name: SetGatewayVIPs, Kind: KindAddr, Comment: "LoadBalancer IPs this gateway forwards"},
 		{Name: MapServiceIPs, Kind: KindTupleVmap, Comment: "VIP ports with backends"},
 		{Name: MapGatewayBackends, Kind: KindTupleEndpoints, Comment: "VIP . proto . port . Maglev slot -> backend"},
+	}
+	if sh {
+		p.Sets = append(p.Sets, &Set{Name: MapGatewayBackendsSH, Kind: KindTupleEndpoints, Comment: "source-hash VIP . proto . port . Maglev slot -> backend"})
 	}
 	p.Elements = gatewayVIPElements(f, vips)
 	return p
@@ -388,6 +437,8 @@ type GatewayRuleset struct {
 	Ruleset   *Ruleset
 	Entries   []GatewayEntry
 	Conflicts []cluster.Rejection
+	// MaglevSize is the number of slots per VIP port of this table.
+	MaglevSize int
 	// inputs and kept remember what each Service's part was built from, so the next build reuses the
 	// parts of unchanged Services (a Maglev table is M elements to build and to diff).
 	inputs map[cluster.ServiceKey]gwInput
@@ -451,6 +502,10 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 			in.health = string(hk)
 		}
 		out.inputs[k] = in
+		// The annotation is the Service's, not a family's: reported with the first family's table.
+		if _, why := gatewayAlgorithm(cfg, svc); why != "" && f == cfg.Families[0] {
+			out.Conflicts = append(out.Conflicts, cluster.Rejection{Kind: "Service", Object: k.String(), Reason: why})
+		}
 		entries := GatewayServiceEntries(cfg, f, svc, st.EndpointSlices[k], nodes, health)
 		kept := entries[:0]
 		for _, e := range entries {
@@ -471,28 +526,48 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 		}
 		out.kept[k] = kept
 		out.Entries = append(out.Entries, kept...)
-		if prev != nil {
-			if old, ok := prev.inputs[k]; ok && old.equal(in) && slices.EqualFunc(prev.kept[k], kept, gatewayEntryEqual) {
+	}
+	// One table size for the family: configured, or derived from the largest backend count, so it
+	// depends only on what every gateway sees (the same backends give the same size and tables).
+	// One size keeps one picker rule binding the big map; with nodePort and route forwarding every
+	// VIP port has the same backends (the nodes) anyway.
+	size, sh := cfg.MaglevSize, false
+	if size == 0 {
+		most := 0
+		for _, e := range out.Entries {
+			most = max(most, len(e.Backends))
+		}
+		size = MaglevSizeFor(most)
+	}
+	out.MaglevSize = size
+	for _, k := range keys {
+		kept := out.kept[k]
+		if len(kept) == 0 {
+			continue
+		}
+		sh = sh || slices.ContainsFunc(kept, func(e GatewayEntry) bool { return e.Algorithm == cluster.LBSourceHash && len(e.Backends) > 0 })
+		if prev != nil && prev.MaglevSize == size {
+			if old, ok := prev.inputs[k]; ok && old.equal(out.inputs[k]) && slices.EqualFunc(prev.kept[k], kept, gatewayEntryEqual) {
 				if part := prev.Ruleset.Services[k]; part != nil {
 					out.Ruleset.Services[k] = part
 					continue
 				}
 			}
 		}
-		part, err := gatewayPart(cfg, kept)
+		part, err := gatewayPart(cfg, kept, size)
 		if err != nil {
 			return nil, fmt.Errorf("Service %s: %w", k, err)
 		}
 		out.Ruleset.Services[k] = part
 	}
 	slices.SortFunc(vips, netip.Addr.Compare)
-	out.Ruleset.Base = BuildGatewayBase(cfg, f, vips)
+	out.Ruleset.Base = buildGatewayBase(cfg, f, vips, size, sh)
 	return out, nil
 }
 
 func gatewayEntryEqual(a, b GatewayEntry) bool {
 	return a.Service == b.Service && a.VIP == b.VIP && a.Proto == b.Proto && a.Port == b.Port && a.SNAT == b.SNAT &&
-		a.Why == b.Why && slices.Equal(a.Backends, b.Backends)
+		a.Why == b.Why && a.Algorithm == b.Algorithm && slices.Equal(a.Backends, b.Backends)
 }
 
 // GatewaySyncReport tells the caller what a gateway sync did.
@@ -594,6 +669,11 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 		}
 	}
 	slices.SortFunc(rep.VIPs, netip.Addr.Compare)
+	// A Service's algorithm refusal is found once per family: report it once.
+	slices.SortFunc(rep.Conflicts, func(a, b cluster.Rejection) int {
+		return cmp.Or(cmp.Compare(a.Object, b.Object), cmp.Compare(a.Reason, b.Reason))
+	})
+	rep.Conflicts = slices.Compact(rep.Conflicts)
 	for _, tx := range rep.Txs {
 		if err := p.prog.Apply(tx); err != nil {
 			p.needFull, p.fams, p.sets = true, nil, nil

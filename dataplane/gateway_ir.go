@@ -19,6 +19,8 @@ import (
 //
 //	dnat ip addr . port to ip daddr . meta l4proto . th dport .
 //	    jhash ip saddr . th sport . ip daddr . th dport mod Value seed GatewayHashSeed map @Map
+//	dnat ip6 addr . port to ip6 daddr . meta l4proto . th dport .
+//	    jhash ip6 saddr . th sport mod Value seed GatewayHashSeed map @Map
 //
 // The slot is a Jenkins hash of the flow's addresses and ports, modulo Value (the Maglev table size):
 // deterministic, the same on every gateway and in every packet of the flow, so a flow that moves to
@@ -37,15 +39,16 @@ func loadSport(reg uint32) expr.Any {
 	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2}
 }
 
-// gatewayAction encodes the gateway's action kinds (see netlink.go's encoder.action). The key and
-// hash loads are gatewayJhashLookup's (gateway_route.go), shared with ActDupJhashMap. For IPv4 they
-// are the layout nft itself generates for this statement, so `nft list` prints it back. For IPv6, key
-// and hash input together need 17 of the 16 four-byte registers, so the hash input is loaded first,
-// hashed into the slot register (the kernel reads the input before it writes the result), and then
-// overwritten by the key fields. nft 1.0.6 lists this encoding as the rendered text, but cannot
-// compile that text for ip6 itself (it runs out of registers, "BUG: register reg_low 12 invalid"),
-// so `nft -c` cannot check rendered ip6 gateway tables; the kernel accepts the encoding.
+// gatewayAction encodes the gateway's and the balancing algorithms' action kinds (see netlink.go's
+// encoder.action). The key and hash loads are lbalgo.go's jhashLookup, in the layout nft itself
+// generates for these statements, so `nft list` prints them back as render does. The IPv6 flow hash
+// covers the source address and port only: with the destination address and port as well, key and
+// hash input need more registers than nft 1.0.6 can allocate ("BUG: register reg_low 12 invalid"),
+// and an operator could not load or check what render prints.
 func (e *encoder) gatewayAction(a Action) ([]expr.Any, error) {
+	if xs, ok, err := e.algoAction(a); ok {
+		return xs, err
+	}
 	switch a.Kind {
 	case ActDupJhashMap:
 		return e.gatewayRouteAction(a)
@@ -62,18 +65,10 @@ func (e *encoder) gatewayAction(a Action) ([]expr.Any, error) {
 
 // gatewayActionText is the nft spelling of the gateway's action kinds (see render.go's actionText).
 func gatewayActionText(f *Flat, fam nftFamily, a Action) (string, error) {
-	if a.Kind == ActDupJhashMap {
-		return gatewayRouteActionText(f, fam, a)
+	if s, ok, err := algoActionText(f, fam, a); ok {
+		return s, err // lbalgo.go spells ActDNATJhashMap and ActDupJhashMap too
 	}
-	if a.Kind != ActDNATJhashMap {
-		return "", fmt.Errorf("unknown action kind %d", a.Kind)
-	}
-	if a.Value == 0 {
-		return "", fmt.Errorf("jhash modulus 0")
-	}
-	ip := fam.table
-	return fmt.Sprintf("dnat %[1]s addr . port to %[1]s daddr . meta l4proto . th dport . jhash %[1]s saddr . th sport . %[1]s daddr . th dport mod %[2]d seed %#[3]x map @%[4]s",
-		ip, a.Value, GatewayHashSeed, a.Map), needSet(f, a.Map, KindTupleEndpoints)
+	return "", fmt.Errorf("unknown action kind %d", a.Kind)
 }
 
 // gatewayAct traces the gateway's action kinds (see trace.go's act). A Packet has no source port, so
@@ -81,6 +76,9 @@ func gatewayActionText(f *Flat, fam nftFamily, a Action) (string, error) {
 // find the one a given flow takes).
 func (t *tracer) gatewayAct(st pstate, ch *Chain, idx int, r Rule, text, by string, done func(pstate, verdict, string)) (pstate, bool) {
 	a := r.Action
+	if next, cont, ok := t.algoAct(st, ch, idx, r, text, by, done); ok {
+		return next, cont
+	}
 	if a.Kind == ActDupJhashMap {
 		return t.gatewayRouteAct(st, ch, idx, r, text, by, done)
 	}
@@ -104,8 +102,9 @@ func (t *tracer) gatewayAct(st pstate, ch *Chain, idx int, r Rule, text, by stri
 	return st, false
 }
 
-// GatewaySlot returns the slot the kernel's ActDNATJhashMap rule computes for a flow from src to dst
-// with a table of m slots: jhash over saddr . sport . daddr . dport as they sit in nftables registers
+// GatewaySlot returns the slot the kernel's flow-hash rules (ActDNATJhashMap, ActDupJhashMap,
+// ActDNATProtoPortJhashMap) compute for a flow from src to dst with a table of m slots: jhash over
+// saddr . sport . daddr . dport (IPv4) or saddr . sport (IPv6) as they sit in nftables registers
 // (ports in network order, each field padded to 4 bytes), seed GatewayHashSeed, scaled to m the way
 // the kernel's nft_jhash does.
 func GatewaySlot(src, dst netip.AddrPort, m uint32) uint32 {
@@ -114,8 +113,10 @@ func GatewaySlot(src, dst netip.AddrPort, m uint32) uint32 {
 	port := func(p uint16) []byte { return []byte{byte(p >> 8), byte(p), 0, 0} }
 	b = append(b, src.Addr().Unmap().AsSlice()...)
 	b = append(b, port(src.Port())...)
-	b = append(b, dst.Addr().Unmap().AsSlice()...)
-	b = append(b, port(dst.Port())...)
+	if src.Addr().Unmap().Is4() {
+		b = append(b, dst.Addr().Unmap().AsSlice()...)
+		b = append(b, port(dst.Port())...)
+	}
 	h := jhash(b, GatewayHashSeed)
 	// reciprocal_scale(h, m) in include/linux/kernel.h.
 	return uint32((uint64(h) * uint64(m)) >> 32)

@@ -34,7 +34,9 @@ import (
 const (
 	ChainGatewayPrerouting = "gateway-prerouting"
 	ChainGatewayRoute      = "gateway-route"
+	ChainGatewayRouteSH    = "gateway-route-sh"
 	MapGatewayRoutes       = "gateway-routes"
+	MapGatewayRoutesSH     = "gateway-routes-sh"
 )
 
 // PriorityRaw is netfilter's raw priority: before conntrack (-200).
@@ -52,7 +54,7 @@ const ActDupJhashMap ActionKind = 129
 const KindTupleAddr SetKind = 64
 
 // buildGatewayRouteBase is BuildGatewayBase for forwarding: route.
-func buildGatewayRouteBase(cfg GatewayConfig, f cluster.Family, vips []netip.Addr) *Part {
+func buildGatewayRouteBase(cfg GatewayConfig, f cluster.Family, vips []netip.Addr, size int, sh bool) *Part {
 	p := &Part{}
 	rejectVIP := Rule{
 		Matches: []Match{{Kind: MatchDaddrInSet, Set: SetGatewayVIPs}},
@@ -71,45 +73,30 @@ func buildGatewayRouteBase(cfg GatewayConfig, f cluster.Family, vips []netip.Add
 		{Name: ChainFilterInput, Type: FilterType, Hook: HookInput, Priority: PriorityFilter, Rules: []Rule{rejectVIP}},
 		{Name: ChainServices, Comment: "VIP dispatch", Rules: []Rule{{Action: Action{Kind: ActVmapTuple, Map: MapServiceIPs}}}},
 		{Name: ChainGatewayRoute, Comment: "Maglev: a fixed hash of the flow picks the node; the packet goes there unchanged", Rules: []Rule{
-			{Action: Action{Kind: ActDupJhashMap, Map: MapGatewayRoutes, Value: uint32(cfg.MaglevSize)}},
+			{Action: Action{Kind: ActDupJhashMap, Map: MapGatewayRoutes, Value: uint32(size)}},
 		}},
+	}
+	if sh {
+		p.Chains = append(p.Chains, &Chain{Name: ChainGatewayRouteSH, Comment: "source-hash: a fixed hash of the client address picks the node", Rules: []Rule{
+			{Action: Action{Kind: ActDupSrcHashMap, Map: MapGatewayRoutesSH, Value: uint32(size)}},
+		}})
 	}
 	p.Sets = []*Set{
 		{Name: SetGatewayVIPs, Kind: KindAddr, Comment: "LoadBalancer IPs this gateway forwards"},
 		{Name: MapServiceIPs, Kind: KindTupleVmap, Comment: "VIP ports with nodes"},
 		{Name: MapGatewayRoutes, Kind: KindTupleAddr, Comment: "VIP . proto . port . Maglev slot -> node"},
 	}
+	if sh {
+		p.Sets = append(p.Sets, &Set{Name: MapGatewayRoutesSH, Kind: KindTupleAddr, Comment: "source-hash VIP . proto . port . Maglev slot -> node"})
+	}
 	p.Elements = gatewayVIPElements(f, vips)
 	return p
 }
 
 // gatewayJhashLookup loads the key VIP . proto . port . jhash-slot and looks it up in a.Map, leaving
-// the data in reg1 (the encoding nft generates for these statements, see gatewayAction).
+// the data in reg1 (lbalgo.go's jhashLookup with the flow hash).
 func (e *encoder) gatewayJhashLookup(a Action) ([]expr.Any, error) {
-	if a.Value == 0 {
-		return nil, fmt.Errorf("jhash modulus 0")
-	}
-	l, err := e.mapLookup(a.Map, reg32, reg1)
-	if err != nil {
-		return nil, err
-	}
-	hash := func(src, dst, length uint32) expr.Any {
-		return &expr.Hash{SourceRegister: src, DestRegister: dst, Length: length, Modulus: a.Value, Seed: GatewayHashSeed, Type: expr.HashTypeJenkins}
-	}
-	if e.f != cluster.IPv6 {
-		return []expr.Any{
-			e.loadDaddr(reg32), loadL4Proto(reg32 + 1), loadDport(reg32 + 2),
-			e.loadSaddr(reg32 + 8), loadSport(reg32 + 9), e.loadDaddr(reg32 + 10), loadDport(reg32 + 11),
-			hash(reg32+8, reg32+3, 16),
-			l,
-		}, nil
-	}
-	return []expr.Any{
-		e.loadSaddr(reg32), loadSport(reg32 + 4), e.loadDaddr(reg32 + 5), loadDport(reg32 + 9),
-		hash(reg32, reg32+6, 40),
-		e.loadDaddr(reg32), loadL4Proto(reg32 + 4), loadDport(reg32 + 5),
-		l,
-	}, nil
+	return e.jhashLookup(a, hashShape{tuple: true, flow: true})
 }
 
 // gatewayRouteAction encodes ActDupJhashMap.
@@ -123,12 +110,8 @@ func (e *encoder) gatewayRouteAction(a Action) ([]expr.Any, error) {
 
 // gatewayRouteActionText is the nft spelling of ActDupJhashMap.
 func gatewayRouteActionText(f *Flat, fam nftFamily, a Action) (string, error) {
-	if a.Value == 0 {
-		return "", fmt.Errorf("jhash modulus 0")
-	}
-	ip := fam.table
-	return fmt.Sprintf("dup to %[1]s daddr . meta l4proto . th dport . jhash %[1]s saddr . th sport . %[1]s daddr . th dport mod %[2]d seed %#[3]x map @%[4]s drop",
-		ip, a.Value, GatewayHashSeed, a.Map), needSet(f, a.Map, KindTupleAddr)
+	s, _, err := algoActionText(f, fam, a)
+	return s, err
 }
 
 // gatewayRouteAct traces ActDupJhashMap: one branch per node the VIP port's slots lead to (the
@@ -147,7 +130,7 @@ func (t *tracer) gatewayRouteAct(st pstate, ch *Chain, idx int, r Rule, text, by
 	return st, false
 }
 
-// jhashBranches follows a jhash-slot map rule (ActDNATJhashMap, ActDupJhashMap): it looks up every
+// jhashBranches follows a jhash-slot map rule (ActDNATJhashMap, ActDupJhashMap, ActDNATProtoPortJhashMap): it looks up every
 // slot of the packet's VIP port in a.Map (of kind), groups the slots by the address and port they
 // lead to, and forks one branch per group (a Packet has no source port, so every slot is possible).
 // Slots not in the map make the rule not match: that branch goes on with the next rule. hit handles
@@ -159,7 +142,7 @@ func (t *tracer) jhashBranches(st pstate, ch *Chain, idx int, text string, a Act
 		ep    netip.AddrPort
 	}
 	slots := map[target]int{}
-	key, keyText := t.entryKey(st, true)
+	key, keyText := t.entryKey(st, kind != KindProtoPortEndpoints)
 	for i := uint32(0); i < a.Value; i++ {
 		key.Index = i
 		e, found, err := t.lookup(a.Map, key, kind)

@@ -20,13 +20,34 @@ import (
 // backend. The gateway programs it as nftables map elements (vip, proto, port, slot) -> backend; the
 // kernel computes the slot with jhash (see gateway_ir.go).
 
-// DefaultMaglevSize is the gateway's table size: the number of slots, and so of map elements, per VIP
-// port. It must be prime (the permutations below then visit every slot). Maglev wants M well above
-// the number of backends N: the largest backend share exceeds the smallest by at most about N/M of
-// the table. 1021 keeps that under ~5% up to ~50 backends while one VIP port costs 1021 elements
-// (~1 ms of kernel time to add, measured in gateway_bench_test.go); the paper's 65537 would cost 64
-// times that for every VIP port, for a balance gain no gateway in front of a bare-metal cluster needs.
+// DefaultMaglevSize is the smallest table size: the number of slots, and so of map elements, per VIP
+// port (or, on a node, per Service entry with the maglev algorithm). It must be prime (the
+// permutations below then visit every slot).
 const DefaultMaglevSize = 1021
+
+// MaxMaglevSize caps the derived table size: 65,537 slots are the Maglev paper's table. Measured on
+// this kernel (6.18; one map loaded with nft -f in a fresh namespace, slab growth and system time):
+// an element costs ~95 bytes of kernel memory, so 1,021 slots ~0.15 MiB, 8,191 ~0.8 MiB and 65,537
+// ~5.9 MiB and 0.14 s of kernel time per VIP port. Beyond ~650 backends per VIP port the table
+// stays at this cap and the imbalance grows past 1% (N/M).
+const MaxMaglevSize = 65537
+
+// MaglevSizes are the table sizes MaglevSizeFor chooses from: primes about doubling, so that the
+// size (and with it every flow's slot) changes only when the number of backends doubles.
+var MaglevSizes = []int{DefaultMaglevSize, 2039, 4093, 8191, 16381, 32749, MaxMaglevSize}
+
+// MaglevSizeFor returns the table size for n backends: the smallest of MaglevSizes that is at least
+// 100·n (Maglev's M > 100·N, for which the slot shares of the backends differ by at most ~1%),
+// capped at MaxMaglevSize. It depends on n alone, so every gateway that sees the same backends
+// derives the same size and so the same table.
+func MaglevSizeFor(n int) int {
+	for _, m := range MaglevSizes {
+		if m >= 100*n {
+			return m
+		}
+	}
+	return MaxMaglevSize
+}
 
 // MaglevTable returns the Maglev lookup table of size m (a prime) for the named backends: entry i is
 // the index in names of the backend owning slot i. names must be distinct; their order does not

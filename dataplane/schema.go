@@ -225,6 +225,19 @@ func PickChain(m string, n int) string { return "pick-" + m + "-" + strconv.Itoa
 // MasqPickChain returns the shared chain that marks for masquerade and then picks.
 func MasqPickChain(m string, n int) string { return "masq-pick-" + m + "-" + strconv.Itoa(n) }
 
+// pickChainFor returns the shared picker of map m for a balancing algorithm: PickChain for random;
+// "pick-sh-<map>-<n>" for source-hash (jhash of the client address mod n); "pick-mg-<map>-<M>" for
+// maglev, n being the Maglev table size M.
+func pickChainFor(alg cluster.LBAlgorithm, m string, n int) string {
+	switch alg {
+	case cluster.LBSourceHash:
+		return "pick-sh-" + m + "-" + strconv.Itoa(n)
+	case cluster.LBMaglev:
+		return "pick-mg-" + m + "-" + strconv.Itoa(n)
+	}
+	return PickChain(m, n)
+}
+
 // SharedChain builds the shared chain called name, or returns nil if name is not a shared chain.
 func SharedChain(name string) *Chain {
 	masq := false
@@ -234,30 +247,45 @@ func SharedChain(name string) *Chain {
 	} else if rest, ok = strings.CutPrefix(name, "pick-"); !ok {
 		return nil
 	}
+	if masq {
+		if SharedChain("pick-"+rest) == nil {
+			return nil
+		}
+		return &Chain{Name: name, Rules: []Rule{
+			{Action: Action{Kind: ActJump, Chain: ChainMarkForMasquerade}},
+			{Action: Action{Kind: ActGoto, Chain: "pick-" + rest}},
+		}}
+	}
+	alg := cluster.LBRandom
+	if r, ok := strings.CutPrefix(rest, "sh-"); ok {
+		alg, rest = cluster.LBSourceHash, r
+	} else if r, ok := strings.CutPrefix(rest, "mg-"); ok {
+		alg, rest = cluster.LBMaglev, r
+	}
 	i := strings.LastIndexByte(rest, '-')
 	if i < 0 {
 		return nil
 	}
 	m, nStr := rest[:i], rest[i+1:]
 	n, err := strconv.Atoi(nStr)
-	if err != nil || n <= 0 {
+	if err != nil || n <= 0 || (alg == cluster.LBMaglev && !isPrime(n)) {
 		return nil
 	}
-	if masq {
-		return &Chain{Name: name, Rules: []Rule{
-			{Action: Action{Kind: ActJump, Chain: ChainMarkForMasquerade}},
-			{Action: Action{Kind: ActGoto, Chain: PickChain(m, n)}},
-		}}
-	}
-	var kind ActionKind
+	var tuple bool
 	switch m {
 	case MapEndpoints, MapEndpointsCluster:
-		kind = ActDNATTupleMap
+		tuple = true
 	case MapNodePortEndpoints, MapNodePortEndpointsCluster:
-		kind = ActDNATProtoPortMap
 	default:
 		return nil
 	}
+	// The random, source-hash and maglev pickers, for IP entries (tuple) and NodePorts.
+	kinds := map[cluster.LBAlgorithm][2]ActionKind{
+		cluster.LBRandom:     {ActDNATProtoPortMap, ActDNATTupleMap},
+		cluster.LBSourceHash: {ActDNATProtoPortSrcHashMap, ActDNATSrcHashMap},
+		cluster.LBMaglev:     {ActDNATProtoPortJhashMap, ActDNATJhashMap},
+	}
+	kind := kinds[alg][boolInt(tuple)]
 	return &Chain{Name: name, Rules: []Rule{{Action: Action{Kind: kind, Map: m, Value: uint32(n)}}}}
 }
 

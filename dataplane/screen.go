@@ -30,6 +30,10 @@ type Refusal struct {
 
 // String formats the refusal for a Rejection.
 func (r Refusal) String() string {
+	if !r.Addr.IsValid() {
+		// A refusal of a field, not of an address (e.g. a bad vipgate.io/lb-algorithm annotation).
+		return fmt.Sprintf("%s: %s", r.Field, r.Reason)
+	}
 	return fmt.Sprintf("%s %s is not programmed: %s", r.Field, r.Addr, r.Reason)
 }
 

@@ -482,7 +482,7 @@ func onPath(s dataplane.Step, branch string) bool {
 func masqueradeReason(steps []dataplane.Step, c dataplane.Candidate) string {
 	branch, by := candidateBranch(c)
 	for _, s := range steps {
-		if onPath(s, branch) && s.Chain == dataplane.ChainGatewayMasqPick {
+		if onPath(s, branch) && (s.Chain == dataplane.ChainGatewayMasqPick || s.Chain == dataplane.ChainGatewayMasqPickSH) {
 			return "the gateway masquerades this Service's traffic (snat: always, or auto with nodePort forwarding to an externalTrafficPolicy=Cluster Service), so replies come back through it"
 		}
 	}
@@ -652,7 +652,7 @@ func (r *ExplainReport) writeText(w io.Writer) {
 		case gatewayTrace(r.Steps):
 			fmt.Fprintf(w, "result:   DNAT to one of %d backends, chosen by a fixed hash of the flow (Maglev; the same on every gateway)\n", len(r.Candidates))
 		default:
-			fmt.Fprintf(w, "result:   DNAT to one of %d endpoints, chosen at random per connection\n", len(r.Candidates))
+			fmt.Fprintf(w, "result:   DNAT to one of %d endpoints, chosen per connection by the Service's balancing algorithm (random unless %s names another)\n", len(r.Candidates), cluster.LBAlgorithmAnnotation)
 		}
 		for _, c := range r.Candidates {
 			masq := "source kept"

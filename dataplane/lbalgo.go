@@ -1,0 +1,289 @@
+package dataplane
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/vipgate/vipgate/cluster"
+)
+
+// This file adds the per-Service balancing algorithms (annotation vipgate.io/lb-algorithm, see
+// docs/lb-algorithms.md) to the model's vocabulary, with their meaning in each consumer, the way
+// gateway_ir.go does for the gateway: the netlink encoding (encoder.algoAction), the nft text
+// (algoActionText) and the tracer (tracer.algoAct), reached from gateway_ir.go's dispatchers.
+//
+//	random       the shared picker `numgen random mod N` (ActDNATTupleMap), the default on nodes
+//	round-robin  a chain per Service port: `numgen inc mod (N-i) == 0 ... dnat to endpoint i`
+//	             (ActDNATRoundRobin), each rule with its own counter, so the cascade hands out the
+//	             endpoints strictly in turn; no set at all
+//	source-hash  the shared picker `jhash ip saddr mod N` (ActDNATSrcHashMap and its NodePort twin)
+//	maglev       the shared picker `jhash <flow> mod M` over a Maglev table of M slots per entry
+//	             (ActDNATJhashMap, ActDNATProtoPortJhashMap), the gateway's shape
+//
+// The flow hash is `ip saddr . th sport . ip daddr . th dport` for IPv4 and `ip6 saddr . th sport`
+// for IPv6: nft 1.0.6 runs out of registers for the IPv6 four-tuple next to the map key (its own
+// compiler aborts with "BUG: register reg_low 12 invalid", although the kernel's sixteen 4-byte
+// registers would hold it). The destination address and port are the map key already, so the
+// IPv6 hash only leaves out what is constant within one entry's table.
+
+// Action kinds of the balancing algorithms, after the gateway's 128 and 129.
+const (
+	// ActDNATProtoPortJhashMap: `dnat ip addr . port to meta l4proto . th dport . jhash <flow> mod
+	// Value seed GatewayHashSeed map @Map` (maglev on a NodePort).
+	ActDNATProtoPortJhashMap ActionKind = 130
+	// ActDNATSrcHashMap: `dnat ip addr . port to ip daddr . meta l4proto . th dport . jhash ip saddr
+	// mod Value seed GatewayHashSeed map @Map` (source-hash on an IP entry, and on a gateway).
+	ActDNATSrcHashMap ActionKind = 131
+	// ActDNATProtoPortSrcHashMap: the same keyed by (proto, dport), for NodePorts.
+	ActDNATProtoPortSrcHashMap ActionKind = 132
+	// ActDupSrcHashMap: ActDupJhashMap with the source-address hash (source-hash, forwarding: route).
+	ActDupSrcHashMap ActionKind = 133
+	// ActDNATRoundRobin: `numgen inc mod Value == 0 dnat ip to Addr:Port` (Value 0: unconditional).
+	// One step of a round-robin cascade.
+	ActDNATRoundRobin ActionKind = 134
+)
+
+// hashShape says which key and which hash input a jhash-map rule uses.
+type hashShape struct {
+	tuple bool // key daddr . l4proto . dport . slot (else l4proto . dport . slot)
+	flow  bool // hash the flow (else the source address only)
+}
+
+func algoShape(k ActionKind) (hashShape, bool) {
+	switch k {
+	case ActDNATJhashMap, ActDupJhashMap:
+		return hashShape{tuple: true, flow: true}, true
+	case ActDNATProtoPortJhashMap:
+		return hashShape{flow: true}, true
+	case ActDNATSrcHashMap, ActDupSrcHashMap:
+		return hashShape{tuple: true}, true
+	case ActDNATProtoPortSrcHashMap:
+		return hashShape{}, true
+	}
+	return hashShape{}, false
+}
+
+// jhashLookup loads the key (entry . slot), with the slot a jhash of the shape's input modulo
+// a.Value, and looks it up in a.Map, leaving the data in reg1. The layouts are the ones nft 1.0.6
+// generates for these statements (checked with `nft --debug=netlink`), so `nft list` prints them as
+// render does: the key from reg32, the hash result right after it, the hash input in the registers
+// nft picks for it.
+func (e *encoder) jhashLookup(a Action, sh hashShape) ([]expr.Any, error) {
+	if a.Value == 0 {
+		return nil, fmt.Errorf("jhash modulus 0")
+	}
+	l, err := e.mapLookup(a.Map, reg32, reg1)
+	if err != nil {
+		return nil, err
+	}
+	var xs []expr.Any
+	var result, in uint32
+	if sh.tuple {
+		key, next := e.tupleKey()
+		xs, result = key, next
+		in = reg32 + 8
+		if e.f == cluster.IPv6 {
+			in = reg32 + 11
+		}
+	} else {
+		xs, result, in = []expr.Any{loadL4Proto(reg32), loadDport(reg32 + 1)}, reg32+2, reg32+7
+	}
+	n := e.addrRegs()
+	xs = append(xs, e.loadSaddr(in))
+	length := 4 * n
+	if sh.flow {
+		xs = append(xs, loadSport(in+n))
+		length += 4
+		if e.f != cluster.IPv6 {
+			xs = append(xs, e.loadDaddr(in+n+1), loadDport(in+n+2))
+			length += 8
+		}
+	}
+	xs = append(xs, &expr.Hash{SourceRegister: in, DestRegister: result, Length: length, Modulus: a.Value, Seed: GatewayHashSeed, Type: expr.HashTypeJenkins})
+	return append(xs, l), nil
+}
+
+// algoAction encodes the algorithm kinds; ok is false for a kind that is not one of them.
+func (e *encoder) algoAction(a Action) (xs []expr.Any, ok bool, err error) {
+	switch a.Kind {
+	case ActDNATProtoPortJhashMap, ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap, ActDupSrcHashMap:
+		sh, _ := algoShape(a.Kind)
+		xs, err := e.jhashLookup(a, sh)
+		if err != nil {
+			return nil, true, err
+		}
+		if a.Kind == ActDupSrcHashMap {
+			return append(xs, &expr.Dup{RegAddr: reg1}, &expr.Verdict{Kind: expr.VerdictDrop}), true, nil
+		}
+		return append(xs, e.dnatFromMap()), true, nil
+	case ActDNATRoundRobin:
+		if !a.Addr.IsValid() || cluster.FamilyOf(a.Addr) != e.f {
+			return nil, true, fmt.Errorf("round-robin DNAT to %v in an IPv%d table", a.Addr, e.f)
+		}
+		if a.Value == 1 {
+			return nil, true, fmt.Errorf("round-robin step mod 1 (use 0 for the last endpoint)")
+		}
+		if a.Value > 1 {
+			xs = append(xs,
+				&expr.Numgen{Register: reg1, Modulus: a.Value, Type: unix.NFT_NG_INCREMENTAL},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: hostU32(0)})
+		}
+		return append(xs,
+			&expr.Immediate{Register: reg1, Data: addrBytes(a.Addr.Unmap())},
+			&expr.Immediate{Register: reg2, Data: []byte{byte(a.Port >> 8), byte(a.Port)}},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: e.natFamily(), RegAddrMin: reg1, RegProtoMin: reg2}), true, nil
+	}
+	return nil, false, nil
+}
+
+// flowHashText is the nft spelling of the flow hash input of family ip ("ip" or "ip6").
+func flowHashText(ip string) string {
+	if ip == "ip6" {
+		return "ip6 saddr . th sport"
+	}
+	return "ip saddr . th sport . ip daddr . th dport"
+}
+
+// jhashText is `jhash <input> mod M seed S` for shape sh.
+func jhashText(ip string, sh hashShape, m uint32) string {
+	in := ip + " saddr"
+	if sh.flow {
+		in = flowHashText(ip)
+	}
+	return fmt.Sprintf("jhash %s mod %d seed %#x", in, m, GatewayHashSeed)
+}
+
+// algoActionText spells the algorithm kinds; ok is false for a kind that is not one of them.
+func algoActionText(f *Flat, fam nftFamily, a Action) (string, bool, error) {
+	ip := fam.table
+	switch a.Kind {
+	case ActDNATJhashMap, ActDNATProtoPortJhashMap, ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap, ActDupJhashMap, ActDupSrcHashMap:
+		if a.Value == 0 {
+			return "", true, fmt.Errorf("jhash modulus 0")
+		}
+		sh, _ := algoShape(a.Kind)
+		key, kind := "meta l4proto . th dport", KindProtoPortEndpoints
+		if sh.tuple {
+			key, kind = ip+" daddr . meta l4proto . th dport", KindTupleEndpoints
+		}
+		if a.Kind == ActDupJhashMap || a.Kind == ActDupSrcHashMap {
+			return fmt.Sprintf("dup to %s . %s map @%s drop", key, jhashText(ip, sh, a.Value), a.Map), true, needSet(f, a.Map, KindTupleAddr)
+		}
+		return fmt.Sprintf("dnat %s addr . port to %s . %s map @%s", ip, key, jhashText(ip, sh, a.Value), a.Map), true, needSet(f, a.Map, kind)
+	case ActDNATRoundRobin:
+		addr, err := addrText(fam, a.Addr)
+		if err != nil {
+			return "", true, fmt.Errorf("round-robin DNAT: %w", err)
+		}
+		if ip == "ip6" {
+			addr = "[" + addr + "]"
+		}
+		turn := ""
+		switch {
+		case a.Value == 1:
+			return "", true, fmt.Errorf("round-robin step mod 1")
+		case a.Value > 1:
+			turn = fmt.Sprintf("numgen inc mod %d == 0 ", a.Value)
+		}
+		// The protocol match is nft's requirement for a port mapping (see ActAffinityDNAT).
+		return fmt.Sprintf("%smeta l4proto { tcp, udp, sctp } dnat %s to %s:%d", turn, ip, addr, a.Port), true, nil
+	}
+	return "", false, nil
+}
+
+// algoAct traces the algorithm kinds; ok is false for a kind that is not one of them.
+func (t *tracer) algoAct(st pstate, ch *Chain, idx int, r Rule, text, by string, done func(pstate, verdict, string)) (next pstate, cont, ok bool) {
+	a := r.Action
+	switch a.Kind {
+	case ActDNATProtoPortJhashMap:
+		if err := t.checkNAT(st, "dnat", HookPrerouting, HookOutput); err != nil {
+			t.fail("%s: %v", by, err)
+			return st, false, true
+		}
+		t.jhashBranches(st, ch, idx, text, a, KindProtoPortEndpoints, by, done, func(b pstate, ep netip.AddrPort, slots int) {
+			b.dst, b.port, b.dnat, b.dnatBy = ep.Addr(), ep.Port(), true, by
+			t.step(b, ch.Name, idx, text, fmt.Sprintf("match: DNAT to %s (%d of %d slots)", ep, slots, a.Value))
+			done(b, vAccept, by)
+		})
+		return st, false, true
+	case ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap, ActDupSrcHashMap:
+		route := a.Kind == ActDupSrcHashMap
+		if !route {
+			if err := t.checkNAT(st, "dnat", HookPrerouting, HookOutput); err != nil {
+				t.fail("%s: %v", by, err)
+				return st, false, true
+			}
+		}
+		if a.Value == 0 {
+			t.fail("%s: jhash modulus 0", by)
+			return st, false, true
+		}
+		// The client address is known, so the hash is computed: one branch, as in the kernel.
+		slot := SourceHashSlot(st.src, a.Value)
+		tuple := a.Kind != ActDNATProtoPortSrcHashMap
+		kind := KindProtoPortEndpoints
+		switch {
+		case route:
+			kind = KindTupleAddr
+		case tuple:
+			kind = KindTupleEndpoints
+		}
+		key, keyText := t.entryKey(st, tuple)
+		key.Index = slot
+		e, found, err := t.lookup(a.Map, key, kind)
+		if err != nil {
+			t.fail("%s: %v", by, err)
+			return st, false, true
+		}
+		if !found {
+			t.step(st, ch.Name, idx, text, fmt.Sprintf("no match: %s . %d (jhash of %s) not in @%s", keyText, slot, st.src, a.Map))
+			return st, true, true
+		}
+		ep := netip.AddrPortFrom(e.DataAddr.Unmap(), e.DataPort)
+		if route {
+			t.step(st, ch.Name, idx, text, fmt.Sprintf("match: client %s hashes to slot %d of %d: sent unchanged to next hop %s; the original is dropped", st.src, slot, a.Value, ep.Addr()))
+			t.finals = append(t.finals, final{outcome: OutcomeRoute,
+				cand: Candidate{Endpoint: netip.AddrPortFrom(ep.Addr(), st.port), Why: st.branch}, by: "routed by " + by})
+			return st, false, true
+		}
+		st.dst, st.port, st.dnat, st.dnatBy = ep.Addr(), ep.Port(), true, by
+		t.step(st, ch.Name, idx, text, fmt.Sprintf("match: client %s hashes to %d of %d: DNAT to %s", st.src, slot, a.Value, ep))
+		done(st, vAccept, by)
+		return st, false, true
+	case ActDNATRoundRobin:
+		if err := t.checkNAT(st, "dnat", HookPrerouting, HookOutput); err != nil {
+			t.fail("%s: %v", by, err)
+			return st, false, true
+		}
+		if !a.Addr.IsValid() || a.Value == 1 {
+			t.fail("%s: bad round-robin step %+v", by, a)
+			return st, false, true
+		}
+		dnat := func(b pstate, note string) {
+			b.dst, b.port, b.dnat, b.dnatBy = a.Addr.Unmap(), a.Port, true, by
+			t.step(b, ch.Name, idx, text, fmt.Sprintf("%s: DNAT to %s", note, netip.AddrPortFrom(b.dst, b.port)))
+			done(b, vAccept, by)
+		}
+		if a.Value == 0 {
+			dnat(st, "match (last in turn)")
+			return st, false, true
+		}
+		// The counter is kernel state: its turn both comes and does not.
+		label := fmt.Sprintf("%s#%d", ch.Name, idx)
+		dnat(st.fork(label+" its turn"), fmt.Sprintf("match: every %d-th new connection reaching this rule", a.Value))
+		notTaken := st.fork(label + " not its turn")
+		t.step(notTaken, ch.Name, idx, text, "no match: not this endpoint's turn")
+		return notTaken, true, true
+	}
+	return st, false, false
+}
+
+// SourceHashSlot returns the slot the kernel's `jhash ip saddr mod m seed GatewayHashSeed` computes
+// for a client address (the source-hash algorithm).
+func SourceHashSlot(src netip.Addr, m uint32) uint32 {
+	h := jhash(src.Unmap().AsSlice(), GatewayHashSeed)
+	return uint32((uint64(h) * uint64(m)) >> 32)
+}
