@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -58,10 +59,13 @@ const EventReasonRejected = "Rejected"
 // 10-15 s outage, typically 5-25 s. kube-proxy behaves the same; the backoff is what keeps thousands
 // of nodes from hitting a recovering API server at once.
 //
+// With WatchSpeakerPods it also lists the node agent's own pods (State.SpeakerNodes).
+//
 // RBAC the node agent needs: get, list and watch on services, nodes, endpointslices
 // (discovery.k8s.io) and, if MetalLB's CRDs are installed, on ipaddresspools, l2advertisements,
 // bgpadvertisements, communities, bfdprofiles and bgppeers (metallb.io); create and patch on events
-// (core); and access to the discovery endpoints (granted to every authenticated user by default).
+// (core); list and watch on secrets and pods in its own namespace (Roles there); and access to the
+// discovery endpoints (granted to every authenticated user by default).
 type KubeSource struct {
 	cfg      *rest.Config
 	nodeName string
@@ -71,6 +75,9 @@ type KubeSource struct {
 	// secretsNamespace, when set, is where the BGP password Secrets (BGPPeer passwordSecret) are
 	// read from: the node agent's own namespace, the only one its RBAC lets it read Secrets in.
 	secretsNamespace string
+	// podsNamespace and podsSelector, when set, are where and which node agent pods are watched
+	// (WatchSpeakerPods): State.SpeakerNodes.
+	podsNamespace, podsSelector string
 
 	recMu    sync.Mutex
 	recorder record.EventRecorder
@@ -199,6 +206,18 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 		synced = append(synced, secretInf.HasSynced)
 		listSecrets = func() []*corev1.Secret { return listAll[*corev1.Secret](secretInf) }
 	}
+	listSpeakerNodes := func() map[string]bool { return nil }
+	if ns := k.podsNamespace; ns != "" {
+		// Only the node agent's pods, only in its own namespace: which nodes run a speaker.
+		podInf := newSpeakerPodInformer(client, ns, k.podsSelector)
+		if _, err := podInf.AddEventHandler(handler); err != nil {
+			return fmt.Errorf("adding informer event handler: %w", err)
+		}
+		secretsWG.Add(1)
+		go func() { defer secretsWG.Done(); podInf.Run(ctx.Done()) }()
+		synced = append(synced, podInf.HasSynced)
+		listSpeakerNodes = func() map[string]bool { return SpeakerNodes(listAll[*corev1.Pod](podInf)) }
+	}
 	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
 	var wg sync.WaitGroup
 	defer func() {
@@ -247,13 +266,15 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 	b := newKubeBuilder(k.logger, recorder)
 	b.proxyFilter = k.proxyFilter
 	snapshot := func() *State {
-		return b.build(kubeObjects{
+		st := b.build(kubeObjects{
 			services: listAll[*corev1.Service](svcInf.Informer()),
 			slices:   listAll[*discoveryv1.EndpointSlice](sliceInf.Informer()),
 			nodes:    listAll[*corev1.Node](nodeInf.Informer()),
 			metallb:  mlb.list(),
 			secrets:  listSecrets(),
 		})
+		st.SpeakerNodes = listSpeakerNodes()
+		return st
 	}
 	last := snapshot()
 	onChange(last)
@@ -280,7 +301,7 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 		case <-debounceC:
 			debounceC = nil
 			st := snapshot()
-			if !sameState(last, st) {
+			if !sameState(last, st) || !maps.Equal(last.SpeakerNodes, st.SpeakerNodes) {
 				last = st
 				onChange(st)
 			}

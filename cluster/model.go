@@ -225,4 +225,8 @@ type State struct {
 	Rejected []Rejection
 	// Pools, advertisements and peers (MetalLB kinds) are added by the allocator and speaker issues.
 	MetalLB *MetalLBConfig
+	// SpeakerNodes are the nodes a vipgate node agent pod is scheduled on (KubeSource with
+	// WatchSpeakerPods): the L2 speakers' members. nil when not known (the file source, or no pod
+	// watch): then every Node, or speaker.members, is a member.
+	SpeakerNodes map[string]bool
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -28,6 +29,10 @@ type SpeakerConfig struct {
 	// Insecure runs the membership without a key (labs only: anyone on the LAN can steer it).
 	// Without a key and without Insecure, L2 announcements are refused.
 	Insecure bool
+	// PodSelector is the label selector of vipgate's node agent pods in its own namespace
+	// (POD_NAMESPACE), with the Kubernetes source and no Members: a node is a member while such a
+	// pod is scheduled on it. "": DefaultSpeakerPodSelector.
+	PodSelector string
 }
 
 // SpeakerMember is one entry of SpeakerConfig.Members.
@@ -44,6 +49,7 @@ type speakerConfigFile struct {
 	DeadAfter         string              `json:"deadAfter"`
 	MemberKeyFile     string              `json:"memberKeyFile"`
 	Insecure          bool                `json:"insecure"`
+	PodSelector       string              `json:"podSelector"`
 }
 
 type speakerMemberFile struct {
@@ -58,7 +64,7 @@ func parseSpeakerConfig(f *speakerConfigFile) (SpeakerConfig, error) {
 		return c, nil
 	}
 	c.MemberPort = f.MemberPort
-	c.MemberKeyFile, c.Insecure = f.MemberKeyFile, f.Insecure
+	c.MemberKeyFile, c.Insecure, c.PodSelector = f.MemberKeyFile, f.Insecure, f.PodSelector
 	var err error
 	for _, d := range []struct {
 		field string
@@ -101,6 +107,15 @@ func (c *SpeakerConfig) validate(nodeName string) error {
 	// Fewer than two heartbeats per DeadAfter would declare a member dead on one lost datagram.
 	if dead < 2*hb || dead > time.Minute {
 		return fmt.Errorf("speaker.deadAfter: %v must be at least twice heartbeatInterval (%v) and at most 1m", dead, hb)
+	}
+	if c.PodSelector != "" {
+		sel, err := labels.Parse(c.PodSelector)
+		if err != nil {
+			return fmt.Errorf("speaker.podSelector: %q is not a label selector: %w", c.PodSelector, err)
+		}
+		if sel.Empty() {
+			return fmt.Errorf("speaker.podSelector: %q selects every pod of the namespace; give the node agent's labels (default %s)", c.PodSelector, DefaultSpeakerPodSelector)
+		}
 	}
 	seen := map[string]bool{}
 	addrs := map[netip.Addr]string{}

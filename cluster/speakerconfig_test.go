@@ -17,6 +17,7 @@ func TestNodeConfigSpeaker(t *testing.T) {
   heartbeatInterval: 50ms
   deadAfter: 200ms
   memberKeyFile: /etc/vipgate/memberlist/key
+  podSelector: app=vipgate-node,tier in (edge)
   members:
   - {name: n1, address: 192.0.2.11}
   - {name: n2, address: "2001:db8:1::12"}
@@ -25,8 +26,8 @@ func TestNodeConfigSpeaker(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := SpeakerConfig{MemberPort: 7000, HeartbeatInterval: 50 * time.Millisecond, DeadAfter: 200 * time.Millisecond,
-		MemberKeyFile: "/etc/vipgate/memberlist/key",
-		Members:       []SpeakerMember{{"n1", netip.MustParseAddr("192.0.2.11")}, {"n2", netip.MustParseAddr("2001:db8:1::12")}}}
+		MemberKeyFile: "/etc/vipgate/memberlist/key", PodSelector: "app=vipgate-node,tier in (edge)",
+		Members: []SpeakerMember{{"n1", netip.MustParseAddr("192.0.2.11")}, {"n2", netip.MustParseAddr("2001:db8:1::12")}}}
 	if diff := cmp.Diff(want, c.Speaker, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 		t.Errorf("speaker (-want +got):\n%s", diff)
 	}
@@ -37,6 +38,8 @@ func TestNodeConfigSpeaker(t *testing.T) {
 		{"speaker: {memberport: 1}", "unknown field"},
 		{"speaker: {insecure: maybe}", "insecure"},
 		{"speaker: {memberPort: 70000}", "speaker.memberPort"},
+		{"speaker: {podSelector: \"app in (\"}", "speaker.podSelector"},
+		{"speaker: {podSelector: \" \"}", "speaker.podSelector"},
 		{"speaker: {heartbeatInterval: fast}", "speaker.heartbeatInterval"},
 		{"speaker: {heartbeatInterval: 1ms}", "speaker.heartbeatInterval"},
 		{"speaker: {heartbeatInterval: 100ms, deadAfter: 150ms}", "speaker.deadAfter"},

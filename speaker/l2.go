@@ -1,9 +1,8 @@
 package speaker
 
 import (
-	"bytes"
-	"crypto/sha256"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -29,6 +28,16 @@ type L2Input struct {
 	// DefaultInterface is used when Links is nil and an L2Advertisement names no interfaces.
 	DefaultInterface string
 	State            *cluster.State
+	// Segments are the L2 segments of State (L2Segments) and SegmentViews the membership's view of
+	// those that hold Self (Members.SegmentViews). With Segments set, an IP's candidates are the
+	// candidates of its pool's segment and Live is not used; an IP whose segment does not hold Self
+	// gets no owner here (the segment's members decide it among themselves). Without: Live, one
+	// membership for every IP.
+	Segments     []L2Segment
+	SegmentViews map[uint64]View
+	// Owners, if set, keeps the owners between calls so that a membership change does not hash
+	// every candidate for every IP again (OwnerCache); the owners are the same with or without it.
+	Owners *OwnerCache
 }
 
 // Link is one interface of this host and its addresses (with prefix lengths).
@@ -83,6 +92,12 @@ func DecideL2(in L2Input) (owned map[netip.Addr][]string, decisions []VIPDecisio
 		}
 	}
 	slices.Sort(members)
+	owners := in.Owners
+	if owners == nil {
+		owners = NewOwnerCache()
+	}
+	owners.begin()
+	defer owners.end()
 
 	// Group by IP first: the owner is a property of the IP, not of each Service.
 	type user struct {
@@ -107,6 +122,53 @@ func DecideL2(in L2Input) (owned map[netip.Addr][]string, decisions []VIPDecisio
 	var ads []*metallbv1beta1.L2Advertisement
 	if st.MetalLB != nil {
 		pools, ads = st.MetalLB.IPAddressPools, st.MetalLB.L2Advertisements
+	}
+
+	// The candidates of each pool, computed once per call (not once per IP): the Live members, or
+	// the candidates of the pool's segment, that an advertisement selects; never a witness.
+	poolSeg := map[string]*L2Segment{}
+	for i := range in.Segments {
+		for _, p := range in.Segments[i].Pools {
+			poolSeg[p] = &in.Segments[i]
+		}
+	}
+	sels := newSelectorCache()
+	type candSet struct {
+		key       string
+		cands     map[string]bool
+		notMember string
+		owners    *ownerSet // brought up to date once per call, on first use
+	}
+	byPool := map[*metallbv1beta1.IPAddressPool]*candSet{}
+	poolCands := func(pool *metallbv1beta1.IPAddressPool, poolAds []*metallbv1beta1.L2Advertisement) *candSet {
+		if c := byPool[pool]; c != nil {
+			return c
+		}
+		c := &candSet{key: pool.Namespace + "/" + pool.Name, cands: map[string]bool{}}
+		byPool[pool] = c
+		if in.Segments == nil {
+			for _, n := range members {
+				if l := nodeLabels(st, n); sels.eligible(poolAds, l) && !isWitness(l) {
+					c.cands[n] = true
+				}
+			}
+			return c
+		}
+		g := poolSeg[c.key]
+		if g == nil {
+			return c // no speaker can announce it: "no live eligible node"
+		}
+		v, ok := in.SegmentViews[g.Key]
+		if !ok {
+			c.notMember = fmt.Sprintf("this node is not in the IP's L2 segment (%d speakers); they decide its owner", len(g.Members))
+			return c
+		}
+		for n := range v.Candidates {
+			if _, member := slices.BinarySearch(g.Members, n); member && !isWitness(nodeLabels(st, n)) {
+				c.cands[n] = true
+			}
+		}
+		return c
 	}
 
 	for _, ip := range ips {
@@ -136,19 +198,28 @@ func DecideL2(in L2Input) (owned map[netip.Addr][]string, decisions []VIPDecisio
 			emit()
 			continue
 		}
-		candidates := map[string]bool{}
-		serving := false
+		pc := poolCands(pool, poolAds)
+		if pc.notMember != "" {
+			d.Reason = pc.notMember
+			emit()
+			continue
+		}
+		var candidates map[string]bool
+		serving, anyLocal := false, false
 		for _, u := range us {
 			local := readyNodes(u.eps)
 			serving = serving || len(local) > 0 || anyServing(u.eps)
-			for _, n := range members {
-				if !nodeEligible(poolAds, nodeLabels(st, n)) {
-					continue
+			if !u.svc.ExternalPolicyLocal {
+				continue
+			}
+			anyLocal = true
+			if candidates == nil {
+				candidates = map[string]bool{}
+			}
+			for n := range local {
+				if pc.cands[n] {
+					candidates[n] = true
 				}
-				if u.svc.ExternalPolicyLocal && !local[n] {
-					continue
-				}
-				candidates[n] = true
 			}
 		}
 		if !serving {
@@ -156,7 +227,24 @@ func DecideL2(in L2Input) (owned map[netip.Addr][]string, decisions []VIPDecisio
 			emit()
 			continue
 		}
-		d.Owner = rendezvousOwner(candidates, ip)
+		if !anyLocal {
+			// The pool's candidates as they are: the cache keeps their owners between calls.
+			if pc.owners == nil {
+				pc.owners = owners.set(pc.key, pc.cands)
+			}
+			d.Owner = pc.owners.owner(ip, owners.gen)
+		} else {
+			if len(us) > 1 {
+				// Shared with an eTP=Cluster Service: every candidate of the pool.
+				for _, u := range us {
+					if !u.svc.ExternalPolicyLocal {
+						maps.Copy(candidates, pc.cands)
+						break
+					}
+				}
+			}
+			d.Owner = rendezvousOwner(candidates, ip)
+		}
 		switch {
 		case d.Owner == "":
 			d.Reason = "no live eligible node"
@@ -177,17 +265,17 @@ func DecideL2(in L2Input) (owned map[netip.Addr][]string, decisions []VIPDecisio
 
 // rendezvousOwner returns the candidate with the lowest sha256(node "#" ip), "" if there is none:
 // MetalLB sorts the nodes by that hash and takes the first, so a single-stack Service gets the same
-// node under vipgate as under MetalLB.
+// node under vipgate as under MetalLB. (OwnerCache keeps the result between calls.)
 func rendezvousOwner(candidates map[string]bool, ip netip.Addr) string {
-	var best string
-	var bestHash [32]byte
-	for n := range candidates {
-		h := sha256.Sum256([]byte(n + "#" + ip.String()))
-		if c := bytes.Compare(h[:], bestHash[:]); best == "" || c < 0 || (c == 0 && n < best) {
-			best, bestHash = n, h
-		}
-	}
+	best, _ := rendezvous(candidates, ip.String())
 	return best
+}
+
+// isWitness reports whether a node's labels make it a witness (WitnessLabel): it votes, never
+// announces.
+func isWitness(labels map[string]string) bool {
+	_, ok := labels[WitnessLabel]
+	return ok
 }
 
 // canServe is MetalLB's EndpointCanServe: ready, or serving (a terminating endpoint still serving).
@@ -225,18 +313,6 @@ func nodeLabels(st *cluster.State, name string) map[string]string {
 		return n.Labels
 	}
 	return map[string]string{"kubernetes.io/hostname": name}
-}
-
-func nodeEligible(ads []*metallbv1beta1.L2Advertisement, labels map[string]string) bool {
-	if _, excluded := labels[ExcludeFromLBLabel]; excluded {
-		return false
-	}
-	for _, ad := range ads {
-		if selects(ad.Spec.NodeSelectors, labels) {
-			return true
-		}
-	}
-	return false
 }
 
 // interfacesFor chooses where Self announces ip: the union of the interfaces the advertisements

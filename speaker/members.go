@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,9 +20,13 @@ import (
 // second, and safe against split brain and against forged heartbeats. README.md explains the
 // design; in short:
 //
-//   - Every member sends a small UDP heartbeat to every other member every HeartbeatInterval (100 ms)
-//     and counts a member as silent after DeadAfter (400 ms) without one. It takes a silent member's
-//     VIPs over one heartbeat interval (and two 25 ms ticks) later than that (takeoverAfter), because
+//   - Members are grouped into L2 segments (segments.go: the speakers that can announce a pool's
+//     VIPs); everything below holds per segment, over one socket: liveness is per peer, readiness,
+//     heard sets and candidates per segment, and a heartbeat carries its segment's digest.
+//   - Every member sends a small UDP heartbeat to every other member of its segments every
+//     HeartbeatInterval (100 ms) and counts a member as silent after DeadAfter (400 ms) without
+//     one. It takes a silent member's VIPs over one heartbeat interval (and two 25 ms ticks) later
+//     than that (takeoverAfter), because
 //     the silent member, if alive but cut off, stops answering DeadAfter after the last heartbeat it
 //     heard, which may be up to one interval later.
 //   - Heartbeats are authenticated (HMAC-SHA256 with a key the members share, bound to the
@@ -30,8 +35,8 @@ import (
 //     (after the receiver restarted) does not echo its current incarnation. Rejected datagrams are
 //     counted and never evaluated (members_wire.go).
 //   - A member is *ready* (may announce) only while it has desired state to act on, hears a strict
-//     majority of the member list, itself included, and has been running for DeadAfter (so that at
-//     start-up it first hears everyone instead of believing it is alone). Its heartbeats carry that
+//     majority of the segment's members, itself included, and has been running for DeadAfter (so
+//     that at start-up it first hears everyone instead of believing it is alone). Its heartbeats carry that
 //     flag, and a member sends one at once when the flag changes, so its peers hand over or take back
 //     its VIPs within a network round trip instead of a timeout.
 //   - Heartbeats also carry the ready members the sender hears (a bitmap over the sorted member
@@ -71,24 +76,28 @@ type Members struct {
 	mu sync.Mutex
 	// keys verify heartbeats; keys[0] signs them. {nil} when insecure.
 	keys [][]byte
-	// counter is the last counter sent.
+	// counter is the last counter sent (one per datagram body: a peer sharing two segments with us
+	// gets two datagrams per round, with growing counters).
 	counter uint64
 	// since is when the member list first became non-empty (start-up grace, see ready).
 	since time.Time
 	// settled is set once the start-up grace is over.
 	settled bool
-	// byName are the other members; sorted is every member, self included, sorted by name: heard
-	// bitmaps index it, and digest identifies it.
-	byName  map[string]*peer
-	peers   []*peer
-	sorted  []string
-	selfIdx int
-	digest  uint64
-	// heardBy[i] counts the vouched peers whose heard set holds member i; alive counts the peers
-	// heard within DeadAfter. Both are kept up to date on every change, so evaluation is O(members).
-	heardBy []int32
-	alive   int
-	// dirty says the view must be recomputed.
+	// lastTick is when Run last evaluated on its ticker; graceUntil holds expiry back after this
+	// process itself stalled (see stalled).
+	lastTick, graceUntil time.Time
+	// byName and peers are the other members of the segments this one belongs to (peers sorted by
+	// name). Liveness (alive, vouched, counters) is per peer, whatever segment its datagram was for.
+	byName map[string]*peer
+	peers  []*peer
+	// segs are the L2 segments this member belongs to (segments.go), sorted by key. Readiness,
+	// heard sets and candidates are per segment. Without SetSegments there is one segment: every
+	// member given to SetPeers (the behaviour before segments).
+	segs     []*segment
+	explicit bool
+	// alive counts the peers heard within DeadAfter.
+	alive int
+	// dirty says some view must be recomputed (the segments' own dirty flags say which).
 	dirty bool
 	// forgotten keeps the highest counter of members that left the list: if one comes back, its
 	// heartbeats captured before it left are still replays.
@@ -97,9 +106,8 @@ type Members struct {
 	// others it is not ready, so they keep its VIPs instead of handing them to a host that would not
 	// answer yet (a restarted node whose first sync is slow).
 	willing bool
-	// The last evaluated view, to notice changes, and the bitmap of the ready members we vouch for.
+	// view aggregates the segments' views (what View and the metrics show).
 	view     View
-	hears    bitmap
 	onChange func()
 	// sendNow asks Run to send a heartbeat at once (our ready flag changed).
 	sendNow chan struct{}
@@ -109,21 +117,49 @@ type Members struct {
 	lastSendErr time.Time
 }
 
+// segment is one L2 membership this member belongs to: its own member list (self included), its
+// majority, heard sets and candidates. Heartbeats for it carry its digest.
+type segment struct {
+	key     uint64
+	sorted  []string
+	selfIdx int
+	// members are the other members, in the order of sorted.
+	members []*segMember
+	// heardBy[i] counts the vouched members whose heard set holds member i; alive counts the
+	// members heard within DeadAfter. Both are kept up to date on every change, so evaluation is
+	// O(members of the segment).
+	heardBy []int32
+	alive   int
+	dirty   bool
+	// The last evaluated view, and the bitmap of the ready members we vouch for (what our
+	// heartbeats for this segment carry).
+	view  View
+	hears bitmap
+}
+
+// segMember is a peer as a member of one segment: what it said about itself and others there.
+type segMember struct {
+	p     *peer
+	seg   *segment
+	idx   int
+	ready bool
+	// heard is the set of members it vouches for in this segment, in its index space (nil: unknown).
+	heard bitmap
+}
+
 // peer is what this member knows of another.
 type peer struct {
 	name  string
-	idx   int
 	addrs []netip.Addr
 	dst   netip.AddrPort
 	// lastSeen is when its last accepted heartbeat arrived (zero: never); highest is the highest
 	// counter it sent with a valid MAC (what we echo to it, and the floor for replays).
 	lastSeen time.Time
 	highest  uint64
-	ready    bool
-	// heard is the set of members it vouches for, in our index space (nil: unknown).
-	heard bitmap
 	// alive: heard within DeadAfter; vouched: within takeoverAfter (as of the last tick or datagram).
 	alive, vouched bool
+	// in are its memberships of the segments we share with it.
+	in []*segMember
 }
 
 // packetConn is the datagram socket (a *net.UDPConn; a simulated transport in tests).
@@ -234,12 +270,11 @@ func newMembers(log hclog.Logger, self string, opts MemberOptions, conn packetCo
 			Help: "Membership heartbeats accepted (authenticated, fresh, from a member's address)."}),
 		sendErrs: prometheus.NewCounter(prometheus.CounterOpts{Name: "vipgate_speaker_heartbeat_send_errors_total",
 			Help: "Heartbeats that could not be built (larger than the datagram bound): an error, never a cut."}),
-		byName: map[string]*peer{}, forgotten: map[string]uint64{}, sorted: []string{self}, sendNow: make(chan struct{}, 1),
+		byName: map[string]*peer{}, forgotten: map[string]uint64{}, sendNow: make(chan struct{}, 1),
 		lastLog: map[dropReason]time.Time{}, suppressed: map[dropReason]int{},
 		view: View{Candidates: map[string]bool{}, Total: 1, Heard: 1}}
 	m.counter = m.boot
-	m.heardBy = make([]int32, 1)
-	m.digest = memberDigest(m.sorted)
+	m.segs = []*segment{newSegment([]string{self}, self)}
 	for _, r := range allDropReasons {
 		m.rejected[r] = rejVec.WithLabelValues(string(r))
 	}
@@ -280,40 +315,100 @@ func (m *Members) SetKeys(keys [][]byte) error {
 	return nil
 }
 
-// SetPeers replaces the member list (name -> addresses; self may be included, it is ignored).
-// Members that are no longer listed are forgotten at once. An unchanged list costs O(members).
+// SetPeers replaces the member list (name -> addresses; self may be included, it is ignored) and
+// makes it one segment: every member votes in one majority. Members that are no longer listed are
+// forgotten at once. An unchanged list costs O(members).
 func (m *Members) SetPeers(peers map[string][]netip.Addr) {
 	now := time.Now()
 	m.mu.Lock()
-	changed := m.setPeersLocked(peers, now)
+	changed := m.setMembershipLocked(peers, nil, false, now)
 	m.mu.Unlock()
 	if changed {
 		m.evaluate(now)
 	}
 }
 
-func (m *Members) setPeersLocked(peers map[string][]netip.Addr, now time.Time) bool {
-	next := map[string][]netip.Addr{}
-	for n, addrs := range peers {
+// SetSegments replaces the member list and the L2 segments (each a list of member names, see
+// L2Segments). Only the segments holding this member count: it sends heartbeats to their members
+// only, and is ready (per segment) when it hears a strict majority of a segment. Members in no
+// segment shared with this one are not tracked; with no segment at all, nothing is sent. A segment
+// member without an address counts in its segment's majority but can never be heard.
+func (m *Members) SetSegments(peers map[string][]netip.Addr, segments [][]string) {
+	now := time.Now()
+	m.mu.Lock()
+	changed := m.setMembershipLocked(peers, segments, true, now)
+	m.mu.Unlock()
+	if changed {
+		m.evaluate(now)
+	}
+}
+
+// newSegment makes an empty segment of the given members (self must be one of them).
+func newSegment(members []string, self string) *segment {
+	sorted := slices.Clone(members)
+	slices.Sort(sorted)
+	sorted = slices.Compact(sorted)
+	g := &segment{key: memberDigest(sorted), sorted: sorted, heardBy: make([]int32, len(sorted)), dirty: true,
+		view: View{Candidates: map[string]bool{}, Total: len(sorted), Heard: 1}}
+	g.selfIdx, _ = slices.BinarySearch(sorted, self)
+	return g
+}
+
+func (m *Members) setMembershipLocked(peers map[string][]netip.Addr, segLists [][]string, explicit bool, now time.Time) bool {
+	addrs := map[string][]netip.Addr{}
+	for n, as := range peers {
 		if n == m.self {
 			continue
 		}
 		var valid []netip.Addr
-		for _, a := range addrs {
+		for _, a := range as {
 			if a.IsValid() {
 				valid = append(valid, a.Unmap())
 			}
 		}
 		if len(valid) > 0 {
-			next[n] = valid
+			addrs[n] = valid
+		}
+	}
+	// The segments that hold self; without explicit segments, one of everyone with an address.
+	var lists [][]string
+	if !explicit {
+		all := []string{m.self}
+		for n := range addrs {
+			all = append(all, n)
+		}
+		lists = [][]string{all}
+	} else {
+		for _, l := range segLists {
+			if slices.Contains(l, m.self) {
+				lists = append(lists, l)
+			}
+		}
+	}
+	next := make([]*segment, 0, len(lists))
+	for _, l := range lists {
+		next = append(next, newSegment(l, m.self))
+	}
+	slices.SortFunc(next, func(a, b *segment) int { return cmp.Compare(a.key, b.key) })
+	next = slices.CompactFunc(next, func(a, b *segment) bool { return a.key == b.key })
+	// The peers: every other member of those segments (with an address, or it cannot be reached).
+	want := map[string][]netip.Addr{}
+	for _, g := range next {
+		for _, n := range g.sorted {
+			if n != m.self && addrs[n] != nil {
+				want[n] = addrs[n]
+			}
 		}
 	}
 	if m.since.IsZero() {
 		m.since = now
 	}
-	same := len(next) == len(m.byName)
-	for n, addrs := range next {
-		if p, ok := m.byName[n]; !same || !ok || !slices.Equal(p.addrs, addrs) {
+	same := explicit == m.explicit && len(next) == len(m.segs) && len(want) == len(m.byName)
+	for i := 0; same && i < len(next); i++ {
+		same = next[i].key == m.segs[i].key
+	}
+	for n, as := range want {
+		if p, ok := m.byName[n]; !same || !ok || !slices.Equal(p.addrs, as) {
 			same = false
 			break
 		}
@@ -321,76 +416,111 @@ func (m *Members) setPeersLocked(peers map[string][]netip.Addr, now time.Time) b
 	if same {
 		return false
 	}
-	if len(next)+1 > MaxMembers {
-		m.log.Error("more members than a heartbeat can describe: heartbeats will not be sent", "members", len(next)+1, "max", MaxMembers)
-	}
-	oldSorted := m.sorted
-	sorted := make([]string, 0, len(next)+1)
-	sorted = append(sorted, m.self)
-	for n := range next {
-		sorted = append(sorted, n)
-	}
-	slices.Sort(sorted)
-	index := make(map[string]int, len(sorted))
-	for i, n := range sorted {
-		index[n] = i
+	m.explicit = explicit
+	for _, g := range next {
+		if len(g.sorted) > MaxMembers {
+			m.log.Error("more members in an L2 segment than a heartbeat can describe: heartbeats for it will not be sent",
+				"members", len(g.sorted), "max", MaxMembers)
+		}
 	}
 	for n, p := range m.byName {
-		if _, ok := next[n]; !ok {
+		if _, ok := want[n]; !ok {
 			m.forgotten[n] = p.highest
 		}
 	}
-	byName := make(map[string]*peer, len(next))
-	list := make([]*peer, 0, len(next))
-	m.alive = 0
-	for _, n := range sorted {
-		if n == m.self {
-			continue
-		}
+	byName := make(map[string]*peer, len(want))
+	list := make([]*peer, 0, len(want))
+	for n, as := range want {
 		p := m.byName[n]
 		if p == nil {
 			p = &peer{name: n, highest: m.forgotten[n]}
 			delete(m.forgotten, n)
 		}
-		p.idx = index[n]
-		p.addrs = next[n]
-		p.dst = netip.AddrPortFrom(p.addrs[0], uint16(m.port))
-		// Carry what it vouched for over into the new index space (a changed list must not make
-		// the relayed candidates vanish until everyone has sent again).
-		if p.heard != nil {
-			nh := newBitmap(len(sorted))
-			p.heard.forEach(func(i int) {
-				if i < len(oldSorted) {
-					if j, ok := index[oldSorted[i]]; ok {
-						nh.set(j)
-					}
-				}
-			})
-			p.heard = nh
-		}
-		if p.alive {
-			m.alive++
-		}
+		p.addrs = as
+		p.dst = netip.AddrPortFrom(as[0], uint16(m.port))
 		byName[n] = p
 		list = append(list, p)
 	}
-	m.byName, m.peers, m.sorted, m.selfIdx = byName, list, sorted, index[m.self]
-	m.digest = memberDigest(sorted)
-	m.heardBy = make([]int32, len(sorted))
+	slices.SortFunc(list, func(a, b *peer) int { return strings.Compare(a.name, b.name) })
+	// What a peer said in the old segments is carried over to the new ones (a changed list must not
+	// make its readiness or the relayed candidates vanish until everyone has sent again): from the
+	// old segment with the same key, else the one of its old segments that overlaps most.
+	overlap := func(a, b *segment) int {
+		n := 0
+		for _, x := range a.sorted {
+			if _, ok := slices.BinarySearch(b.sorted, x); ok {
+				n++
+			}
+		}
+		return n
+	}
+	old := map[*peer][]*segMember{}
 	for _, p := range list {
-		if p.vouched {
-			m.addHeard(p, 1)
+		old[p], p.in = p.in, nil
+	}
+	m.alive = 0
+	for _, p := range list {
+		if p.alive {
+			m.alive++
 		}
 	}
+	for _, g := range next {
+		index := make(map[string]int, len(g.sorted))
+		for i, n := range g.sorted {
+			index[n] = i
+		}
+		for i, n := range g.sorted {
+			p := byName[n]
+			if p == nil {
+				continue
+			}
+			sm := &segMember{p: p, seg: g, idx: i}
+			var from *segMember
+			best := -1
+			for _, o := range old[p] {
+				if o.seg.key == g.key {
+					from = o
+					break
+				}
+				if ov := overlap(o.seg, g); ov > best {
+					from, best = o, ov
+				}
+			}
+			if from != nil {
+				sm.ready = from.ready
+				if from.heard != nil {
+					nh := newBitmap(len(g.sorted))
+					from.heard.forEach(func(j int) {
+						if j < len(from.seg.sorted) {
+							if k, ok := index[from.seg.sorted[j]]; ok {
+								nh.set(k)
+							}
+						}
+					})
+					sm.heard = nh
+				}
+			}
+			p.in = append(p.in, sm)
+			g.members = append(g.members, sm)
+			if p.alive {
+				g.alive++
+			}
+			if p.vouched {
+				addHeard(sm, 1)
+			}
+		}
+	}
+	m.byName, m.peers, m.segs = byName, list, next
 	m.dirty = true
 	return true
 }
 
-// addHeard adds (d=1) or removes (d=-1) p's heard set to heardBy.
-func (m *Members) addHeard(p *peer, d int32) {
-	p.heard.forEach(func(i int) {
-		if i < len(m.heardBy) {
-			m.heardBy[i] += d
+// addHeard adds (d=1) or removes (d=-1) sm's heard set to its segment's heardBy.
+func addHeard(sm *segMember, d int32) {
+	hb := sm.seg.heardBy
+	sm.heard.forEach(func(i int) {
+		if i < len(hb) {
+			hb[i] += d
 		}
 	})
 }
@@ -401,7 +531,7 @@ func (m *Members) SetWilling(w bool) {
 	m.mu.Lock()
 	if m.willing != w {
 		m.willing = w
-		m.dirty = true
+		m.markAllLocked()
 	}
 	m.mu.Unlock()
 	m.evaluate(time.Now())
@@ -427,6 +557,23 @@ func (m *Members) View() View {
 	return v
 }
 
+// SegmentViews returns the latest evaluation of every segment this member belongs to, by segment
+// key (L2Segment.Key): what DecideL2 takes as L2Input.Segments.
+func (m *Members) SegmentViews() map[uint64]View {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[uint64]View, len(m.segs))
+	for _, g := range m.segs {
+		v := g.view
+		v.Candidates = make(map[string]bool, len(g.view.Candidates))
+		for n := range g.view.Candidates {
+			v.Candidates[n] = true
+		}
+		out[g.key] = v
+	}
+	return out
+}
+
 // Run sends heartbeats and tracks liveness until ctx ends; then it closes the socket.
 func (m *Members) Run(ctx context.Context) {
 	go m.receive(ctx)
@@ -445,6 +592,7 @@ func (m *Members) Run(ctx context.Context) {
 			buf = m.send(buf)
 			lastSent = time.Now()
 		case now := <-t.C:
+			m.stalled(now)
 			m.evaluate(now)
 			if now.Sub(lastSent) >= m.opts.HeartbeatInterval-tick/2 {
 				buf = m.send(buf)
@@ -454,7 +602,8 @@ func (m *Members) Run(ctx context.Context) {
 	}
 }
 
-// outgoing is one round of heartbeats: the common body and, per destination, where and what to echo.
+// outgoing is one segment's heartbeats of a round: the common body and, per destination, where
+// and what to echo.
 type outgoing struct {
 	body  []byte
 	key   []byte
@@ -463,33 +612,42 @@ type outgoing struct {
 	echo  []uint64
 }
 
-// prepare builds a round of heartbeats (under m.mu).
-func (m *Members) prepareLocked(o *outgoing) error {
-	m.counter++
-	hb := heartbeat{name: m.self, ready: m.view.Ready, counter: m.counter, digest: m.digest, heard: m.hears}
-	var err error
-	o.body, err = appendHeartbeat(o.body[:0], &hb)
-	if err != nil {
-		return err
+// prepareLocked builds a round of heartbeats, one body per segment (under m.mu).
+func (m *Members) prepareLocked(os []outgoing) ([]outgoing, error) {
+	os = os[:0]
+	var firstErr error
+	for _, g := range m.segs {
+		if len(g.members) == 0 {
+			continue
+		}
+		m.counter++
+		hb := heartbeat{name: m.self, ready: g.view.Ready, counter: m.counter, digest: g.key, heard: g.hears}
+		var o outgoing
+		var err error
+		if o.body, err = appendHeartbeat(nil, &hb); err != nil {
+			firstErr = cmp.Or(firstErr, err)
+			continue
+		}
+		o.key = m.keys[0]
+		for _, sm := range g.members {
+			o.dsts = append(o.dsts, sm.p.dst)
+			o.names = append(o.names, sm.p.name)
+			o.echo = append(o.echo, sm.p.highest)
+		}
+		os = append(os, o)
 	}
-	o.key = m.keys[0]
-	o.dsts, o.names, o.echo = o.dsts[:0], o.names[:0], o.echo[:0]
-	for _, p := range m.peers {
-		o.dsts = append(o.dsts, p.dst)
-		o.names = append(o.names, p.name)
-		o.echo = append(o.echo, p.highest)
-	}
-	return nil
+	return os, firstErr
 }
 
 // echoOffset is where the echo sits in a body for a sender name of length n.
 func echoOffset(n int) int { return 6 + n + 8 }
 
-// send sends one heartbeat with the current view to every member; buf is reused across rounds.
+// send sends one heartbeat per segment with its current view to every member of the segment; buf
+// is reused across rounds. A segment whose heartbeat would be oversize is an error, the others are
+// still sent.
 func (m *Members) send(buf []byte) []byte {
-	var o outgoing
 	m.mu.Lock()
-	err := m.prepareLocked(&o)
+	os, err := m.prepareLocked(nil)
 	m.mu.Unlock()
 	if err != nil {
 		m.sendErrs.Inc()
@@ -497,15 +655,16 @@ func (m *Members) send(buf []byte) []byte {
 			m.lastSendErr = now
 			m.log.Error("not sending heartbeats", "err", err)
 		}
-		return buf
 	}
 	off := echoOffset(len(m.self))
-	for i, d := range o.dsts {
-		buf = append(buf[:0], o.body...)
-		putUint64(buf[off:], o.echo[i])
-		buf = mac(o.key, o.names[i], buf, buf)
-		// A send error (no route while a link is down) is the same as a lost heartbeat.
-		_, _ = m.conn.WriteToUDPAddrPort(buf, d)
+	for _, o := range os {
+		for i, d := range o.dsts {
+			buf = append(buf[:0], o.body...)
+			putUint64(buf[off:], o.echo[i])
+			buf = mac(o.key, o.names[i], buf, buf)
+			// A send error (no route while a link is down) is the same as a lost heartbeat.
+			_, _ = m.conn.WriteToUDPAddrPort(buf, d)
+		}
 	}
 	return buf
 }
@@ -534,6 +693,11 @@ func (m *Members) receive(ctx context.Context) {
 // handle takes one datagram: it is checked (cheapest first: size, format, member, source, MAC,
 // counter, echo) and, if it passes, updates the sender's state; the view is recomputed only if the
 // sender's liveness, readiness or heard set changed. It returns why it was dropped ("" if not).
+//
+// Liveness counts whatever segment the datagram is for. Its ready flag and heard set belong to the
+// segment whose digest it carries; when no shared segment has that digest (the two members have
+// not seen the same member list yet: a node joined or left), the ready flag still applies if the
+// sender shares exactly one segment with us, and the last readable heard set stays in force.
 func (m *Members) handle(b []byte, from netip.Addr, now time.Time) dropReason {
 	var hb heartbeat
 	r := parseHeartbeat(b, &hb)
@@ -555,26 +719,42 @@ func (m *Members) handle(b []byte, from netip.Addr, now time.Time) dropReason {
 	if !p.alive {
 		p.alive = true
 		m.alive++
+		for _, sm := range p.in {
+			sm.seg.alive++
+			sm.seg.dirty = true
+		}
 		m.dirty = true
 	}
 	if !p.vouched {
 		p.vouched = true
-		m.addHeard(p, 1)
-		m.dirty = true
-	}
-	if p.ready != hb.ready {
-		p.ready = hb.ready
-		m.dirty = true
-	}
-	// A heard set written against another member list (one of us has not seen the latest Node
-	// change yet) cannot be read: keep the last one we could.
-	if hb.digest == m.digest && len(hb.heard) == (len(m.sorted)+7)/8 && !p.heard.equal(hb.heard) {
-		if p.vouched {
-			m.addHeard(p, -1)
+		for _, sm := range p.in {
+			addHeard(sm, 1)
+			sm.seg.dirty = true
 		}
-		p.heard = bitmap(hb.heard).clone()
-		m.addHeard(p, 1)
 		m.dirty = true
+	}
+	var sm *segMember
+	match := false
+	for _, x := range p.in {
+		if x.seg.key == hb.digest {
+			sm, match = x, true
+			break
+		}
+	}
+	if sm == nil && len(p.in) == 1 {
+		sm = p.in[0]
+	}
+	if sm != nil {
+		if sm.ready != hb.ready {
+			sm.ready = hb.ready
+			sm.seg.dirty, m.dirty = true, true
+		}
+		if match && len(hb.heard) == (len(sm.seg.sorted)+7)/8 && !sm.heard.equal(hb.heard) {
+			addHeard(sm, -1)
+			sm.heard = bitmap(hb.heard).clone()
+			addHeard(sm, 1)
+			sm.seg.dirty, m.dirty = true, true
+		}
 	}
 	dirty := m.dirty
 	m.mu.Unlock()
@@ -642,29 +822,64 @@ func (m *Members) takeoverAfter() time.Duration {
 	return m.opts.DeadAfter + m.opts.HeartbeatInterval + 2*m.tick()
 }
 
+// stalled notices that this process itself did not run for a while (more than two ticks between
+// two ticks: CPU starvation, a long GC pause, a frozen VM). The heartbeats that arrived meanwhile are
+// still in the socket buffer, read only after this tick, so expiring now would find every peer
+// silent and make this node drop its VIPs for nothing (measured under CPU saturation: the whole
+// process stalls up to 1.4 s). Expiry waits one tick, long enough for the receiver to drain the
+// buffer. The price: a node that was stalled past the takeover time, and whose peers did take over,
+// may answer alongside the new owner for up to one tick plus a round trip after it resumes.
+func (m *Members) stalled(now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	tick := m.tick()
+	if !m.lastTick.IsZero() && now.Sub(m.lastTick) > 2*tick {
+		m.graceUntil = now.Add(tick)
+	}
+	m.lastTick = now
+}
+
 // expireLocked notices members that went silent (O(members), on every tick).
 func (m *Members) expireLocked(now time.Time) {
+	if now.Before(m.graceUntil) {
+		return
+	}
 	take := m.takeoverAfter()
 	for _, p := range m.peers {
 		if p.alive && now.Sub(p.lastSeen) >= m.opts.DeadAfter {
 			p.alive = false
 			m.alive--
+			for _, sm := range p.in {
+				sm.seg.alive--
+				sm.seg.dirty = true
+			}
 			m.dirty = true
 		}
 		if p.vouched && now.Sub(p.lastSeen) >= take {
 			p.vouched = false
-			m.addHeard(p, -1)
+			for _, sm := range p.in {
+				addHeard(sm, -1)
+				sm.seg.dirty = true
+			}
 			m.dirty = true
 		}
 	}
 	if !m.settled && !m.since.IsZero() && now.Sub(m.since) >= m.opts.DeadAfter {
 		m.settled = true
-		m.dirty = true
+		m.markAllLocked()
 	}
 }
 
-// evaluate recomputes the View if something changed; on a change it logs, calls onChange and, if
-// our ready flag changed, has Run send a heartbeat at once.
+// markAllLocked marks every segment for evaluation (something global changed: willing, settled).
+func (m *Members) markAllLocked() {
+	for _, g := range m.segs {
+		g.dirty = true
+	}
+	m.dirty = true
+}
+
+// evaluate recomputes the views of the segments that changed; on a change it logs, calls onChange
+// and, if one of our ready flags changed, has Run send a heartbeat at once.
 func (m *Members) evaluate(now time.Time) {
 	m.mu.Lock()
 	m.expireLocked(now)
@@ -673,30 +888,57 @@ func (m *Members) evaluate(now time.Time) {
 		return
 	}
 	m.dirty = false
-	v := m.computeLocked()
-	old := m.view
-	if v.equal(old) {
+	type change struct {
+		key      uint64
+		old, new View
+	}
+	var changes []change
+	for _, g := range m.segs {
+		if !g.dirty {
+			continue
+		}
+		g.dirty = false
+		v := m.computeLocked(g)
+		if !v.equal(g.view) {
+			changes = append(changes, change{g.key, g.view, v})
+			g.view = v
+		}
+	}
+	agg := m.aggregateLocked()
+	aggChanged := !agg.equal(m.view)
+	m.view = agg
+	if len(changes) == 0 && !aggChanged {
 		m.mu.Unlock()
 		return
 	}
-	m.view = v
 	f := m.onChange
+	multi := len(m.segs) > 1
 	m.mu.Unlock()
-	if v.Ready != old.Ready {
-		m.log.Info("membership", "ready", v.Ready, "heard", v.Heard, "members", v.Total)
+	send := false
+	for _, c := range changes {
+		var kv []any
+		if multi {
+			kv = []any{"segment", fmt.Sprintf("%016x", c.key)}
+		}
+		if c.new.Ready != c.old.Ready {
+			send = true
+			m.log.Info("membership", append([]any{"ready", c.new.Ready, "heard", c.new.Heard, "members", c.new.Total}, kv...)...)
+		}
+		for n := range c.new.Candidates {
+			if !c.old.Candidates[n] && n != m.self {
+				m.log.Info("member can announce", append([]any{"node", n}, kv...)...)
+			}
+		}
+		for n := range c.old.Candidates {
+			if !c.new.Candidates[n] && n != m.self {
+				m.log.Info("member cannot announce", append([]any{"node", n}, kv...)...)
+			}
+		}
+	}
+	if send {
 		select {
 		case m.sendNow <- struct{}{}:
 		default:
-		}
-	}
-	for n := range v.Candidates {
-		if !old.Candidates[n] && n != m.self {
-			m.log.Info("member can announce", "node", n)
-		}
-	}
-	for n := range old.Candidates {
-		if !v.Candidates[n] && n != m.self {
-			m.log.Info("member cannot announce", "node", n)
 		}
 	}
 	if f != nil {
@@ -704,45 +946,63 @@ func (m *Members) evaluate(now time.Time) {
 	}
 }
 
-// computeLocked is the pure part of evaluate, O(members); it also refreshes the bitmap of the ready
-// members we vouch for (what our heartbeats carry). m.mu must be held.
-func (m *Members) computeLocked() View {
-	v := View{Candidates: make(map[string]bool, len(m.view.Candidates)+1), Total: len(m.peers) + 1, Heard: 1 + m.alive}
+// computeLocked is the pure part of evaluate for one segment, O(members of the segment); it also
+// refreshes the bitmap of the ready members we vouch for there (what our heartbeats carry).
+// m.mu must be held.
+func (m *Members) computeLocked(g *segment) View {
+	v := View{Candidates: make(map[string]bool, len(g.view.Candidates)+1), Total: len(g.sorted), Heard: 1 + g.alive}
 	settled := v.Heard == v.Total || m.settled
-	v.Ready = m.willing && settled && hasQuorum(m.self, v.Heard, v.Total, m.byName)
+	other := ""
+	if len(g.sorted) == 2 {
+		other = g.sorted[1-g.selfIdx]
+	}
+	v.Ready = m.willing && settled && hasQuorum(m.self, v.Heard, v.Total, other)
 	if v.Ready {
 		v.Candidates[m.self] = true
 	}
-	hears := newBitmap(len(m.sorted))
-	for _, p := range m.peers {
-		if p.vouched {
+	hears := newBitmap(len(g.sorted))
+	for _, sm := range g.members {
+		if sm.p.vouched {
 			// What a member says about itself beats what others relay about it.
-			if p.ready {
-				v.Candidates[p.name] = true
-				hears.set(p.idx)
+			if sm.ready {
+				v.Candidates[sm.p.name] = true
+				hears.set(sm.idx)
 			}
 			continue
 		}
-		if m.heardBy[p.idx] > 0 {
-			v.Candidates[p.name] = true
+		if g.heardBy[sm.idx] > 0 {
+			v.Candidates[sm.p.name] = true
 		}
 	}
-	m.hears = hears
+	g.hears = hears
 	return v
 }
 
-// hasQuorum: a strict majority of the members, self included; with two members the lexically lower
-// name wins alone (the other one cannot tell a dead peer from a partition, so it must yield).
-func hasQuorum(self string, heard, total int, peers map[string]*peer) bool {
+// aggregateLocked sums the segments up for View and the metrics: one segment is shown as it is;
+// several as the members of all of them, ready only when ready in every one, and the union of
+// their candidates. No segment at all: not ready, alone.
+func (m *Members) aggregateLocked() View {
+	if len(m.segs) == 1 {
+		return m.segs[0].view
+	}
+	v := View{Candidates: map[string]bool{}, Total: len(m.peers) + 1, Heard: 1 + m.alive, Ready: len(m.segs) > 0}
+	for _, g := range m.segs {
+		v.Ready = v.Ready && g.view.Ready
+		for n := range g.view.Candidates {
+			v.Candidates[n] = true
+		}
+	}
+	return v
+}
+
+// hasQuorum: a strict majority of the members, self included; with two members (other names the
+// second one) the lexically lower name wins alone (the other one cannot tell a dead peer from a
+// partition, so it must yield).
+func hasQuorum(self string, heard, total int, other string) bool {
 	if 2*heard > total {
 		return true
 	}
-	if total == 2 && heard == 1 {
-		for other := range peers {
-			return self < other
-		}
-	}
-	return false
+	return total == 2 && heard == 1 && other != "" && self < other
 }
 
 // Close stops receiving; Run also closes the socket when its context ends.

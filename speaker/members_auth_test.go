@@ -97,7 +97,7 @@ func newAuthFixture(t *testing.T, keys ...[]byte) *authFixture {
 func (f *authFixture) from(sender string, ready bool, key []byte) []byte {
 	f.counters[sender]++
 	return seal(f.t, key, "n2", heartbeat{name: sender, ready: ready, counter: f.counters[sender], echo: f.m.boot,
-		digest: f.m.digest, heard: newBitmap(3)})
+		digest: f.m.segs[0].key, heard: newBitmap(3)})
 }
 
 func (f *authFixture) deliver(b []byte, src string) dropReason {
@@ -176,7 +176,7 @@ func TestHeartbeatSenderRestart(t *testing.T) {
 	// n1 restarts: its counter starts again at its (later) boot time, and until it heard n2 it
 	// echoes nothing. The first datagram is recorded but does not count; once it echoes, it does.
 	f.counters["n1"] += uint64(time.Second)
-	first := seal(t, key, "n2", heartbeat{name: "n1", counter: f.counters["n1"], heard: newBitmap(3), digest: f.m.digest})
+	first := seal(t, key, "n2", heartbeat{name: "n1", counter: f.counters["n1"], heard: newBitmap(3), digest: f.m.segs[0].key})
 	if r := f.deliver(first, "192.0.2.1"); r != dropUnfreshed {
 		t.Errorf("restarted sender before it heard n2: %q, want not-fresh", r)
 	}

@@ -47,7 +47,7 @@ func TestMembersIncrementalMatchesModel(t *testing.T) {
 			ps[n] = []netip.Addr{addr[n]}
 		}
 		m.mu.Lock()
-		m.setPeersLocked(ps, now)
+		m.setMembershipLocked(ps, nil, false, now)
 		m.mu.Unlock()
 		if since.IsZero() {
 			since = now
@@ -71,7 +71,7 @@ func TestMembersIncrementalMatchesModel(t *testing.T) {
 	setPeers()
 	m.mu.Lock()
 	m.willing = true
-	m.dirty = true
+	m.markAllLocked()
 	m.mu.Unlock()
 
 	expected := func() string {
@@ -88,11 +88,11 @@ func TestMembersIncrementalMatchesModel(t *testing.T) {
 		}
 		total := len(listed) + 1
 		settled := heard == total || now.Sub(since) >= dead
-		peers := map[string]*peer{}
+		other := ""
 		for n := range listed {
-			peers[n] = &peer{}
+			other = n
 		}
-		ready := willing && settled && hasQuorum(m.self, heard, total, peers)
+		ready := willing && settled && hasQuorum(m.self, heard, total, other)
 		var c []string
 		if ready {
 			c = append(c, m.self)
@@ -130,7 +130,8 @@ func TestMembersIncrementalMatchesModel(t *testing.T) {
 			willing = !willing
 			// (SetWilling itself evaluates at the wall clock's time, not the virtual one.)
 			m.mu.Lock()
-			m.willing, m.dirty = willing, true
+			m.willing = willing
+			m.markAllLocked()
 			m.mu.Unlock()
 		case r < 90: // a heartbeat from a listed member, maybe against another member list
 			var ls []string
@@ -146,7 +147,7 @@ func TestMembersIncrementalMatchesModel(t *testing.T) {
 				continue
 			}
 			m.mu.Lock()
-			sorted, digest := slices.Clone(m.sorted), m.digest
+			sorted, digest := slices.Clone(m.segs[0].sorted), m.segs[0].key
 			m.mu.Unlock()
 			bits := newBitmap(len(sorted))
 			heardSet := map[string]bool{}
@@ -185,7 +186,7 @@ func TestMembersIncrementalMatchesModel(t *testing.T) {
 				t.Logf("model %s: seen %v ago, ready %v, heard %v", n, now.Sub(s.seen), s.ready, s.heard)
 			}
 			for _, p := range m.peers {
-				t.Logf("member %s: seen %v ago, alive %v vouched %v ready %v heard %v", p.name, now.Sub(p.lastSeen), p.alive, p.vouched, p.ready, p.heard)
+				t.Logf("member %s: seen %v ago, alive %v vouched %v ready %v heard %v", p.name, now.Sub(p.lastSeen), p.alive, p.vouched, p.in[0].ready, p.in[0].heard)
 			}
 			t.Fatalf("step %d: view %q, want %q", step, got, want)
 		}

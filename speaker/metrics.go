@@ -17,7 +17,7 @@ func (m *Members) RegisterMetrics(reg prometheus.Registerer) error {
 		name, help string
 		f          func(View) float64
 	}{
-		{"vipgate_speaker_members", "Speakers in the member list, this one included.", func(v View) float64 { return float64(v.Total) }},
+		{"vipgate_speaker_members", "Speakers in this one's L2 segments, this one included.", func(v View) float64 { return float64(v.Total) }},
 		{"vipgate_speaker_members_heard", "Members whose heartbeats this speaker receives, itself included.", func(v View) float64 { return float64(v.Heard) }},
 		{"vipgate_speaker_members_candidates", "Members that may announce LoadBalancer IPs, as this speaker sees it.", func(v View) float64 { return float64(len(v.Candidates)) }},
 		{"vipgate_speaker_ready", "1 while this speaker hears a majority of the members and may announce.", func(v View) float64 {

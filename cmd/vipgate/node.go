@@ -242,7 +242,13 @@ func runNode(args []string) error {
 				log.Debug("deleted stale conntrack entries", "count", n)
 			}
 		}
-		log.Info("synced", "full", rep.Full, "adopted", rep.Adopted, "duration", rep.Duration, "changes", txChanges(rep))
+		// A sync that changed nothing (a Node or EndpointSlice event with no effect on the rules) is
+		// routine: debug only, so the log shows the syncs that did something.
+		syncLog := log.Info
+		if n := txChanges(rep); n == 0 && !rep.Full {
+			syncLog = log.Debug
+		}
+		syncLog("synced", "full", rep.Full, "adopted", rep.Adopted, "duration", rep.Duration, "changes", txChanges(rep))
 	}
 }
 

@@ -29,10 +29,32 @@ type eventer interface {
 	Event(ref *corev1.ObjectReference, eventType, reason, message string)
 }
 
+// setEventer gives the speaker the Kubernetes source (called before the source runs). Besides
+// Events, the source then also watches this speaker's pods in vipgate's namespace (POD_NAMESPACE),
+// unless the members come from the config: a node is a member while a node agent pod is scheduled on
+// it (State.SpeakerNodes), not merely because it is a Node.
 func (s *l2Speaker) setEventer(e eventer) {
 	s.mu.Lock()
 	s.events = e
 	s.mu.Unlock()
+	pw, ok := e.(podWatcher)
+	if !ok || !s.watchPods || s.fixedPeers != nil || s.mem == nil {
+		return
+	}
+	ns := os.Getenv(podNamespaceEnv)
+	if ns == "" {
+		s.log.Warn("POD_NAMESPACE is not set: the L2 members are every Node, including nodes that run no speaker " +
+			"(set it from the downward API, as deploy/ does, or list speaker.members)")
+		return
+	}
+	if err := pw.WatchSpeakerPods(ns, s.podSelector); err != nil {
+		s.log.Error("not watching the speaker pods: the L2 members are every Node", "err", err)
+	}
+}
+
+// podWatcher is the Kubernetes source's pod watch (cluster.KubeSource.WatchSpeakerPods).
+type podWatcher interface {
+	WatchSpeakerPods(namespace, selector string) error
 }
 
 // announce records, once per start, that this node announces ip of svc (MetalLB's "nodeAssigned").
@@ -80,7 +102,13 @@ const speakerResync = 5 * time.Second
 
 // startSpeaker starts the speakers of `vipgate node` (see newSpeaker).
 func startSpeaker(ctx context.Context, cfg *cluster.NodeConfig, log hclog.Logger) (nodeSpeaker, error) {
-	return newSpeaker(ctx, cfg.NodeName, cfg.NodeIPs, cfg.Speaker, log)
+	s, err := newSpeaker(ctx, cfg.NodeName, cfg.NodeIPs, cfg.Speaker, log)
+	if err != nil {
+		return nil, err
+	}
+	// A node's members are the nodes that run vipgate (a gateway's are its configured group).
+	s.watchPods = true
+	return s, nil
 }
 
 // newSpeaker starts the speakers: membership heartbeats among the members (speaker.members, else
@@ -110,7 +138,8 @@ func newSpeaker(ctx context.Context, name string, ips []netip.Addr, sc cluster.S
 			break
 		}
 	}
-	s := &l2Speaker{log: log, self: name, ann: ann, defIface: def, problems: map[string]string{}}
+	s := &l2Speaker{log: log, self: name, ann: ann, defIface: def, problems: map[string]string{},
+		podSelector: sc.PodSelector, owners: speaker.NewOwnerCache()}
 	for _, ip := range ips {
 		if ip.Is4() {
 			s.routerID = ip
@@ -148,12 +177,11 @@ func newSpeaker(ctx context.Context, name string, ips []netip.Addr, sc cluster.S
 			log.Warn(s.insecure)
 		}
 	}
-	if s.mem != nil && len(sc.Members) > 0 {
+	if len(sc.Members) > 0 {
 		s.fixedPeers = map[string][]netip.Addr{}
 		for _, m := range sc.Members {
 			s.fixedPeers[m.Name] = []netip.Addr{m.Address}
 		}
-		s.mem.SetPeers(s.fixedPeers)
 	}
 	if s.mem != nil {
 		s.mem.OnChange(s.recompute)
@@ -229,13 +257,22 @@ type l2Speaker struct {
 	ann      *l2.Announcer
 	defIface string
 	cancel   context.CancelFunc
-	// fixedPeers are the members from the config (nil: the Nodes of the State).
+	// fixedPeers are the members from the config (nil: the Nodes of the State that run a speaker).
 	fixedPeers map[string][]netip.Addr
+	// podSelector is speaker.podSelector (the node agent's pods, with the Kubernetes source);
+	// watchPods is set for a node (not a gateway).
+	podSelector string
+	watchPods   bool
 
 	routerID netip.Addr
 
-	mu        sync.Mutex
-	st        *cluster.State
+	mu sync.Mutex
+	st *cluster.State
+	// segments are the L2 segments of st (speaker.L2Segments); owners keeps the VIPs' owners
+	// between decisions (DecideL2 hashes only what a membership change touches).
+	segments  []speaker.L2Segment
+	owners    *speaker.OwnerCache
+	switching bool
 	decisions []speaker.VIPDecision
 	lastErr   string
 	// problems are the configuration problems already logged (IP -> reason), so each is logged once.
@@ -255,25 +292,48 @@ type l2Speaker struct {
 }
 
 func (s *l2Speaker) Update(st *cluster.State, _ *dataplane.SyncReport) {
-	if s.mem != nil && s.fixedPeers == nil {
-		s.mem.SetPeers(nodeMembers(st))
+	peers := s.fixedPeers
+	if peers == nil {
+		peers = nodeMembers(st)
 	}
+	// The segments: which speakers vote on which VIPs. This node always runs a speaker.
+	names := []string{s.self}
+	for n := range peers {
+		names = append(names, n)
+	}
+	segs := speaker.L2Segments(st, names)
+	if segs == nil {
+		segs = []speaker.L2Segment{} // no L2 pool: no membership (nil would mean "one for all")
+	}
+	// The State, its segments and the membership's views of them must change together: a decision
+	// from new segments and old views (or the reverse) would drop this node's VIPs for an instant.
+	// Decisions wait (switching) until the membership has the new segments, then run once.
 	s.mu.Lock()
 	s.st = st
+	s.segments = segs
+	s.switching = true
 	s.mu.Unlock()
-	// Now this node can answer: tell the others (a no-op after the first State).
 	if s.mem != nil {
+		s.mem.SetSegments(peers, speaker.SegmentsOf(segs, s.self))
+		// Now this node can answer: tell the others (a no-op after the first State).
 		s.mem.SetWilling(true)
 	}
+	s.mu.Lock()
+	s.switching = false
+	s.mu.Unlock()
 	s.recompute()
 	s.updateBGP(st)
 }
 
-// nodeMembers lists the Nodes of the State as members: heartbeats go to the first IPv4 address
-// (else the first address) and are accepted from any of them.
+// nodeMembers lists the Nodes of the State that run a speaker as members (every Node when the
+// source does not know the speaker pods): heartbeats go to the first IPv4 address (else the first
+// address) and are accepted from any of them.
 func nodeMembers(st *cluster.State) map[string][]netip.Addr {
 	out := map[string][]netip.Addr{}
 	for name, n := range st.Nodes {
+		if st.SpeakerNodes != nil && !st.SpeakerNodes[name] {
+			continue
+		}
 		addrs := slices.Clone(n.Addresses)
 		slices.SortStableFunc(addrs, func(a, b netip.Addr) int { return cmp.Compare(a.BitLen(), b.BitLen()) })
 		if len(addrs) > 0 {
@@ -358,20 +418,22 @@ func (s *l2Speaker) recompute() {
 	links := hostLinks()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.st == nil {
+	if s.st == nil || s.switching {
 		return
 	}
 	var view speaker.View
+	var segViews map[uint64]speaker.View
 	if s.mem != nil {
 		view = s.mem.View()
+		segViews = s.mem.SegmentViews()
 	}
-	if s.mem != nil && view.Total == 1 && !s.alone && len(s.st.Nodes) <= 1 {
+	if s.mem != nil && view.Total == 1 && !s.alone && len(s.st.Nodes) <= 1 && s.fixedPeers == nil {
 		s.alone = true
 		s.log.Warn("no other speakers known (no Node objects and no speaker.members): this node announces alone; " +
 			"run every speaker with the same member list, or each one answers for every IP")
 	}
-	owned, decisions := speaker.DecideL2(speaker.L2Input{Self: s.self, Live: view.Candidates, Links: links,
-		DefaultInterface: s.defIface, State: s.st})
+	owned, decisions := speaker.DecideL2(speaker.L2Input{Self: s.self, Links: links, DefaultInterface: s.defIface,
+		State: s.st, Segments: s.segments, SegmentViews: segViews, Owners: s.owners})
 	if s.mem == nil {
 		for i := range decisions {
 			if decisions[i].Reason == "" || decisions[i].Owner == "" {

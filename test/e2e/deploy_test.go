@@ -208,6 +208,14 @@ var deployUnits = []struct {
 		return cs
 	}},
 	{regexp.MustCompile(`^cluster/lb(controller|finalizer)\.go$`), func(map[string]string) []string { return []string{componentController} }},
+	// The speaker pods (L2 members): only the node agent's speaker asks the source for them
+	// (cmd/vipgate/speaker.go).
+	{regexp.MustCompile(`^cluster/speakerpods\.go$`), func(src map[string]string) []string {
+		if strings.Contains(src["cmd/vipgate/speaker.go"], ".WatchSpeakerPods(") {
+			return []string{componentNode}
+		}
+		return nil
+	}},
 	// The BGP password Secrets: only the node agent asks the source for them (cmd/vipgate/source.go).
 	{regexp.MustCompile(`^cluster/bgpsecrets\.go$`), func(src map[string]string) []string {
 		if strings.Contains(src["cmd/vipgate/source.go"], ".WatchBGPSecrets(") {
