@@ -18,9 +18,11 @@ func birdBFDConfig(routerID netip.Addr, extra string, peers ...routers.BIRDPeer)
 	return cfg + "protocol bfd {\n  interface \"*\" {\n    min rx interval 300 ms;\n    min tx interval 300 ms;\n    multiplier 3;\n  };\n}\n"
 }
 
-// TestBIRDBFDSessionReset is the regression test for GoBGP's stale BFD NOTIFICATION (see
-// bfdguard.go): after one reset of a BGP session with BFD, the session must come back and stay up,
-// instead of being killed by "Administrative reset: BFD is down" each time it is established.
+// TestBIRDBFDSessionReset: after a BGP session with BFD is reset, it must come back and stay up.
+// This was the regression test of a GoBGP bug that vipgate worked around while it used GoBGP's BFD
+// (a BFD failure while the session was not Established left a NOTIFICATION queued that killed the
+// next session as soon as it was Established, and the one after it). vipgate's BFD resets only an
+// Established session (bfd.go); these cases make BFD fail at every moment around a reset.
 func TestBIRDBFDSessionReset(t *testing.T) {
 	for _, tc := range []struct {
 		reset string
@@ -28,20 +30,18 @@ func TestBIRDBFDSessionReset(t *testing.T) {
 		extra string
 		bound time.Duration
 	}{
-		// BIRD's config reload (or restart of the protocol): the session goes down first, GoBGP's
-		// BFD fails ~1 detection time later, while BGP is Idle.
+		// BIRD's config reload (or restart of the protocol): the session goes down first, and
+		// BIRD's BFD session with it; ours fails ~1 detection time later, while BGP is Idle.
 		{reset: "restart", bound: time.Minute},
-		// One second of lost BFD: GoBGP's BFD fails while the session is up (that NOTIFICATION is
-		// consumed), BIRD waits out its error wait time (60s by default), and GoBGP's BFD fails
-		// again meanwhile, while the BGP session is down: without the workaround the first
-		// session after BIRD's error wait is killed with "BFD is down", and every one after it.
+		// One second of lost BFD: our BFD fails while the session is up (we reset it), BIRD's
+		// too; BIRD waits out its error wait time (60s by default), and our BFD fails again
+		// meanwhile, while the BGP session is down.
 		{reset: "drop-bfd", bound: 2 * time.Minute},
-		// The same with a short error wait (passes without the workaround too; kept as coverage
-		// of GoBGP's reconnect racing BIRD's BFD).
+		// The same with a short error wait: our reconnect races BIRD's BFD.
 		{reset: "drop-bfd-short-wait", extra: "  error wait time 1, 5;\n", bound: time.Minute},
-		// GoBGP's BFD failing while the session is down, after the workaround already re-created
-		// the neighbor for the session loss: BIRD's protocol is disabled, and once the speaker's
-		// session is down, the speaker gets the hard reset GoBGP's BFD makes when it fails.
+		// BFD failing while the session is down, then the session coming back: BIRD's protocol
+		// is disabled (its BFD session goes away), ours fails while BGP is not Established,
+		// then the protocol is enabled.
 		{reset: "bfd-fails-while-down", bound: time.Minute},
 	} {
 		reset := tc.reset
@@ -86,10 +86,13 @@ func TestBIRDBFDSessionReset(t *testing.T) {
 				}); err != nil {
 					t.Fatalf("session still up after disabling it in BIRD: %v", err)
 				}
-				time.Sleep(2 * time.Second) // past the BFD detection time and any re-creation
-				if err := sp.BFDReset(p4.PeerAddress); err != nil {
-					t.Fatalf("BFD reset: %v", err)
+				// Past our BFD's detection time: it fails (or BIRD said AdminDown) while BGP is down.
+				if _, err := sp.waitStatus(10*time.Second, func(st []PeerStatus) bool {
+					return len(st) == 1 && st[0].BFD != BFDUp
+				}); err != nil {
+					t.Fatalf("BFD still up with BIRD's protocol disabled: %v", err)
 				}
+				time.Sleep(time.Second)
 				if out, err := bird.Birdc("enable", "spk4"); err != nil {
 					t.Fatalf("birdc enable: %v: %s", err, out)
 				}
@@ -108,10 +111,10 @@ func TestBIRDBFDSessionReset(t *testing.T) {
 			}
 			waitStable(t, bird, sp, pair.SpeakerV4, tc.bound)
 			bfdUp()
-			// What the workaround did (bfdguard.go), for the record.
+			// What BFD did, for the record.
 			if b, err := os.ReadFile(sp.log); err == nil {
 				for _, line := range strings.Split(string(b), "\n") {
-					if strings.Contains(line, "re-creating the GoBGP neighbor") {
+					if strings.Contains(line, "BFD") {
 						t.Logf("speaker: %s", line)
 					}
 				}

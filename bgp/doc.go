@@ -8,9 +8,12 @@
 //
 // Mapping to MetalLB's BGPPeer (v1beta2) fields: myASN, peerASN, peerAddress, peerPort, sourceAddress,
 // routerID, holdTime, keepaliveTime, connectTime, ebgpMultiHop, password (TCP MD5), bfdProfile
-// (receiveInterval, transmitInterval, detectMultiplier; GoBGP's BFD has no echo mode) and
+// (receiveInterval, transmitInterval, detectMultiplier, passiveMode, minimumTtl; no echo mode) and
 // enableGracefulRestart.
 //
-// See README.md in this directory for what GoBGP does underneath and how the netns tests run real
-// routers (BIRD 2, FRR) against it.
+// BFD is vipgate's own (package bfd, RFC 5880/5881/5883), run beside GoBGP rather than inside it:
+// a BFD failure resets the peer's Established BGP session (bfd.go says exactly when).
+//
+// See README.md in this directory for what GoBGP does underneath, how BFD behaves with FRR and BIRD,
+// and how the netns tests run real routers (BIRD 2, FRR) against it.
 package bgp

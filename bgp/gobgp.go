@@ -84,14 +84,7 @@ func apiPeer(p PeerConfig, restarting bool) *api.Peer {
 			DeferralTime:    uint32(seconds(gracefulDeferralTime)),
 		}
 	}
-	if b := p.BFD; b != nil {
-		peer.Bfd = &api.BfdPeerConfig{
-			Enabled:                  true,
-			DesiredMinimumTxInterval: uint32(b.TransmitInterval.Microseconds()),
-			RequiredMinimumReceive:   uint32(b.ReceiveInterval.Microseconds()),
-			DetectionMultiplier:      b.DetectMultiplier,
-		}
-	}
+	// No BFD here: vipgate runs BFD itself (bfd.go), independently of GoBGP's neighbor.
 	return peer
 }
 
@@ -158,16 +151,4 @@ func sessionState(s api.PeerState_SessionState) SessionState {
 		return StateEstablished
 	}
 	return StateUnknown
-}
-
-func bfdState(s api.BfdSessionState) BFDState {
-	switch s {
-	case api.BfdSessionState_BFD_SESSION_STATE_UP:
-		return BFDUp
-	case api.BfdSessionState_BFD_SESSION_STATE_INIT:
-		return BFDInit
-	case api.BfdSessionState_BFD_SESSION_STATE_ADMIN_DOWN:
-		return BFDAdminDown
-	}
-	return BFDDown
 }

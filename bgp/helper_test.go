@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -17,9 +18,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	api "github.com/osrg/gobgp/v4/api"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vipgate/vipgate/bgp/bfd"
 	"github.com/vipgate/vipgate/test/routers"
 )
 
@@ -35,6 +36,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) == "1" {
 		os.Exit(runHelper())
 	}
+	if os.Getenv(senderEnv) == "1" {
+		os.Exit(runSender())
+	}
 	os.Exit(m.Run())
 }
 
@@ -46,17 +50,26 @@ type helperRequest struct {
 	Ads        []Advertisement `json:"ads,omitempty"`
 	Drain      time.Duration   `json:"drain,omitempty"`
 	Address    netip.Addr      `json:"address,omitzero"`
+	// BFDFallback replaces bfdStartFallback (op start).
+	BFDFallback time.Duration `json:"bfdFallback,omitempty"`
+	// BFD sets sessions of a standalone BFD server, without a Speaker (op bfd).
+	BFD []bfd.Config `json:"bfd,omitempty"`
 }
 
 type helperResponse struct {
 	Err     string       `json:"err,omitempty"`
 	Status  []PeerStatus `json:"status,omitempty"`
 	Metrics string       `json:"metrics,omitempty"`
+	// BFD is the standalone BFD server's sessions (op bfdstatus); CPU the process's CPU time
+	// (op rusage).
+	BFD []bfd.SessionStatus `json:"bfdStatus,omitempty"`
+	CPU time.Duration       `json:"cpu,omitempty"`
 }
 
 func runHelper() int {
 	log := hclog.New(&hclog.LoggerOptions{Name: "speaker", Level: hclog.Debug, Output: os.Stderr})
 	var sp *Speaker
+	var bs *bfd.Server
 	reg := prometheus.NewRegistry()
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(make([]byte, 1<<20), 64<<20)
@@ -72,7 +85,32 @@ func runHelper() int {
 		var err error
 		switch {
 		case req.Op == "start":
+			if req.BFDFallback > 0 {
+				bfdStartFallback = req.BFDFallback
+			}
 			sp, err = New(log, reg, req.RouterID, req.ListenPort)
+		case req.Op == "bfd":
+			if bs == nil {
+				bl := log.Named("bfd")
+				bs = bfd.New(bfd.Options{Logger: bl, OnEvent: func(ev bfd.Event) {
+					if ev.From != ev.To || ev.Kind == bfd.EventFailure {
+						bl.Info("event", "peer", ev.Peer, "kind", ev.Kind, "from", ev.From, "to", ev.To, "diag", ev.Diag,
+							"failure", ev.Failure, "remote_state", ev.RemoteState, "remote_diag", ev.RemoteDiag, "grace", ev.Grace)
+					}
+				}})
+			}
+			for _, c := range req.BFD {
+				if err = bs.Set(c); err != nil {
+					break
+				}
+			}
+		case req.Op == "bfdstatus" && bs != nil:
+			resp.BFD = bs.Status()
+		case req.Op == "rusage":
+			var ru syscall.Rusage
+			if err = syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+				resp.CPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+			}
 		case sp == nil:
 			err = errors.New("not started")
 		case req.Op == "peers":
@@ -87,9 +125,6 @@ func runHelper() int {
 			err = sp.Shutdown(context.Background(), req.Drain)
 		case req.Op == "stop":
 			err = sp.Stop(context.Background())
-		case req.Op == "bfdreset":
-			// What GoBGP's BFD does when its session fails (bfd_peer.go resetPeer).
-			err = sp.srv.ResetPeer(context.Background(), &api.ResetPeerRequest{Address: req.Address.String(), Communication: "BFD is down"})
 		default:
 			err = fmt.Errorf("unknown op %q", req.Op)
 		}
@@ -114,6 +149,12 @@ type remoteSpeaker struct {
 
 // startSpeaker runs a Speaker in netns ns and calls New on it.
 func startSpeaker(t testing.TB, ns string, routerID netip.Addr, listenPort int) *remoteSpeaker {
+	t.Helper()
+	return startSpeakerWith(t, ns, helperRequest{Op: "start", RouterID: routerID, ListenPort: listenPort})
+}
+
+// startSpeakerWith runs a Speaker in netns ns and sends it start (Op "start").
+func startSpeakerWith(t testing.TB, ns string, start helperRequest) *remoteSpeaker {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -152,7 +193,7 @@ func startSpeaker(t testing.TB, ns string, routerID netip.Addr, listenPort int) 
 			t.Logf("speaker log:\n%s", tail(string(b), 80))
 		}
 	})
-	if _, err := r.call(helperRequest{Op: "start", RouterID: routerID, ListenPort: listenPort}); err != nil {
+	if _, err := r.call(start); err != nil {
 		t.Fatalf("starting speaker: %v", err)
 	}
 	return r
@@ -205,12 +246,6 @@ func (r *remoteSpeaker) Shutdown(drain time.Duration) error {
 	return err
 }
 
-// BFDReset makes GoBGP queue the hard reset its BFD sends when a BFD session fails.
-func (r *remoteSpeaker) BFDReset(addr netip.Addr) error {
-	_, err := r.call(helperRequest{Op: "bfdreset", Address: addr})
-	return err
-}
-
 func (r *remoteSpeaker) Stop() error {
 	_, err := r.call(helperRequest{Op: "stop"})
 	return err
@@ -251,4 +286,73 @@ func tail(s string, n int) string {
 		}
 	}
 	return s
+}
+
+// The sender mode sends hand-made UDP datagrams from inside a namespace (the router side), with a
+// chosen source address and TTL: hostile BFD input for the speaker.
+const senderEnv = "VIPGATE_BGP_TEST_SENDER"
+
+type datagram struct {
+	From    netip.Addr     `json:"from"`
+	To      netip.AddrPort `json:"to"`
+	TTL     int            `json:"ttl"`
+	Payload []byte         `json:"payload"`
+	Count   int            `json:"count"`
+}
+
+func runSender() int {
+	var ds []datagram
+	if err := json.NewDecoder(os.Stdin).Decode(&ds); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	for _, d := range ds {
+		lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) {
+				if d.From.Is4() {
+					serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IP, syscall.IP_TTL, d.TTL)
+				} else {
+					serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IPV6, syscall.IPV6_UNICAST_HOPS, d.TTL)
+				}
+			})
+			if err != nil {
+				return err
+			}
+			return serr
+		}}
+		pc, err := lc.ListenPacket(context.Background(), "udp", netip.AddrPortFrom(d.From, 0).String())
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		for range max(d.Count, 1) {
+			if _, err := pc.(*net.UDPConn).WriteToUDPAddrPort(d.Payload, d.To); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+		}
+		pc.Close()
+	}
+	return 0
+}
+
+// sendDatagrams sends ds from namespace ns (this test binary in sender mode).
+func sendDatagrams(t testing.TB, ns string, ds []datagram) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := routers.InNetns(ns, exe, "-test.run=^$")
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), senderEnv+"=1")
+	cmd.Stdin = strings.NewReader(string(b))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("sending datagrams from %s: %v: %s", ns, err, out)
+	}
 }

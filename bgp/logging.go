@@ -13,38 +13,17 @@ type hclogHandler struct {
 	log   hclog.Logger
 	attrs []any
 	group string
-	// hook, when set, sees every record at Info or above whatever the log level (bfdguard.go):
-	// its message and a lookup of its attributes (the handler's and the record's) by key.
-	hook func(msg string, attr func(key string) any)
 }
 
-func newSlogLogger(l hclog.Logger, hook func(msg string, attr func(key string) any)) *slog.Logger {
-	return slog.New(&hclogHandler{log: l, hook: hook})
+func newSlogLogger(l hclog.Logger) *slog.Logger {
+	return slog.New(&hclogHandler{log: l})
 }
 
 func (h *hclogHandler) Enabled(_ context.Context, level slog.Level) bool {
-	return h.log.GetLevel() <= hclogLevel(level) || h.hook != nil && level >= slog.LevelInfo
+	return h.log.GetLevel() <= hclogLevel(level)
 }
 
 func (h *hclogHandler) Handle(_ context.Context, r slog.Record) error {
-	if h.hook != nil && r.Level >= slog.LevelInfo {
-		h.hook(r.Message, func(key string) any {
-			var v any
-			r.Attrs(func(a slog.Attr) bool {
-				if h.key(a.Key) == key {
-					v = a.Value.Resolve().Any()
-					return false
-				}
-				return true
-			})
-			for i := 0; v == nil && i+1 < len(h.attrs); i += 2 {
-				if h.attrs[i] == key {
-					v = h.attrs[i+1]
-				}
-			}
-			return v
-		})
-	}
 	if h.log.GetLevel() > hclogLevel(r.Level) {
 		return nil
 	}

@@ -1,9 +1,13 @@
 package bgp
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
 
-// Metric descriptions. Values are read from GoBGP at scrape time (Status), so they can never drift
-// from what GoBGP reports and no goroutine polls in the background.
+	"github.com/vipgate/vipgate/bgp/bfd"
+)
+
+// Metric descriptions. Values are read from GoBGP and the BFD server at scrape time, so they can
+// never drift from what those report and no goroutine polls in the background.
 var (
 	descSessionUp = prometheus.NewDesc("vipgate_bgp_session_up",
 		"1 when the BGP session with the peer is established, else 0.", []string{"peer"}, nil)
@@ -15,6 +19,12 @@ var (
 		"1 when the peer's BFD session is up, else 0; absent when BFD is not configured.", []string{"peer"}, nil)
 	descUpdates = prometheus.NewDesc("vipgate_bgp_updates_sent_total",
 		"UPDATE messages sent to the peer (restarts from 0 when the peer is reconfigured).", []string{"peer"}, nil)
+	descBFDTransitions = prometheus.NewDesc("vipgate_bgp_bfd_transitions_total",
+		"Times the peer's BFD session entered each state (restarts from 0 when the BFD session is re-created).", []string{"peer", "state"}, nil)
+	descBFDFailures = prometheus.NewDesc("vipgate_bgp_bfd_failures_total",
+		"BFD failures reported to BGP for the peer: detection time expired, the router signalled down, or its replacement session did not come up. Each resets an established BGP session.", []string{"peer"}, nil)
+	descBFDDropped = prometheus.NewDesc("vipgate_bgp_bfd_dropped_packets_total",
+		"Received BFD datagrams dropped, by reason (ttl, unknown_peer, stale_remote_session, ...).", []string{"reason"}, nil)
 )
 
 var allStates = []SessionState{StateIdle, StateConnect, StateActive, StateOpenSent, StateOpenConfirm, StateEstablished}
@@ -23,7 +33,7 @@ var allStates = []SessionState{StateIdle, StateConnect, StateActive, StateOpenSe
 type collector struct{ s *Speaker }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSessionUp, descSessionState, descRoutes, descBFDUp, descUpdates} {
+	for _, d := range []*prometheus.Desc{descSessionUp, descSessionState, descRoutes, descBFDUp, descUpdates, descBFDTransitions, descBFDFailures, descBFDDropped} {
 		ch <- d
 	}
 }
@@ -39,6 +49,22 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descBFDUp, prometheus.GaugeValue, boolValue(st.BFD == BFDUp), st.Name)
 		}
 		ch <- prometheus.MustNewConstMetric(descUpdates, prometheus.CounterValue, float64(st.UpdatesSent), st.Name)
+	}
+	names := *c.s.bfdNames.Load()
+	for _, b := range c.s.bfd.Status() {
+		name, ok := names[b.Peer]
+		if !ok {
+			continue // being removed
+		}
+		for _, state := range []bfd.State{bfd.StateAdminDown, bfd.StateDown, bfd.StateInit, bfd.StateUp} {
+			ch <- prometheus.MustNewConstMetric(descBFDTransitions, prometheus.CounterValue, float64(b.Transitions[state]), name, string(bfdStateOf(state)))
+		}
+		ch <- prometheus.MustNewConstMetric(descBFDFailures, prometheus.CounterValue, float64(b.Failures), name)
+	}
+	if len(names) > 0 {
+		for reason, n := range c.s.bfd.Drops() {
+			ch <- prometheus.MustNewConstMetric(descBFDDropped, prometheus.CounterValue, float64(n), reason.String())
+		}
 	}
 }
 

@@ -434,9 +434,27 @@ func TestFRRBFD(t *testing.T) {
 // NOTIFICATION), kills it, starts a new one, and watches BIRD's table every 20ms throughout: with
 // graceful restart the VIP never leaves it.
 func TestBIRDGracefulRestart(t *testing.T) {
+	for _, withBFD := range []bool{false, true} {
+		t.Run(fmt.Sprintf("bfd=%v", withBFD), func(t *testing.T) { testBIRDGracefulRestart(t, withBFD) })
+	}
+}
+
+// testBIRDGracefulRestart is TestBIRDGracefulRestart, with or without BFD (Stop sends AdminDown,
+// so BIRD does not take the restart for a failure).
+func testBIRDGracefulRestart(t *testing.T, withBFD bool) {
 	pair, bird, sp := birdLab(t)
 	p4, _ := labPeers(pair)
 	p4.GracefulRestart = true
+	if withBFD {
+		routers.RequireRoot(t, "bird")
+		bird.Stop()
+		// BIRD takes a BFD AdminDown for a failure (and so the end of a restarting speaker's
+		// BFD): "bfd graceful" makes it a graceful restart instead of a session error.
+		cfg := birdBFDConfig(pair.RouterV4, "",
+			routers.BIRDPeer{Name: "spk4", Local: pair.RouterV4, LocalASN: routerASN, Neighbor: pair.SpeakerV4, PeerASN: ibgpASN})
+		bird = routers.StartBIRD(t, pair.Router, strings.ReplaceAll(cfg, "bfd on;", "bfd graceful;"))
+		p4.BFD = &BFDProfile{ReceiveInterval: 300 * time.Millisecond, TransmitInterval: 300 * time.Millisecond, DetectMultiplier: 3}
+	}
 	ad := Advertisement{Prefix: vip4, Communities: []string{"65000:100"}}
 	if err := sp.SetPeers(p4); err != nil {
 		t.Fatalf("SetPeers: %v", err)
@@ -447,34 +465,14 @@ func TestBIRDGracefulRestart(t *testing.T) {
 	if _, err := routers.WaitRoute(bird, vip4, 30*time.Second); err != nil {
 		t.Fatalf("route: %v", err)
 	}
+	if withBFD {
+		if _, err := sp.waitStatus(10*time.Second, func(st []PeerStatus) bool { return len(st) == 1 && st[0].BFD == BFDUp }); err != nil {
+			t.Fatalf("BFD: %v", err)
+		}
+	}
 
 	// Watch the route from now on.
-	stopWatch := make(chan struct{})
-	watchDone := make(chan []string)
-	go func() {
-		var gaps []string
-		var lostAt time.Time
-		for {
-			select {
-			case <-stopWatch:
-				watchDone <- gaps
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			routes, err := bird.Routes()
-			if err != nil {
-				continue
-			}
-			_, ok := routers.Find(routes, vip4)
-			switch {
-			case !ok && lostAt.IsZero():
-				lostAt = time.Now()
-			case ok && !lostAt.IsZero():
-				gaps = append(gaps, time.Since(lostAt).Round(time.Millisecond).String())
-				lostAt = time.Time{}
-			}
-		}
-	}()
+	stopWatch := watchRoute(bird, vip4)
 
 	start := time.Now()
 	if err := sp.Stop(); err != nil {
@@ -491,11 +489,11 @@ func TestBIRDGracefulRestart(t *testing.T) {
 		t.Fatalf("SetPeers after restart: %v", err)
 	}
 	if err := routers.WaitEstablished(bird, pair.SpeakerV4, 30*time.Second); err != nil {
-		t.Fatalf("session after restart: %v", err)
+		out, _ := bird.Birdc("show", "protocols", "all", "spk4")
+		t.Fatalf("session after restart: %v\n%s", err, out)
 	}
 	time.Sleep(2 * time.Second) // let End-of-RIB and any stale-route flush happen
-	close(stopWatch)
-	gaps := <-watchDone
+	gaps := stopWatch()
 	if len(gaps) > 0 {
 		t.Errorf("route left BIRD's table during the restart (gaps %v)", gaps)
 	}
@@ -504,4 +502,107 @@ func TestBIRDGracefulRestart(t *testing.T) {
 		t.Errorf("after restart BIRD has %+v (err %v)", routes, err)
 	}
 	t.Logf("restart with graceful restart: %s from Stop to re-established, gaps %v", time.Since(start).Round(10*time.Millisecond), gaps)
+}
+
+// routeTable is a router whose table the tests read (BIRD, FRR).
+type routeTable interface {
+	Routes() ([]routers.Route, error)
+}
+
+// watchRoute polls r's table every 20 ms for prefix until the returned function is called, which
+// returns how long each absence lasted.
+func watchRoute(r routeTable, prefix netip.Prefix) (stop func() []string) {
+	stopWatch := make(chan struct{})
+	watchDone := make(chan []string)
+	go func() {
+		var gaps []string
+		var lostAt time.Time
+		for {
+			select {
+			case <-stopWatch:
+				if !lostAt.IsZero() {
+					gaps = append(gaps, "still missing after "+time.Since(lostAt).Round(time.Millisecond).String())
+				}
+				watchDone <- gaps
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			routes, err := r.Routes()
+			if err != nil {
+				continue
+			}
+			_, ok := routers.Find(routes, prefix)
+			switch {
+			case !ok && lostAt.IsZero():
+				lostAt = time.Now()
+			case ok && !lostAt.IsZero():
+				gaps = append(gaps, time.Since(lostAt).Round(time.Millisecond).String())
+				lostAt = time.Time{}
+			}
+		}
+	}()
+	return func() []string {
+		close(stopWatch)
+		return <-watchDone
+	}
+}
+
+// TestFRRGracefulRestartBFD: a restart (Stop, new process) of a speaker with graceful restart and
+// BFD. Stop closes the BGP session first (bgpd becomes a graceful restart helper and keeps the
+// routes) and sends BFD AdminDown after it: FRR 8.4 reports an AdminDown to bgpd as Down, which
+// would reset a session still Established and flush the routes. The new speaker holds BFD until
+// BGP is back, and the VIP never leaves FRR's table.
+func TestFRRGracefulRestartBFD(t *testing.T) {
+	routers.RequireRoot(t, "vtysh", "/usr/lib/frr/bgpd", "/usr/lib/frr/bfdd", "/usr/lib/frr/zebra")
+	pair := routers.NewPair(t)
+	cfg := routers.FRRConfig{
+		BFDD: routers.FRRBFDConfig("fast", 300*time.Millisecond, 300*time.Millisecond, 3),
+		BGPD: routers.FRRBGPConfig(pair.RouterV4, routerASN, routers.FRRPeer{Neighbor: pair.SpeakerV4, PeerASN: ebgpASN, BFDProfile: "fast"}),
+	}
+	frr := routers.StartFRR(t, pair.Router, cfg)
+	sp := startSpeaker(t, pair.Speaker, pair.SpeakerV4, -1)
+	p4, _ := labPeers(pair)
+	p4.MyASN, p4.GracefulRestart = ebgpASN, true
+	p4.BFD = &BFDProfile{ReceiveInterval: 300 * time.Millisecond, TransmitInterval: 300 * time.Millisecond, DetectMultiplier: 3}
+	ad := Advertisement{Prefix: vip4}
+	if err := sp.SetPeers(p4); err != nil {
+		t.Fatalf("SetPeers: %v", err)
+	}
+	if err := sp.SetAdvertisements(ad); err != nil {
+		t.Fatalf("SetAdvertisements: %v", err)
+	}
+	if _, err := routers.WaitRoute(frr, vip4, 30*time.Second); err != nil {
+		t.Fatalf("route: %v", err)
+	}
+	if err := routers.WaitFor(15*time.Second, func() (bool, error) { return frr.BFDUp(pair.SpeakerV4) }); err != nil {
+		t.Fatalf("FRR BFD session: %v", err)
+	}
+	stop := watchRoute(frr, vip4)
+	start := time.Now()
+	if err := sp.Stop(); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	sp.Kill()
+	time.Sleep(2 * time.Second)
+	sp2 := startSpeaker(t, pair.Speaker, pair.SpeakerV4, -1)
+	if err := sp2.SetAdvertisements(ad); err != nil {
+		t.Fatalf("SetAdvertisements after restart: %v", err)
+	}
+	if err := sp2.SetPeers(p4); err != nil {
+		t.Fatalf("SetPeers after restart: %v", err)
+	}
+	if err := routers.WaitEstablished(frr, pair.SpeakerV4, 30*time.Second); err != nil {
+		t.Fatalf("session after restart: %v", err)
+	}
+	if err := routers.WaitFor(15*time.Second, func() (bool, error) { return frr.BFDUp(pair.SpeakerV4) }); err != nil {
+		t.Fatalf("FRR BFD session after restart: %v", err)
+	}
+	time.Sleep(2 * time.Second)
+	gaps := stop()
+	nb, _ := frr.Neighbors()
+	t.Logf("restart with graceful restart and BFD: %s from Stop to BFD up again, gaps %v; FRR last reset %q",
+		time.Since(start).Round(10*time.Millisecond), gaps, nb[pair.SpeakerV4].LastResetDueTo)
+	if len(gaps) > 0 {
+		t.Errorf("route left FRR's table during the restart (gaps %v)", gaps)
+	}
 }

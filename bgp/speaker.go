@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -16,6 +17,8 @@ import (
 	"github.com/osrg/gobgp/v4/pkg/apiutil"
 	"github.com/osrg/gobgp/v4/pkg/server"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vipgate/vipgate/bgp/bfd"
 )
 
 // globalASN is the AS number GoBGP's global configuration needs before any peer exists. Every
@@ -46,10 +49,21 @@ type Speaker struct {
 	// sessions of a restart (graceful restart's Restart State).
 	peersSet bool
 	stopped  bool
-	// peerAdded is when each peer (by name) was last added to GoBGP; see bfdguard.go.
-	peerAdded map[string]time.Time
-	// bfdGuard re-creates BFD peers that may hold a stale NOTIFICATION (bfdguard.go).
-	bfdGuard *bfdGuard
+
+	// bfd runs the BFD sessions (bfd.go). bfdNames maps addresses to peer names for the BFD
+	// goroutine's logs (it never takes mu); bfdResets resets the BGP sessions whose BFD failed;
+	// stopWatch ends the watch of GoBGP's peer states that starts held sessions.
+	bfd       *bfd.Server
+	bfdNames  atomic.Pointer[map[netip.Addr]string]
+	bfdResets *bfdResetter
+	stopWatch context.CancelFunc
+
+	// bfdMu guards bfdPeers, the sessions configured in the BFD server by peer address, and
+	// bfdHeld, the sessions held until their BGP session is Established, with the timer that
+	// starts them anyway. Taken after mu, never before.
+	bfdMu    sync.Mutex
+	bfdPeers map[netip.Addr]bfd.Config
+	bfdHeld  map[netip.Addr]*time.Timer
 }
 
 // New starts an embedded GoBGP server with the given router ID (IPv4, as BGP requires) and no
@@ -65,8 +79,7 @@ func New(logger hclog.Logger, reg prometheus.Registerer, routerID netip.Addr, li
 	if listenPort < -1 || listenPort > 65535 {
 		return nil, fmt.Errorf("listen port %d out of range", listenPort)
 	}
-	guard, hook := newBFDGuard(logger)
-	srv := server.NewBgpServer(server.LoggerOption(newSlogLogger(logger.Named("gobgp"), hook), nil))
+	srv := server.NewBgpServer(server.LoggerOption(newSlogLogger(logger.Named("gobgp")), nil))
 	// Serve runs the loop every management call goes through; without it StartBgp blocks forever.
 	go srv.Serve()
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
@@ -87,17 +100,21 @@ func New(logger hclog.Logger, reg prometheus.Registerer, routerID netip.Addr, li
 		peers:    map[string]PeerConfig{},
 		routes:   map[netip.Prefix]route{},
 		filters:  map[string]*peerFilter{},
-
-		peerAdded: map[string]time.Time{},
-		bfdGuard:  guard,
+		bfdPeers: map[netip.Addr]bfd.Config{},
+		bfdHeld:  map[netip.Addr]*time.Timer{},
 	}
-	if err := s.startBFDGuard(guard); err != nil {
+	s.bfdNames.Store(&map[netip.Addr]string{})
+	s.bfdResets = newBFDResetter(logger.Named("bfd"), srv, s.bfdPeerName)
+	// The BFD server opens its sockets with the first session: nothing is bound without BFD peers.
+	s.bfd = bfd.New(bfd.Options{Logger: logger.Named("bfd"), OnEvent: s.onBFDEvent})
+	if err := s.watchEstablished(); err != nil {
+		s.stopBFD()
 		srv.Stop()
 		return nil, fmt.Errorf("watching GoBGP peer events: %w", err)
 	}
 	if reg != nil {
 		if err := reg.Register(&collector{s: s}); err != nil {
-			s.stopBFDGuard()
+			s.stopBFD()
 			srv.Stop()
 			return nil, fmt.Errorf("registering BGP metrics: %w", err)
 		}
@@ -106,8 +123,10 @@ func New(logger hclog.Logger, reg prometheus.Registerer, routerID netip.Addr, li
 }
 
 // SetPeers makes GoBGP's peers equal to peers. Unchanged peers keep their sessions; a changed peer
-// is removed and added again (its session restarts). An invalid peer, or one GoBGP refuses, is left
-// out and named in the returned error; the others are configured regardless.
+// is removed and added again (its session restarts), unless only its BFDProfile changed: BFD
+// sessions are vipgate's own and take new timers without a restart of anything. An invalid peer,
+// or one GoBGP refuses, is left out and named in the returned error; the others are configured
+// regardless.
 //
 // Restart: when the first SetPeers of a Speaker finds routes already set (SetAdvertisements was
 // called first, as after a vipgate restart), its graceful-restart peers open their sessions as a
@@ -127,7 +146,8 @@ func (s *Speaker) SetPeers(peers []PeerConfig) error {
 	// Remove first, so that a peer whose address moved to another name can be added below.
 	for _, name := range slices.Sorted(maps.Keys(s.peers)) {
 		old := s.peers[name]
-		if p, ok := want[name]; ok && reflect.DeepEqual(p, old) {
+		if p, ok := want[name]; ok && sameBGPPeer(p, old) {
+			s.peers[name] = p // the BFDProfile may differ: syncBFD below applies it
 			continue
 		}
 		if err := s.deletePeer(old); err != nil {
@@ -142,12 +162,19 @@ func (s *Speaker) SetPeers(peers []PeerConfig) error {
 			errs = append(errs, fmt.Errorf("peer %s: %w", name, err))
 		}
 	}
+	errs = append(errs, s.syncBFD())
 	return errors.Join(errs...)
+}
+
+// sameBGPPeer reports whether two configs make the same GoBGP neighbor (they may differ in BFD).
+func sameBGPPeer(a, b PeerConfig) bool {
+	a.BFD, b.BFD = nil, nil
+	return reflect.DeepEqual(a, b)
 }
 
 func (s *Speaker) addPeer(p PeerConfig, restarting bool) error {
 	if p.BFD != nil && p.BFD.EchoMode {
-		s.log.Warn("BFD echo mode is not supported by GoBGP; using asynchronous mode", "peer", p.Name)
+		s.log.Warn("BFD echo mode is not supported; using asynchronous mode", "peer", p.Name)
 	}
 	// The export filter must exist before the session can come up, or the first table dump
 	// would leak routes meant for other peers.
@@ -156,9 +183,7 @@ func (s *Speaker) addPeer(p PeerConfig, restarting bool) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
-	s.peerAdded[p.Name] = time.Now()
 	if err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(p, restarting && p.GracefulRestart)}); err != nil {
-		delete(s.peerAdded, p.Name)
 		// Leave no filter behind for a peer that does not exist.
 		if _, ferr := s.syncFilter(p, nil); ferr != nil {
 			s.log.Warn("removing export filter of a peer GoBGP refused", "peer", p.Name, "err", ferr)
@@ -178,7 +203,6 @@ func (s *Speaker) deletePeer(p PeerConfig) error {
 		return fmt.Errorf("removing from GoBGP: %w", err)
 	}
 	delete(s.peers, p.Name)
-	delete(s.peerAdded, p.Name)
 	if _, err := s.syncFilter(p, nil); err != nil {
 		s.log.Warn("removing export filter of a removed peer", "peer", p.Name, "err", err)
 	}
@@ -312,8 +336,10 @@ func (s *Speaker) deletePaths(routes []route) error {
 func (s *Speaker) Status() []PeerStatus {
 	s.mu.Lock()
 	names := make(map[netip.Addr]string, len(s.peers))
+	withBFD := map[netip.Addr]bool{}
 	for _, p := range s.peers {
 		names[p.PeerAddress] = p.Name
+		withBFD[p.PeerAddress] = p.BFD != nil
 	}
 	stopped := s.stopped
 	s.mu.Unlock()
@@ -324,7 +350,14 @@ func (s *Speaker) Status() []PeerStatus {
 	defer cancel()
 	var out []PeerStatus
 	err := s.srv.ListPeer(ctx, &api.ListPeerRequest{EnableAdvertised: true}, func(p *api.Peer) {
-		out = append(out, peerStatus(p, names))
+		st := peerStatus(p, names)
+		if withBFD[st.Address] {
+			st.BFD = BFDDown
+			if b, ok := s.bfd.Session(st.Address); ok {
+				st.BFD = bfdStateOf(b.State)
+			}
+		}
+		out = append(out, st)
 	})
 	if err != nil {
 		s.log.Warn("listing GoBGP peers", "err", err)
@@ -362,9 +395,6 @@ func peerStatus(p *api.Peer, names map[netip.Addr]string) PeerStatus {
 	for _, af := range p.GetAfiSafis() {
 		st.Advertised += int(af.GetState().GetAdvertised())
 	}
-	if p.GetBfd().GetEnabled() {
-		st.BFD = bfdState(p.GetState().GetBfdState().GetSessionState())
-	}
 	return st
 }
 
@@ -400,27 +430,31 @@ func (s *Speaker) Shutdown(ctx context.Context, drain time.Duration) error {
 	errs = append(errs, s.deletePaths(slices.Collect(maps.Values(s.routes))))
 	s.stopped = true
 	s.mu.Unlock()
-	s.stopBFDGuard()
-	// Stop deletes every neighbor with a Cease NOTIFICATION and stops the BFD server.
+	s.stopBFDClient()
+	// Stop deletes every neighbor with a Cease NOTIFICATION; BFD goes after (closeBFD).
 	s.srv.Stop()
+	s.closeBFD()
 	s.log.Info("BGP speaker shut down")
 	return errors.Join(errs...)
 }
 
 // Stop closes every session without withdrawing routes and without a NOTIFICATION where graceful
 // restart was negotiated, so routers keep forwarding to this node for the restart time (120s) while
-// vipgate restarts. Call it only when the process is about to exit: GoBGP's BFD goroutine stays.
+// vipgate restarts. Call it only when the process is about to exit.
 // After a restart, call SetAdvertisements before SetPeers so the first UPDATEs carry every route.
 func (s *Speaker) Stop(ctx context.Context) error {
-	// Runs after the unlock below: the guard's worker takes s.mu.
-	defer s.stopBFDGuard()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {
 		return nil
 	}
 	s.stopped = true
-	if err := s.srv.StopBgp(ctx, &api.StopBgpRequest{AllowGracefulRestart: true}); err != nil {
+	s.stopBFDClient()
+	err := s.srv.StopBgp(ctx, &api.StopBgpRequest{AllowGracefulRestart: true})
+	// The BGP sessions first, BFD after them (see closeBFD): a router must see the session close
+	// (and keep our routes, as a graceful restart helper) before it sees BFD go down.
+	s.closeBFD()
+	if err != nil {
 		return fmt.Errorf("stopping GoBGP: %w", err)
 	}
 	s.log.Info("BGP speaker stopped for restart")
@@ -434,4 +468,42 @@ func sortedPrefixes(m map[netip.Prefix]route) []netip.Prefix {
 		}
 		return a.Bits() - b.Bits()
 	})
+}
+
+// stopBFD stops everything BFD: stopBFDClient, then closeBFD.
+func (s *Speaker) stopBFD() {
+	s.stopBFDClient()
+	s.closeBFD()
+}
+
+// stopBFDClient stops what ties BFD to GoBGP: the resetter (no BGP reset during a stop), the watch
+// of session states and the timers that start held sessions. Call it before stopping GoBGP.
+func (s *Speaker) stopBFDClient() {
+	if s.stopWatch != nil {
+		s.stopWatch()
+	}
+	s.bfdMu.Lock()
+	for addr, t := range s.bfdHeld {
+		t.Stop()
+		delete(s.bfdHeld, addr)
+	}
+	s.bfdMu.Unlock()
+	s.bfdResets.stop()
+}
+
+// bfdAfterBGP is how long Stop and Shutdown wait between closing the BGP sessions and closing BFD.
+// FRR 8.4 takes a BFD AdminDown for a failure (bfdd reports it to bgpd as Down, which resets the
+// session with a Cease and flushes our routes) unless bgpd has already seen the session close:
+// then, as a graceful restart helper, it keeps them. BFD's way (bfdd, zebra, bgpd) is slower
+// than TCP's, and this makes the order certain on a LAN.
+const bfdAfterBGP = 100 * time.Millisecond
+
+// closeBFD sends AdminDown on every BFD session (bfdAfterBGP after the BGP sessions closed) and
+// closes the BFD server. RFC 5882 3.2: a router then turns BFD off for the session rather than
+// declaring a failure.
+func (s *Speaker) closeBFD() {
+	if len(s.bfd.Status()) > 0 {
+		time.Sleep(bfdAfterBGP)
+	}
+	s.bfd.Close()
 }

@@ -29,14 +29,16 @@ type PeerConfig struct {
 	// Password enables TCP MD5 signatures (RFC 2385) with this key.
 	Password string
 	// BFD, when set, runs a BFD session to PeerAddress and resets the BGP session when it fails.
+	// Changing only BFD updates the BFD session in place; the BGP session stays up.
 	BFD *BFDProfile
 	// GracefulRestart advertises the graceful restart capability (RFC 4724), so the router keeps
 	// our routes while vipgate restarts (see Speaker.Stop).
 	GracefulRestart bool
 }
 
-// BFDProfile holds the BFD timers of a peer (MetalLB's BFDProfile). Zero values take GoBGP's
-// defaults (1s intervals, multiplier 3).
+// BFDProfile holds the BFD settings of a peer (MetalLB's BFDProfile). Zero intervals mean 1s and
+// a zero multiplier 3. vipgate runs BFD itself (package bfd: RFC 5880 asynchronous mode, RFC 5881
+// single hop, RFC 5883 multi-hop for EBGPMultiHop peers).
 type BFDProfile struct {
 	// ReceiveInterval is the minimum interval at which we can receive control packets.
 	ReceiveInterval time.Duration
@@ -45,8 +47,13 @@ type BFDProfile struct {
 	// DetectMultiplier is how many packets may be missed before the session is declared down.
 	DetectMultiplier uint32
 	// EchoMode is accepted for MetalLB compatibility but ignored (with a warning in the log):
-	// GoBGP's BFD implements asynchronous mode only.
+	// only asynchronous mode is implemented.
 	EchoMode bool
+	// PassiveMode waits for the router's first packet before sending any.
+	PassiveMode bool
+	// MinimumTTL is the lowest TTL accepted on a multi-hop session (a peer with EBGPMultiHop);
+	// 0 means 254. Single-hop sessions accept only 255 (RFC 5881 section 5).
+	MinimumTTL uint32
 }
 
 // Advertisement is one VIP route to announce.

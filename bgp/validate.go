@@ -98,6 +98,12 @@ func validatePeer(p PeerConfig, routerID netip.Addr) error {
 		if b.ReceiveInterval > time.Hour || b.TransmitInterval > time.Hour {
 			return errors.New("BFD interval above 1h")
 		}
+		if b.ReceiveInterval > 0 && b.ReceiveInterval < time.Millisecond || b.TransmitInterval > 0 && b.TransmitInterval < time.Millisecond {
+			return errors.New("BFD interval below 1ms")
+		}
+		if b.MinimumTTL > 254 {
+			return fmt.Errorf("BFD minimumTtl %d is above 254", b.MinimumTTL)
+		}
 	}
 	return nil
 }

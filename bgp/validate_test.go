@@ -48,6 +48,8 @@ func TestValidatePeers(t *testing.T) {
 		{"connect time too small", func(p *PeerConfig) { p.ConnectTime = time.Millisecond }, "connectTime"},
 		{"password too long", func(p *PeerConfig) { p.Password = strings.Repeat("x", 81) }, "password"},
 		{"BFD multiplier too big", func(p *PeerConfig) { p.BFD = &BFDProfile{DetectMultiplier: 256} }, "detectMultiplier"},
+		{"BFD interval below 1ms", func(p *PeerConfig) { p.BFD = &BFDProfile{TransmitInterval: time.Microsecond} }, "below 1ms"},
+		{"BFD minimum TTL above 254", func(p *PeerConfig) { p.BFD = &BFDProfile{MinimumTTL: 255} }, "minimumTtl"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -197,7 +199,6 @@ func TestAPIPeer(t *testing.T) {
 			MpGracefulRestart: &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}},
 		}},
 		GracefulRestart: &api.GracefulRestart{Enabled: true, RestartTime: 120, DeferralTime: 15, LocalRestarting: true},
-		Bfd:             &api.BfdPeerConfig{Enabled: true, DesiredMinimumTxInterval: 200000, RequiredMinimumReceive: 300000, DetectionMultiplier: 5},
 	}
 	if diff := cmp.Diff(want, apiPeer(p, true), protocmp.Transform()); diff != "" {
 		t.Errorf("apiPeer (-want +got):\n%s", diff)

@@ -229,5 +229,11 @@ func bfdProfile(p *metallbv1beta1.BFDProfile) *bgp.BFDProfile {
 	if p.Spec.EchoMode != nil {
 		out.EchoMode = *p.Spec.EchoMode
 	}
+	if p.Spec.PassiveMode != nil {
+		out.PassiveMode = *p.Spec.PassiveMode
+	}
+	if p.Spec.MinimumTTL != nil {
+		out.MinimumTTL = *p.Spec.MinimumTTL
+	}
 	return out
 }

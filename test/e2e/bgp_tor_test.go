@@ -107,13 +107,21 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 	return time.Since(start)
 }
 
-// TestBGPFRRToR: FRR (bgpd + bfdd, zebra installing the routes) is the top-of-rack router of three
-// nodes running `vipgate node`, eBGP (nodes AS 64513, router AS 64512) with BFD 100 ms x 3 from a
-// MetalLB BFDProfile. An eTP=Cluster VIP has all three nodes as next hops in the router's FIB (ECMP)
-// and answers the client behind the router; its communities (standard, large, and one named by a
-// Community object) arrive; when a node dies (link down, then SIGKILL), its next hop leaves the
-// router's FIB — the time is reported (target <= 1 s).
-func TestBGPFRRToR(t *testing.T) {
+// frrToR is FRR (bgpd + bfdd, zebra installing the routes) as the top-of-rack router of three nodes
+// running `vipgate node`, eBGP (nodes AS 64513, router AS 64512) with BFD 100 ms x 3 from a MetalLB
+// BFDProfile, and one eTP=Cluster LoadBalancer VIP (203.0.113.80) with an endpoint on every node.
+type frrToR struct {
+	*bgpLab
+	frr *routers.FRR
+	// all are the nodes' addresses, sorted: the next hops the VIP should have.
+	all []string
+}
+
+const torVIP = "203.0.113.80/32"
+
+// newFRRToR starts FRR and writes the manifests; the caller starts the nodes (b.start).
+func newFRRToR(t *testing.T) *frrToR {
+	t.Helper()
 	routers.RequireRoot(t, "/usr/lib/frr/bgpd", "/usr/lib/frr/bfdd", "/usr/lib/frr/zebra", "vtysh")
 	b := newBGPLab(t, lab.NodeSpec{Name: "n1", Pods: []string{"f1"}}, lab.NodeSpec{Name: "n2", Pods: []string{"f2"}}, lab.NodeSpec{Name: "n3", Pods: []string{"f3"}})
 	l := b.l
@@ -125,6 +133,7 @@ func TestBGPFRRToR(t *testing.T) {
 		all = append(all, n.IPv4.String())
 		nodeDocs = append(nodeDocs, fmt.Sprintf("apiVersion: v1\nkind: Node\nmetadata:\n  name: %s\nstatus:\n  addresses: [{type: InternalIP, address: %q}]\n", n.Name, n.IPv4))
 	}
+	slices.Sort(all)
 	bgpd := routers.FRRBGPConfig(netip.MustParseAddr("192.0.2.1"), 64512, peers...)
 	// ECMP over the nodes: FRR installs up to 8 equal eBGP paths.
 	bgpd = strings.Replace(bgpd, " address-family ipv4 unicast\n", " address-family ipv4 unicast\n  maximum-paths 8\n", 1)
@@ -142,11 +151,21 @@ communities: ["65000:100", "large:64512:1:2", no-advertise-to-peers]`))...)
 	b.w.write("svc.yaml",
 		ndService("torweb", "LoadBalancer", "10.96.6.1", "Cluster", []ndPort{{"http", "TCP", 80, 30600, "http"}}, ndStatus("203.0.113.80")),
 		ndSlice("torweb", "IPv4", []ndSlicePort{{"http", "TCP", 8080}}, ndEp(f1, "n1"), ndEp(f2, "n2"), ndEp(f3, "n3")))
+	return &frrToR{bgpLab: b, frr: frr, all: all}
+}
+
+// TestBGPFRRToR: an eTP=Cluster VIP has all three nodes as next hops in the router's FIB (ECMP)
+// and answers the client behind the router; its communities (standard, large, and one named by a
+// Community object) arrive; when a node dies (link down, then SIGKILL), its next hop leaves the
+// router's FIB — the time is reported (target <= 1 s).
+func TestBGPFRRToR(t *testing.T) {
+	x := newFRRToR(t)
+	b, l, frr, all := x.bgpLab, x.l, x.frr, x.all
 	for _, n := range l.Nodes() {
 		b.start(n.Name)
 	}
 
-	waitFor(t, "three ECMP next hops in FRR's FIB", 30*time.Second, func() bool { return slices.Equal(frrNextHops(frr, "203.0.113.80/32"), all) })
+	waitFor(t, "three ECMP next hops in FRR's FIB", 30*time.Second, func() bool { return slices.Equal(frrNextHops(frr, torVIP), all) })
 	for _, n := range l.Nodes() {
 		waitFor(t, "BFD up with "+n.Name, 10*time.Second, func() bool { up, _ := frr.BFDUp(n.IPv4); return up })
 	}
@@ -166,15 +185,113 @@ communities: ["65000:100", "large:64512:1:2", no-advertise-to-peers]`))...)
 	if err := b.procs["n3"].Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	gone := waitFor(t, "n3 out of FRR's FIB", 15*time.Second, func() bool { return slices.Equal(frrNextHops(frr, "203.0.113.80/32"), all[:2]) })
+	gone := waitFor(t, "n3 out of FRR's FIB", 15*time.Second, func() bool { return slices.Equal(frrNextHops(frr, torVIP), all[:2]) })
 	t.Logf("n3 dead (link down + SIGKILL) -> its next hop gone from FRR's FIB in %v (BFD 100 ms x 3; hold time 9 s without BFD)", gone.Round(time.Millisecond))
 	// The endpoint controller would now drop n3's pod from the slice; then every connection works.
+	f1, f2 := l.Pod("f1"), l.Pod("f2")
 	b.w.write("svc.yaml",
 		ndService("torweb", "LoadBalancer", "10.96.6.1", "Cluster", []ndPort{{"http", "TCP", 80, 30600, "http"}}, ndStatus("203.0.113.80")),
 		ndSlice("torweb", "IPv4", []ndSlicePort{{"http", "TCP", 8080}}, ndEp(f1, "n1"), ndEp(f2, "n2")))
 	ndWait(t, l, lab.RoleClient, "tcp", "203.0.113.80:80", func(r lab.ProbeResult) bool { return r.OK() })
 	time.Sleep(300 * time.Millisecond)
 	ndMany(t, l, lab.RoleClient, "tcp", "203.0.113.80:80", 20)
+}
+
+// TestBGPFRRToRBFDFirst is the race behind a CI failure: BGP coming up after BFD. FRR 8.4 creates
+// its BFD session for a BGP neighbor before the session is Established (local address unknown),
+// and when BGP establishes it deletes that session and creates a new one (new discriminator, local
+// address set: bgpd's bgp_peer_bfd_update_source). With GoBGP's BFD, BFD came up with FRR's first
+// session while BGP was still connecting, and the replacement reset BGP on both sides, in a loop.
+// Here TCP port 179 is blocked at the router for the first 4 s: vipgate holds each BFD session
+// until its BGP session is Established (FRR's first sessions never come up), FRR still replaces
+// them, and every BGP session establishes once and never drops, on either side (FRR's
+// connectionsDropped, GoBGP's "Peer Down" in vipgate's log). bgp/'s TestFRRBFDRouterReplacesSession
+// covers BFD being up with FRR's first session.
+func TestBGPFRRToRBFDFirst(t *testing.T) {
+	x := newFRRToR(t)
+	b, l, frr, all := x.bgpLab, x.l, x.frr, x.all
+	nft := func(args ...string) {
+		t.Helper()
+		argv := routers.InNetns(l.NS(lab.RoleRouter), append([]string{"nft"}, args...)...)
+		routers.MustRun(t, argv[0], argv[1:]...)
+	}
+	nft("add", "table", "inet", "bgpblock")
+	for _, hook := range []string{"input", "output"} {
+		nft("add", "chain", "inet", "bgpblock", hook, "{ type filter hook "+hook+" priority 0; }")
+		nft("add", "rule", "inet", "bgpblock", hook, "tcp", "dport", "179", "drop")
+		nft("add", "rule", "inet", "bgpblock", hook, "tcp", "sport", "179", "drop")
+	}
+	start := time.Now()
+	for _, n := range l.Nodes() {
+		b.start(n.Name)
+	}
+	// While BGP is blocked: FRR has its first BFD sessions, and none comes up.
+	first := map[string]uint32{}
+	bfdUpEarly := 0
+	for time.Since(start) < 4*time.Second {
+		peers, err := frr.BFDPeers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range peers {
+			first[p.Peer] = p.ID
+			if p.Status == "up" {
+				bfdUpEarly++
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if est, _ := frr.Established(l.Node("n1").IPv4); est {
+		t.Fatalf("BGP established although port 179 is blocked")
+	}
+	nft("delete", "table", "inet", "bgpblock")
+	t.Logf("FRR's first BFD sessions %v; seen up before BGP in %d polls; port 179 unblocked after %v", first, bfdUpEarly, time.Since(start).Round(time.Millisecond))
+	if len(first) != 3 {
+		t.Errorf("FRR had %d BFD sessions before BGP, want 3: %v", len(first), first)
+	}
+	if bfdUpEarly > 0 {
+		t.Errorf("BFD came up before BGP was established (vipgate holds it until then)")
+	}
+
+	up := waitFor(t, "three ECMP next hops in FRR's FIB", 30*time.Second, func() bool { return slices.Equal(frrNextHops(frr, torVIP), all) })
+	t.Logf("all three next hops in FRR's FIB %v after the unblock", up.Round(time.Millisecond))
+	for _, n := range l.Nodes() {
+		waitFor(t, "BFD up with "+n.Name, 10*time.Second, func() bool { up, _ := frr.BFDUp(n.IPv4); return up })
+	}
+	// Long enough for anything FRR's session replacement could break to show: GoBGP's BFD expired
+	// FRR's new session after 3 s (detect multiplier 3 x 1 s slow-start interval).
+	time.Sleep(8 * time.Second)
+
+	nbrs, err := frr.Neighbors()
+	if err != nil {
+		t.Fatal(err)
+	}
+	peers, err := frr.BFDPeers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	replaced := 0
+	for _, p := range peers {
+		if p.Status != "up" {
+			t.Errorf("FRR BFD session with %s is %s", p.Peer, p.Status)
+		}
+		if id, ok := first[p.Peer]; ok && id != p.ID {
+			replaced++
+		}
+	}
+	for _, n := range l.Nodes() {
+		nb := nbrs[n.IPv4]
+		downs := strings.Count(b.procs[n.Name].Log(), "Peer Down")
+		t.Logf("%s: FRR state %s, established %d, dropped %d (last reset: %q); vipgate \"Peer Down\" %d",
+			n.Name, nb.BGPState, nb.ConnectionsEstablished, nb.ConnectionsDropped, nb.LastResetDueTo, downs)
+		if nb.BGPState != "Established" || nb.ConnectionsEstablished != 1 || nb.ConnectionsDropped != 0 || downs != 0 {
+			t.Errorf("%s: the BGP session flapped (FRR: %s, established %d, dropped %d; vipgate Peer Down %d)",
+				n.Name, nb.BGPState, nb.ConnectionsEstablished, nb.ConnectionsDropped, downs)
+		}
+	}
+	if replaced != 3 {
+		t.Errorf("FRR replaced %d of its 3 BFD sessions when BGP established (%v -> %+v): the case this test is about did not happen", replaced, first, peers)
+	}
 }
 
 // birdECMPConfig is a BIRD router (AS 64512) that installs what it learns into the kernel, merging

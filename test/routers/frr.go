@@ -158,6 +158,58 @@ func (f *FRR) Established(neighbor netip.Addr) (bool, error) {
 	return n.BGPState == "Established", nil
 }
 
+// FRRNeighbor is what bgpd reports about one neighbor ("show bgp neighbors json").
+type FRRNeighbor struct {
+	BGPState string `json:"bgpState"`
+	// ConnectionsEstablished and ConnectionsDropped count the sessions that reached Established
+	// and the Established sessions that were lost, since bgpd started.
+	ConnectionsEstablished int    `json:"connectionsEstablished"`
+	ConnectionsDropped     int    `json:"connectionsDropped"`
+	LastResetDueTo         string `json:"lastResetDueTo"`
+}
+
+// Neighbors returns bgpd's view of every neighbor, by address.
+func (f *FRR) Neighbors() (map[netip.Addr]FRRNeighbor, error) {
+	out, err := f.Vtysh("show bgp neighbors json")
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]FRRNeighbor
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		return nil, fmt.Errorf("parsing neighbors JSON: %w: %s", err, out)
+	}
+	res := make(map[netip.Addr]FRRNeighbor, len(m))
+	for k, v := range m {
+		if a, err := netip.ParseAddr(k); err == nil {
+			res[a] = v
+		}
+	}
+	return res, nil
+}
+
+// FRRBFDPeer is one bfdd session ("show bfd peers json").
+type FRRBFDPeer struct {
+	Peer   string `json:"peer"`
+	Local  string `json:"local"`
+	Status string `json:"status"`
+	// ID is bfdd's discriminator for the session, RemoteID the one it learned from the peer.
+	ID       uint32 `json:"id"`
+	RemoteID uint32 `json:"remote-id"`
+}
+
+// BFDPeers lists bfdd's sessions.
+func (f *FRR) BFDPeers() ([]FRRBFDPeer, error) {
+	out, err := f.Vtysh("show bfd peers json")
+	if err != nil {
+		return nil, err
+	}
+	var peers []FRRBFDPeer
+	if err := json.Unmarshal([]byte(out), &peers); err != nil {
+		return nil, fmt.Errorf("parsing BFD JSON: %w: %s", err, out)
+	}
+	return peers, nil
+}
+
 // BFDUp reports whether bfdd's session with peer is up.
 func (f *FRR) BFDUp(peer netip.Addr) (bool, error) {
 	out, err := f.Vtysh("show bfd peers json")
@@ -295,6 +347,9 @@ type FRRPeer struct {
 	Password string
 	// BFDProfile, when set, enables BFD for the session with this bfdd profile.
 	BFDProfile string
+	// EBGPMultihop allows the eBGP peer to be more than one hop away; with BFD, bgpd then asks
+	// bfdd for a multi-hop session (RFC 5883).
+	EBGPMultihop bool
 }
 
 // FRRBGPConfig renders a bgpd config that accepts every route from the peers (no eBGP policy
@@ -307,6 +362,9 @@ func FRRBGPConfig(routerID netip.Addr, asn uint32, peers ...FRRPeer) string {
 		fmt.Fprintf(&sb, " neighbor %s remote-as %d\n neighbor %s timers connect 1\n", n, p.PeerASN, n)
 		if p.Password != "" {
 			fmt.Fprintf(&sb, " neighbor %s password %s\n", n, p.Password)
+		}
+		if p.EBGPMultihop {
+			fmt.Fprintf(&sb, " neighbor %s ebgp-multihop 255\n", n)
 		}
 		if p.BFDProfile != "" {
 			fmt.Fprintf(&sb, " neighbor %s bfd profile %s\n", n, p.BFDProfile)

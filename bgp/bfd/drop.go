@@ -1,0 +1,93 @@
+package bfd
+
+import "sync/atomic"
+
+// DropReason says why a received datagram was discarded. Every discarded datagram is counted under
+// exactly one reason (Server.Drops), so a hostile or broken sender shows up in the metrics without
+// a log line per packet.
+type DropReason uint8
+
+// The drop reasons, in the order the checks run.
+const (
+	DropNone DropReason = iota
+	// DropTruncated: the datagram was larger than any Control packet can be.
+	DropTruncated
+	// DropTTL: the TTL (IPv4) or hop limit (IPv6) was not 255 on a single-hop session, or below
+	// the minimum on a multi-hop one, or the kernel did not report it (RFC 5881 section 5, GTSM).
+	DropTTL
+	// DropUnknownPeer: the source address is not a configured peer.
+	DropUnknownPeer
+	DropShort
+	DropVersion
+	// DropLength: the Length field is below 24 (26 with the A bit) or above the datagram.
+	DropLength
+	DropDetectMult
+	DropMultipoint
+	DropZeroMyDiscr
+	// DropAuth: the A bit is set; vipgate's sessions use no authentication.
+	DropAuth
+	// DropPollFinal: both Poll and Final set.
+	DropPollFinal
+	// DropUnknownDiscr: Your Discriminator names no session of ours.
+	DropUnknownDiscr
+	// DropWrongSource: Your Discriminator names the session of another peer.
+	DropWrongSource
+	// DropZeroYourDiscr: Your Discriminator is zero although the sender is in Init or Up.
+	DropZeroYourDiscr
+	// DropLocalAdminDown: our session is administratively down (being removed).
+	DropLocalAdminDown
+	// DropHeld: our session is held (not started yet: its BGP session was never Established).
+	DropHeld
+	// DropStaleRemote: the packet comes from a remote session other than the one ours is bound
+	// to, and is not a new remote session starting (Down, Your Discriminator zero); typically the
+	// last packets of a session the router has just replaced.
+	DropStaleRemote
+	numDropReasons
+)
+
+var dropNames = [numDropReasons]string{
+	DropNone:           "none",
+	DropTruncated:      "truncated",
+	DropTTL:            "ttl",
+	DropUnknownPeer:    "unknown_peer",
+	DropShort:          "short",
+	DropVersion:        "version",
+	DropLength:         "length",
+	DropDetectMult:     "zero_detect_mult",
+	DropMultipoint:     "multipoint",
+	DropZeroMyDiscr:    "zero_my_discriminator",
+	DropAuth:           "authentication",
+	DropPollFinal:      "poll_and_final",
+	DropUnknownDiscr:   "unknown_discriminator",
+	DropWrongSource:    "wrong_source",
+	DropZeroYourDiscr:  "zero_your_discriminator",
+	DropLocalAdminDown: "local_admin_down",
+	DropHeld:           "session_not_started",
+	DropStaleRemote:    "stale_remote_session",
+}
+
+// String is the reason as used in the metric label.
+func (r DropReason) String() string {
+	if r < numDropReasons {
+		return dropNames[r]
+	}
+	return "invalid"
+}
+
+// DropReasons lists every reason a datagram can be dropped for.
+func DropReasons() []DropReason {
+	rs := make([]DropReason, 0, numDropReasons-1)
+	for r := DropNone + 1; r < numDropReasons; r++ {
+		rs = append(rs, r)
+	}
+	return rs
+}
+
+// dropCounters counts drops by reason; written by the readers and the loop, read by metrics.
+type dropCounters [numDropReasons]atomic.Uint64
+
+func (c *dropCounters) add(r DropReason) {
+	if r != DropNone && r < numDropReasons {
+		c[r].Add(1)
+	}
+}
