@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ func testNetns(t testing.TB) (string, int) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (creates a network namespace)")
 	}
+	sweepStaleNetns.Do(sweepDeadOwnersNetns)
 	name := fmt.Sprintf("vgt%d-dp%d", os.Getpid(), time.Now().UnixNano()%100000)
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add: %v: %s", err, out)
@@ -34,6 +36,24 @@ func testNetns(t testing.TB) (string, int) {
 		exec.Command("ip", "netns", "del", name).Run()
 	})
 	return name, int(f.Fd())
+}
+
+var sweepStaleNetns sync.Once
+
+// sweepDeadOwnersNetns deletes the namespaces this helper named after a test process that no longer
+// runs ("vgt<pid>-dp…"): a test binary killed by a timeout or a signal runs no t.Cleanup.
+func sweepDeadOwnersNetns() {
+	entries, _ := os.ReadDir("/run/netns")
+	for _, e := range entries {
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "vgt%d-dp", &pid); err != nil || pid <= 0 || !strings.HasPrefix(e.Name(), fmt.Sprintf("vgt%d-dp", pid)) {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			continue // its test is still running (or the pid was reused: then leave it)
+		}
+		exec.Command("ip", "netns", "del", e.Name()).Run()
+	}
 }
 
 func nftList(t testing.TB, ns string) string {
