@@ -93,18 +93,6 @@ func newFastLab(t *testing.T) *fastLab {
 		}
 	}
 	x.scanARP()
-	t.Cleanup(func() {
-		if d := os.Getenv("VIPGATE_L2_LOGS"); d != "" {
-			for name, p := range x.procs {
-				_ = os.WriteFile(filepath.Join(d, name+".log"), []byte(p.Log()), 0o644)
-			}
-		}
-		if t.Failed() {
-			for name, p := range x.procs {
-				t.Logf("--- vipgate on %s:\n%s", name, p.Tail(30))
-			}
-		}
-	})
 	x.w.write("nodes.yaml", nodesYAML(l)...)
 	x.w.write("pools.yaml", `apiVersion: metallb.io/v1beta1
 kind: IPAddressPool

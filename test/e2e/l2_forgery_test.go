@@ -36,13 +36,6 @@ func TestL2SpeakerForgery(t *testing.T) {
 	}})
 	x := newL2Lab(t, l)
 	x.scanARP()
-	t.Cleanup(func() {
-		if t.Failed() {
-			for name, p := range x.procs {
-				t.Logf("--- vipgate on %s:\n%s", name, p.Tail(30))
-			}
-		}
-	})
 	// One key file for the whole test, rewritten in place for the rotation.
 	keyFile := filepath.Join(x.dir, "memberkey")
 	keyA, keyB := "rotation-key-A-0123456789abcdef0123456789", "rotation-key-B-fedcba9876543210fedcba9876"

@@ -3,8 +3,6 @@ package e2e
 import (
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -34,18 +32,6 @@ func TestL2Segments(t *testing.T) {
 	}})
 	x := newL2Lab(t, l)
 	x.scanARP()
-	t.Cleanup(func() {
-		if t.Failed() {
-			for name, p := range x.procs {
-				t.Logf("--- vipgate on %s:\n%s", name, p.Tail(40))
-			}
-		}
-		if d := os.Getenv("VIPGATE_L2_LOGS"); d != "" {
-			for name, p := range x.procs {
-				_ = os.WriteFile(filepath.Join(d, "segments-"+name+".log"), []byte(p.Log()), 0o644)
-			}
-		}
-	})
 
 	x.extraConfig = "speaker:\n  members:\n"
 	for _, n := range l.Nodes() {

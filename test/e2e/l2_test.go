@@ -70,6 +70,21 @@ func newL2Lab(t *testing.T, l *lab.Lab) *l2Lab {
 		}
 		x.macs[n.Name] = strings.ToLower(strings.TrimSpace(mac))
 	}
+	// The speakers' logs: their tails when the test fails, and all of them in $VIPGATE_L2_LOGS (for
+	// a closer look at the timings) as <test>-<node>.log.
+	t.Cleanup(func() {
+		if d := os.Getenv("VIPGATE_L2_LOGS"); d != "" {
+			prefix := strings.ReplaceAll(t.Name(), "/", "_") + "-"
+			for name, p := range x.procs {
+				_ = os.WriteFile(filepath.Join(d, prefix+name+".log"), []byte(p.Log()), 0o644)
+			}
+		}
+		if t.Failed() {
+			for name, p := range x.procs {
+				t.Logf("--- vipgate on %s:\n%s", name, p.Tail(40))
+			}
+		}
+	})
 	return x
 }
 
@@ -199,19 +214,6 @@ func TestL2Speaker(t *testing.T) {
 	}})
 	x := newL2Lab(t, l)
 	x.scanARP()
-	t.Cleanup(func() {
-		if d := os.Getenv("VIPGATE_L2_LOGS"); d != "" {
-			// Keep the speakers' logs for a closer look at the timings.
-			for name, p := range x.procs {
-				_ = os.WriteFile(filepath.Join(d, name+".log"), []byte(p.Log()), 0o644)
-			}
-		}
-		if t.Failed() {
-			for name, p := range x.procs {
-				t.Logf("--- vipgate on %s:\n%s", name, p.Tail(30))
-			}
-		}
-	})
 
 	// Manifests: Nodes; pools "lan" (the demo VIPs, v4 and v6) and "bulk" (100 more) with an
 	// L2Advertisement; and three kinds of bad input that must be reported, never answered, and must
@@ -778,18 +780,6 @@ status:
 	for _, n := range names {
 		x.start(n)
 	}
-	t.Cleanup(func() {
-		if d := os.Getenv("VIPGATE_L2_LOGS"); d != "" {
-			for name, p := range x.procs {
-				_ = os.WriteFile(filepath.Join(d, name+".log"), []byte(p.Log()), 0o644)
-			}
-		}
-		if t.Failed() {
-			for name, p := range x.procs {
-				t.Logf("--- vipgate on %s:\n%s", name, p.Tail(30))
-			}
-		}
-	})
 	_, doubles := x.waitOwners(ips, func(ip netip.Addr) string { return hashOwner(ip, names...) }, 20*time.Second)
 	dist := map[string]int{}
 	for _, ip := range ips {
