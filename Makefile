@@ -4,7 +4,7 @@ GO      ?= go
 BIN     := bin
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
-APT_PKGS := nftables iproute2 conntrack iperf3 arping tcpdump bird2 frr etcd-server
+APT_PKGS := nftables iproute2 conntrack conntrackd iperf3 arping tcpdump bird2 frr etcd-server
 # Bounded fuzzing in `make test`, as a count of inputs per target (about 10 s each here). A count, not
 # a duration: with a duration, Go 1.26's fuzz coordinator can report a spurious "context deadline
 # exceeded" at the deadline (golang/go#75804, fixed in Go 1.27). Longer runs: FUZZ_FILE=60s etc.
@@ -60,8 +60,8 @@ demo: deps build
 	$(GO) run ./test/demo --vipgate $(CURDIR)/$(BIN)/vipgate --labserver $(CURDIR)/$(BIN)/labserver
 
 # bench: one table of dataplane figures (full and incremental syncs vs the real kube-proxy and nft -f,
-# both measured in the same run; rule counts, memory, per-packet cost, throughput, control-plane
-# latency), measured in throwaway network namespaces; appended to BENCH.md, the scaling curves drawn as
+# both measured in the same run; rule counts, memory, churn of 1,000 endpoint changes/s for 60 s
+# (--churn-time to shorten), per-packet cost, throughput, control-plane latency), measured in throwaway network namespaces; appended to BENCH.md, the scaling curves drawn as
 # SVG into docs/bench/. kube-proxy's nftables proxier v1.37.2 is measured by default (the driver
 # test/bench/kubeproxy, built into bin/ when its sources change); BENCH_KUBEPROXY=0 skips it,
 # BENCH_KUBEPROXY=v1.37.2,v1.36.3 adds v1.36.3. `go run ./test/bench --quick --no-kube-proxy` takes

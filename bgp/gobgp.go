@@ -50,7 +50,7 @@ func apiPeer(p PeerConfig, restarting bool) *api.Peer {
 		Conf: &api.PeerConf{
 			NeighborAddress: p.PeerAddress.String(),
 			PeerAsn:         p.PeerASN,
-			LocalAsn:        p.MyASN,
+			LocalAsn:        p.localASN(),
 			AuthPassword:    p.Password,
 			Description:     p.Name,
 		},
@@ -151,4 +151,12 @@ func sessionState(s api.PeerState_SessionState) SessionState {
 		return StateEstablished
 	}
 	return StateUnknown
+}
+
+// localASN is the AS number the session uses on the wire: LocalASN when set, else MyASN.
+func (p PeerConfig) localASN() uint32 {
+	if p.LocalASN != 0 {
+		return p.LocalASN
+	}
+	return p.MyASN
 }

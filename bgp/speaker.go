@@ -191,7 +191,7 @@ func (s *Speaker) addPeer(p PeerConfig, restarting bool) error {
 		return fmt.Errorf("adding to GoBGP: %w", err)
 	}
 	s.peers[p.Name] = p
-	s.log.Info("peer added", "peer", p.Name, "address", p.PeerAddress, "my_asn", p.MyASN, "peer_asn", p.PeerASN)
+	s.log.Info("peer added", "peer", p.Name, "address", p.PeerAddress, "my_asn", p.MyASN, "local_asn", p.localASN(), "peer_asn", p.PeerASN)
 	return nil
 }
 

@@ -11,6 +11,12 @@ type PeerConfig struct {
 	Name string
 	// MyASN is the local AS number for this session; PeerASN the remote one. Equal means iBGP.
 	MyASN, PeerASN uint32
+	// LocalASN, when not 0, is the AS number this session shows the peer instead of MyASN (MetalLB
+	// v0.16's BGPPeer localASN, FRR's "local-as LocalASN no-prepend replace-as"): it is the AS in
+	// our OPEN and the only AS in the AS_PATH of our routes, and whether the session is iBGP or eBGP
+	// is decided by comparing it with PeerASN. GoBGP has a local AS per neighbor, so nothing else
+	// changes.
+	LocalASN uint32
 	// PeerAddress is the router's address (IPv4 or IPv6). IPv4 peers carry IPv4 VIPs, IPv6 peers
 	// carry IPv6 VIPs.
 	PeerAddress netip.Addr

@@ -35,6 +35,8 @@ const (
 	DefaultMetricsBindAddress  = "127.0.0.1:10249"
 	DefaultTableName           = "vipgate"
 	DefaultHealthCheckInterval = 5 * time.Second
+	// DefaultDrainTimeout is how long a draining node keeps its established flows on a gateway.
+	DefaultDrainTimeout = 5 * time.Minute
 )
 
 // maxConfigSize bounds a configuration file; a config is a few hundred bytes.
@@ -225,6 +227,9 @@ type GatewayConfig struct {
 	// MaglevTableSize is the number of consistent-hash slots per VIP port (a prime, 251-65537; 0
 	// means derived from the backends: the smallest of 1021 ... 65537 that is >= 100 x backends).
 	MaglevTableSize int
+	// DrainTimeout is how long a draining node keeps its established flows on the gateways (label
+	// vipgate.io/drain; 0: DefaultDrainTimeout); after it the node leaves the connection table.
+	DrainTimeout time.Duration
 	// Name is this gateway's name among the gateways of its group (default: the host name). It is
 	// the member name of the speakers' membership and the node name MetalLB selectors see.
 	Name string
@@ -240,6 +245,53 @@ type GatewayConfig struct {
 	MetricsBindAddress netip.AddrPort
 	// Logging is logLevel and logFormat.
 	Logging Logging
+	// SNATAddresses are the source addresses the gateways of the group masquerade to, per gateway
+	// (the same list in every gateway's config). Each gateway SNATs to its own, answers ARP/NDP for
+	// it while alive, and a surviving gateway takes a dead one's over, so replies to the dead
+	// gateway's flows reach a gateway that holds their NAT state (ConntrackSync). Empty: masquerade
+	// to the gateway's own address.
+	SNATAddresses []GatewaySNATAddresses
+	// ConntrackSync replicates the gateway's conntrack table to its peer with conntrackd.
+	ConntrackSync ConntrackSync
+}
+
+// GatewaySNATAddresses are one gateway's SNAT source addresses, at most one per family.
+type GatewaySNATAddresses struct {
+	// Gateway is the gateway's name (its name:, a member of speaker.members).
+	Gateway   string
+	Addresses []netip.Addr
+}
+
+// ConntrackSync configures conntrackd (FTFW over unicast UDP) between the two gateways of a pair.
+type ConntrackSync struct {
+	Enabled bool
+	// Interface carries the sync traffic (a dedicated link is best; default: the interface of the
+	// gateway IP of Peer's family, found at start).
+	Interface string
+	// Peer is the other gateway's address on that link; LocalAddress this gateway's (default: the
+	// gatewayIP of Peer's family).
+	Peer         netip.Addr
+	LocalAddress netip.Addr
+	// Port is the UDP port of the sync messages (default 3780, conntrackd's).
+	Port int
+	// Conntrackd is the path of the conntrackd binary (default: conntrackd from PATH).
+	Conntrackd string
+	// StateDir holds conntrackd's config, lock file, control socket, log and pid file (default: a
+	// fresh temporary directory, removed on exit).
+	StateDir string
+}
+
+// DefaultConntrackSyncPort is conntrackd's default UDP port.
+const DefaultConntrackSyncPort = 3780
+
+// SNATAddressesOf returns the SNAT addresses of the named gateway (nil if it has none).
+func (c *GatewayConfig) SNATAddressesOf(name string) []netip.Addr {
+	for _, g := range c.SNATAddresses {
+		if g.Gateway == name {
+			return g.Addresses
+		}
+	}
+	return nil
 }
 
 // GatewayRoleLabel is the label every gateway carries for MetalLB nodeSelectors, so a BGPPeer or an
@@ -266,12 +318,149 @@ type gatewayConfigFile struct {
 	TableName           string             `json:"tableName"`
 	Nodes               []gatewayNodeFile  `json:"nodes"`
 	MaglevTableSize     int                `json:"maglevTableSize"`
+	DrainTimeout        string             `json:"drainTimeout"`
 	Name                string             `json:"name"`
 	Labels              map[string]string  `json:"labels"`
 	Speaker             *speakerConfigFile `json:"speaker"`
 	MetricsBindAddress  string             `json:"metricsBindAddress"`
 	LogLevel            string             `json:"logLevel"`
 	LogFormat           string             `json:"logFormat"`
+	SNATAddresses       []gatewaySNATFile  `json:"snatAddresses"`
+	ConntrackSync       *conntrackSyncFile `json:"conntrackSync"`
+}
+
+// gatewaySNATFile is one entry of a GatewayConfig's snatAddresses.
+type gatewaySNATFile struct {
+	Gateway   string   `json:"gateway"`
+	Addresses []string `json:"addresses"`
+}
+
+// conntrackSyncFile is the on-disk form of ConntrackSync.
+type conntrackSyncFile struct {
+	Enabled      *bool  `json:"enabled"`
+	Interface    string `json:"interface"`
+	Peer         string `json:"peer"`
+	LocalAddress string `json:"localAddress"`
+	Port         int    `json:"port"`
+	Conntrackd   string `json:"conntrackd"`
+	StateDir     string `json:"stateDir"`
+}
+
+// parseGatewaySync decodes snatAddresses and conntrackSync into c.
+func parseGatewaySync(c *GatewayConfig, f *gatewayConfigFile) error {
+	for i, g := range f.SNATAddresses {
+		addrs, err := parseAddrList(fmt.Sprintf("snatAddresses[%d].addresses", i), g.Addresses)
+		if err != nil {
+			return err
+		}
+		c.SNATAddresses = append(c.SNATAddresses, GatewaySNATAddresses{Gateway: g.Gateway, Addresses: addrs})
+	}
+	cs := f.ConntrackSync
+	if cs == nil {
+		return nil
+	}
+	// A conntrackSync section means "on" unless it says enabled: false.
+	c.ConntrackSync = ConntrackSync{Enabled: cs.Enabled == nil || *cs.Enabled, Interface: cs.Interface,
+		Port: cmp.Or(cs.Port, DefaultConntrackSyncPort), Conntrackd: cs.Conntrackd, StateDir: cs.StateDir}
+	var err error
+	if cs.Peer != "" {
+		if c.ConntrackSync.Peer, err = parseIP("conntrackSync.peer", cs.Peer); err != nil {
+			return err
+		}
+	}
+	if cs.LocalAddress != "" {
+		if c.ConntrackSync.LocalAddress, err = parseIP("conntrackSync.localAddress", cs.LocalAddress); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateGatewaySync checks snatAddresses and conntrackSync.
+func (c *GatewayConfig) validateGatewaySync() error {
+	members := map[string]bool{c.Name: true}
+	for _, m := range c.Speaker.Members {
+		members[m.Name] = true
+	}
+	seenGw := map[string]bool{}
+	seenAddr := map[netip.Addr]string{}
+	for i, g := range c.SNATAddresses {
+		field := fmt.Sprintf("snatAddresses[%d]", i)
+		if !members[g.Gateway] {
+			return fmt.Errorf("%s.gateway: %q is neither this gateway (name: %s) nor in speaker.members", field, g.Gateway, c.Name)
+		}
+		if seenGw[g.Gateway] {
+			return fmt.Errorf("%s.gateway: %q is listed twice", field, g.Gateway)
+		}
+		seenGw[g.Gateway] = true
+		if len(g.Addresses) == 0 {
+			return fmt.Errorf("%s.addresses: gateway %q needs at least one address", field, g.Gateway)
+		}
+		if err := checkHostAddrs(field+".addresses", g.Addresses, true); err != nil {
+			return err
+		}
+		for j, a := range g.Addresses {
+			if o, ok := seenAddr[a]; ok {
+				return fmt.Errorf("%s.addresses[%d]: %s is gateway %q's too: each gateway needs its own SNAT address", field, j, a, o)
+			}
+			seenAddr[a] = g.Gateway
+			if slices.Contains(c.GatewayIPs, a) {
+				return fmt.Errorf("%s.addresses[%d]: %s is this gateway's own gatewayIP; a SNAT address must be a spare address that moves to the peer when this gateway dies", field, j, a)
+			}
+			for _, m := range c.Speaker.Members {
+				if m.Address == a {
+					return fmt.Errorf("%s.addresses[%d]: %s is the member address of %q; a SNAT address must be a spare address", field, j, a, m.Name)
+				}
+			}
+		}
+	}
+	if len(c.SNATAddresses) > 0 && !seenGw[c.Name] {
+		return fmt.Errorf("snatAddresses: no entry for this gateway (name: %s)", c.Name)
+	}
+	cs := c.ConntrackSync
+	if !cs.Enabled {
+		return nil
+	}
+	if !cs.Peer.IsValid() {
+		return errors.New("conntrackSync.peer: required (the other gateway's address on the sync link)")
+	}
+	if err := checkHostAddrs("conntrackSync.peer", []netip.Addr{cs.Peer}, true); err != nil {
+		return err
+	}
+	if cs.LocalAddress.IsValid() {
+		if err := checkHostAddrs("conntrackSync.localAddress", []netip.Addr{cs.LocalAddress}, true); err != nil {
+			return err
+		}
+		if cs.LocalAddress.Is4() != cs.Peer.Is4() {
+			return fmt.Errorf("conntrackSync.localAddress: %s and peer %s are of different families", cs.LocalAddress, cs.Peer)
+		}
+		if cs.LocalAddress == cs.Peer {
+			return fmt.Errorf("conntrackSync.peer: %s is this gateway's own localAddress", cs.Peer)
+		}
+	} else if !slices.ContainsFunc(c.GatewayIPs, func(a netip.Addr) bool { return a.Is4() == cs.Peer.Is4() }) {
+		return fmt.Errorf("conntrackSync.localAddress: required: no gatewayIP of the family of peer %s", cs.Peer)
+	}
+	if slices.Contains(c.GatewayIPs, cs.Peer) {
+		return fmt.Errorf("conntrackSync.peer: %s is this gateway's own gatewayIP", cs.Peer)
+	}
+	if cs.Port < 1 || cs.Port > 65535 {
+		return fmt.Errorf("conntrackSync.port: %d is out of range 1-65535", cs.Port)
+	}
+	if cs.Interface != "" && (len(cs.Interface) > 15 || strings.ContainsAny(cs.Interface, "/ \t\n\"{}#")) {
+		return fmt.Errorf("conntrackSync.interface: %q is not an interface name", cs.Interface)
+	}
+	if cs.Conntrackd != "" && (!strings.HasPrefix(cs.Conntrackd, "/") || strings.ContainsAny(cs.Conntrackd, "\n\x00")) {
+		return fmt.Errorf("conntrackSync.conntrackd: %q is not an absolute path", cs.Conntrackd)
+	}
+	if cs.StateDir != "" && (!strings.HasPrefix(cs.StateDir, "/") || strings.ContainsAny(cs.StateDir, " \t\n\"{}#\x00") || strings.Contains(cs.StateDir, "..")) {
+		return fmt.Errorf("conntrackSync.stateDir: %q is not an absolute path without spaces, quotes, braces or '..'", cs.StateDir)
+	}
+	// With SNAT to the gateway's own address, replies of the flows a dead gateway NATed go to a dead
+	// address: no synced state can save them.
+	if c.Forwarding != ForwardRoute && c.SNAT != SNATNever && len(c.SNATAddresses) == 0 {
+		return errors.New("conntrackSync: needs snatAddresses with snat: " + string(c.SNAT) + " (each gateway's SNAT address moves to the survivor, so replies reach the gateway that has the synced NAT state)")
+	}
+	return nil
 }
 
 // readConfigFile reads a configuration file, bounded in size, with the care of the manifest
@@ -610,6 +799,14 @@ func ParseGatewayConfig(data []byte) (*GatewayConfig, error) {
 			return nil, fmt.Errorf("healthCheckInterval: %q is not a duration (like 5s or 500ms)", f.HealthCheckInterval)
 		}
 	}
+	if f.DrainTimeout != "" {
+		if c.DrainTimeout, err = time.ParseDuration(f.DrainTimeout); err != nil {
+			return nil, fmt.Errorf("drainTimeout: %q is not a duration (like 5m or 30s)", f.DrainTimeout)
+		}
+		if c.DrainTimeout == 0 {
+			return nil, errors.New("drainTimeout: 0 is not allowed (leave it out for the default 5m; 1s for almost no grace)")
+		}
+	}
 	if c.GatewayIPs, err = parseAddrList("gatewayIPs", f.GatewayIPs); err != nil {
 		return nil, err
 	}
@@ -628,6 +825,9 @@ func ParseGatewayConfig(data []byte) (*GatewayConfig, error) {
 			return nil, err
 		}
 		c.Nodes = append(c.Nodes, node)
+	}
+	if err := parseGatewaySync(c, &f); err != nil {
+		return nil, err
 	}
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -669,6 +869,9 @@ func (c *GatewayConfig) Validate() error {
 	if err := checkPrefixes("serviceCIDRs", c.ServiceCIDRs, families, "gatewayIPs"); err != nil {
 		return err
 	}
+	if c.DrainTimeout < 0 || c.DrainTimeout > 24*time.Hour {
+		return fmt.Errorf("drainTimeout: %s is out of range 1s-24h", c.DrainTimeout)
+	}
 	if c.MaglevTableSize != 0 && (c.MaglevTableSize < 251 || c.MaglevTableSize > 65537 || !isPrime(c.MaglevTableSize)) {
 		return fmt.Errorf("maglevTableSize: %d is not a prime between 251 and 65537 (e.g. 1021, 4093, 16381)", c.MaglevTableSize)
 	}
@@ -684,6 +887,9 @@ func (c *GatewayConfig) Validate() error {
 		}
 	}
 	if err := c.Speaker.validate(c.Name); err != nil {
+		return err
+	}
+	if err := c.validateGatewaySync(); err != nil {
 		return err
 	}
 	if err := checkBind("metricsBindAddress", c.MetricsBindAddress); err != nil {

@@ -672,7 +672,15 @@ func NodeFromAPI(n *corev1.Node) (*Node, error) {
 	if err := checkName("metadata.name", n.Name, validation.IsDNS1123Subdomain); err != nil {
 		return nil, err
 	}
-	out := &Node{Name: n.Name, Labels: maps.Clone(n.Labels), Zone: n.Labels[ZoneLabel]}
+	out := &Node{Name: n.Name, Labels: maps.Clone(n.Labels), Zone: n.Labels[ZoneLabel], Unschedulable: n.Spec.Unschedulable}
+	for k, v := range n.Annotations {
+		if strings.HasPrefix(k, "vipgate.io/") {
+			if out.Annotations == nil {
+				out.Annotations = map[string]string{}
+			}
+			out.Annotations[k] = v
+		}
+	}
 	for i, a := range n.Status.Addresses {
 		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
 			continue // hostnames and DNS names are not addresses vipgate can use

@@ -436,3 +436,16 @@ func TestNodeFromAPI(t *testing.T) {
 		t.Errorf("bad node address: err = %v", err)
 	}
 }
+
+func TestNodeFromAPIDrainFields(t *testing.T) {
+	n, err := NodeFromAPI(&corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: map[string]string{"vipgate.io/drain": "", "csi.volume.kubernetes.io/nodeid": "{\"big\":1}"}},
+		Spec:       corev1.NodeSpec{Unschedulable: true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !n.Unschedulable || len(n.Annotations) != 1 || n.Annotations["vipgate.io/drain"] != "" {
+		t.Fatalf("got unschedulable=%v annotations=%v, want true and only vipgate.io/drain", n.Unschedulable, n.Annotations)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,9 +25,12 @@ import (
 
 // Tunables of the Kubernetes source. They are variables so that tests can shorten them.
 var (
-	// kubeDebounce is how long the informers must stay quiet before a new snapshot is built: a
-	// Service update typically comes with several EndpointSlice updates right after it, and one
-	// snapshot for all of them means one dataplane sync.
+	// kubeQuiet is how long the informers must have been quiet for a change to be taken at once
+	// (leading edge, see coalescer): a lone EndpointSlice created reaches the kernel without waiting.
+	kubeQuiet = 50 * time.Millisecond
+	// kubeDebounce is how long a burst of changes (one within kubeQuiet of the one before) must
+	// stay quiet before a new snapshot is built: a Service update typically comes with several
+	// EndpointSlice updates right after it, and one snapshot for all of them means one dataplane sync.
 	kubeDebounce = 50 * time.Millisecond
 	// kubeMaxDelay bounds how long a continuous stream of events can postpone a snapshot.
 	kubeMaxDelay = 500 * time.Millisecond
@@ -62,10 +66,11 @@ const EventReasonRejected = "Rejected"
 // With WatchSpeakerPods it also lists the node agent's own pods (State.SpeakerNodes).
 //
 // RBAC the node agent needs: get, list and watch on services, nodes, endpointslices
-// (discovery.k8s.io) and, if MetalLB's CRDs are installed, on ipaddresspools, l2advertisements,
-// bgpadvertisements, communities, bfdprofiles and bgppeers (metallb.io); create and patch on events
-// (core); list and watch on secrets and pods in its own namespace (Roles there); and access to the
-// discovery endpoints (granted to every authenticated user by default).
+// (discovery.k8s.io), list and watch on servicecidrs (networking.k8s.io, when served) and, if
+// MetalLB's CRDs are installed, on ipaddresspools, l2advertisements, bgpadvertisements,
+// communities, bfdprofiles and bgppeers (metallb.io); create and patch on events (core); list and
+// watch on secrets and pods in its own namespace (Roles there); and access to the discovery
+// endpoints (granted to every authenticated user by default).
 type KubeSource struct {
 	cfg      *rest.Config
 	nodeName string
@@ -120,8 +125,9 @@ func (k *KubeSource) String() string { return "kubernetes " + k.cfg.Host }
 
 // Run starts the informers, waits until every one of them has synced (a partial first snapshot would
 // make the dataplane delete rules of Services it has not seen yet), calls onChange with the first
-// State, and then with a new State after every change (debounced). onChange is called from Run's
-// goroutine only, one call at a time, and not for changes that leave the State as it was.
+// State, and then with a new State after every change (at once after a quiet period, bursts
+// coalesced: see coalescer). onChange is called from Run's goroutine only, one call at a time, and
+// not for changes that leave the State as it was.
 //
 // Run returns nil when ctx is cancelled, or an error if the clients cannot be built.
 func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
@@ -258,6 +264,13 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 	}
 	dynFactory.Start(ctx.Done())
 	synced = append(synced, mlb.synced()...)
+	// ServiceCIDR objects extend the service CIDRs (kubesource_servicecidr.go).
+	svcCIDRs, err := watchServiceCIDRs(nodeFactory, client.Discovery(), handler, k.logger)
+	if err != nil {
+		return err
+	}
+	nodeFactory.Start(ctx.Done())
+	synced = append(synced, svcCIDRs.synced()...)
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return nil // ctx ended
 	}
@@ -274,17 +287,28 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 			secrets:  listSecrets(),
 		})
 		st.SpeakerNodes = listSpeakerNodes()
+		svcCIDRs.apply(st)
 		return st
 	}
 	last := snapshot()
 	onChange(last)
 
+	// A nil channel blocks forever: the debounce timer is armed only while a burst is pending.
 	var (
-		debounce   = time.NewTimer(time.Hour)
-		debounceC  <-chan time.Time
-		firstEvent time.Time
+		debounce  = time.NewTimer(time.Hour)
+		debounceC <-chan time.Time
+		co        = coalescer{quiet: kubeQuiet, debounce: kubeDebounce, maxDelay: kubeMaxDelay}
 	)
 	debounce.Stop()
+	take := func() {
+		co.taken()
+		st := snapshot()
+		if !sameState(last, st) || !maps.Equal(last.SpeakerNodes, st.SpeakerNodes) ||
+			!slices.Equal(last.ServiceCIDRs, st.ServiceCIDRs) {
+			last = st
+			onChange(st)
+		}
+	}
 	recheck := time.NewTicker(kubeCRDRecheck)
 	defer recheck.Stop()
 	for {
@@ -292,19 +316,17 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 		case <-ctx.Done():
 			return nil
 		case <-changed:
-			now := time.Now()
-			if debounceC == nil {
-				firstEvent = now
+			if d := co.event(time.Now()); d > 0 {
+				debounce.Reset(d)
+				debounceC = debounce.C
+			} else {
+				debounce.Stop()
+				debounceC = nil
+				take()
 			}
-			debounce.Reset(min(kubeDebounce, max(0, kubeMaxDelay-now.Sub(firstEvent))))
-			debounceC = debounce.C
 		case <-debounceC:
 			debounceC = nil
-			st := snapshot()
-			if !sameState(last, st) || !maps.Equal(last.SpeakerNodes, st.SpeakerNodes) {
-				last = st
-				onChange(st)
-			}
+			take()
 		case <-recheck.C:
 			if started := mlb.recheck(); len(started) > 0 {
 				dynFactory.Start(ctx.Done())

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/vipgate/vipgate/cluster/mlbstatus"
 	metallbv1beta1 "go.universe.tf/metallb/api/v1beta1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,6 +40,12 @@ type LBControllerConfig struct {
 	LeaseNamespace, LeaseName string
 	// Identity is this replica's name in the Lease (default: host name and pid).
 	Identity string
+	// StatusNamespace is vipgate's namespace (POD_NAMESPACE), where the leader writes MetalLB's
+	// ConfigurationState "controller"; PodName (POD_NAME) is its owner. "" writes no
+	// ConfigurationState and no IPAddressPool status.
+	StatusNamespace, PodName string
+	// Metrics receives the allocator's pool usage after each reconcile of the leader (nil: none).
+	Metrics *PoolMetrics
 }
 
 // LBController allocates LoadBalancer IPs from MetalLB IPAddressPools and writes them to
@@ -55,6 +62,8 @@ type LBController struct {
 	alloc    *Allocator
 	failed   map[ServiceKey]string
 	rejected map[string]string
+	// status writes MetalLB's IPAddressPool status and ConfigurationState (nil: not written).
+	status *mlbstatus.Writer
 }
 
 // NewLBController returns a controller for the cluster cfg points at.
@@ -100,7 +109,10 @@ func (c *LBController) Run(ctx context.Context) error {
 				c.log.Info("leading: allocating LoadBalancer IPs", "identity", c.conf.Identity)
 				c.lead(ctx)
 			},
-			OnStoppedLeading: func() { c.log.Info("no longer leading", "identity", c.conf.Identity) },
+			OnStoppedLeading: func() {
+				c.log.Info("no longer leading", "identity", c.conf.Identity)
+				c.conf.Metrics.Observe(nil, 0)
+			},
 		},
 	})
 	return nil
@@ -111,6 +123,17 @@ func (c *LBController) lead(ctx context.Context) {
 	done := make(chan struct{})
 	go func() { defer close(done); c.runFinalizers(ctx) }()
 	defer func() { <-done }()
+	c.status = nil
+	if c.conf.StatusNamespace != "" {
+		w, err := mlbstatus.New(c.cfg, mlbstatus.Options{Namespace: c.conf.StatusNamespace, Component: mlbstatus.Controller,
+			PodName: c.conf.PodName}, c.log.Named("mlbstatus"))
+		if err != nil {
+			c.log.Error("not writing MetalLB's status resources", "err", err)
+		} else {
+			c.status = w
+			go w.Run(ctx)
+		}
+	}
 	src := NewKubeSource(c.cfg, ControllerComponent, c.log.Named("source"))
 	if err := src.Run(ctx, func(st *State) { c.reconcile(ctx, st) }); err != nil && ctx.Err() == nil {
 		c.log.Error("watching the cluster", "err", err)
@@ -124,6 +147,8 @@ func (c *LBController) serves(svc *Service) bool {
 // reconcile allocates for every Service of st that needs it and releases what is gone.
 func (c *LBController) reconcile(ctx context.Context, st *State) {
 	objs := st.MetalLB
+	defer c.publishStatus(st)
+	defer func() { c.conf.Metrics.Observe(c.alloc, len(c.failed)) }()
 	pools, rejected := ParseLBPools(poolsOf(objs))
 	seen := map[string]string{}
 	for _, r := range rejected {
@@ -223,6 +248,32 @@ func (c *LBController) event(ctx context.Context, k ServiceKey, typ, reason, msg
 		return
 	}
 	c.recorder.Event(svc, typ, reason, msg)
+}
+
+// publishStatus hands the status writer the pools' counters (MetalLB's IPAddressPool status) and
+// the rejected objects (ConfigurationState "controller").
+func (c *LBController) publishStatus(st *State) {
+	if c.status == nil || c.alloc == nil {
+		return
+	}
+	counts := map[string]mlbstatus.PoolCounts{}
+	for _, u := range c.alloc.PoolUsages() {
+		pc := counts[u.Pool]
+		if u.Family == IPv4 {
+			pc.SizeIPv4, pc.AssignedIPv4 = u.Size, int64(u.InUse)
+		} else {
+			pc.SizeIPv6, pc.AssignedIPv6 = u.Size, int64(u.InUse)
+		}
+		counts[u.Pool] = pc
+	}
+	problems := map[string]string{}
+	for o, r := range c.rejected {
+		problems[o] = r
+	}
+	for _, r := range st.Rejected {
+		problems[r.Kind+" "+r.Object] = r.Reason
+	}
+	c.status.SetController(poolsOf(st.MetalLB), counts, mlbstatus.ProblemLines(problems))
 }
 
 func poolsOf(m *MetalLBConfig) []*metallbv1beta1.IPAddressPool {

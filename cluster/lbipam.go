@@ -10,7 +10,6 @@ import (
 
 	metallbv1beta1 "go.universe.tf/metallb/api/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 )
 
 // LoadBalancer IP allocation with MetalLB's semantics (see ALLOCATION.md): pools, requests by
@@ -33,8 +32,8 @@ func annotation(svc *Service, names []string) string {
 	return ""
 }
 
-// lbRange is one addresses entry of a pool.
-type lbRange struct{ first, last netip.Addr }
+// lbRange is one addresses entry of a pool (mlbpool.go parses it; metrics_pools.go sizes it).
+type lbRange = AddressRange
 
 // LBPool is a validated IPAddressPool.
 type LBPool struct {
@@ -51,7 +50,7 @@ type LBPool struct {
 
 func (p *LBPool) contains(a netip.Addr) bool {
 	for _, r := range p.ranges {
-		if a.BitLen() == r.first.BitLen() && r.first.Compare(a) <= 0 && a.Compare(r.last) <= 0 {
+		if r.Contains(a) {
 			return true
 		}
 	}
@@ -66,77 +65,22 @@ func (p *LBPool) families() map[Family]bool {
 	return out
 }
 
-func parseLBRange(s string) (lbRange, error) {
-	s = strings.TrimSpace(s)
-	if a, b, ok := strings.Cut(s, "-"); ok {
-		f, err1 := netip.ParseAddr(strings.TrimSpace(a))
-		l, err2 := netip.ParseAddr(strings.TrimSpace(b))
-		switch {
-		case err1 != nil || err2 != nil:
-			return lbRange{}, fmt.Errorf("%q is not a valid address range", s)
-		case f.BitLen() != l.BitLen():
-			return lbRange{}, fmt.Errorf("range %q mixes IPv4 and IPv6", s)
-		case l.Less(f):
-			return lbRange{}, fmt.Errorf("range %q starts after it ends", s)
-		}
-		return lbRange{f, l}, nil
-	}
-	p, err := netip.ParsePrefix(s)
-	if err != nil {
-		return lbRange{}, fmt.Errorf("%q is neither a CIDR nor a range: %v", s, err)
-	}
-	p = p.Masked()
-	b := addrSlice(p.Addr())
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 1 << (7 - uint(i%8))
-	}
-	last, _ := netip.AddrFromSlice(b)
-	return lbRange{p.Addr(), last}, nil
-}
-
-func addrSlice(a netip.Addr) []byte {
-	if a.Is4() {
-		v := a.As4()
-		return v[:]
-	}
-	v := a.As16()
-	return v[:]
-}
-
 // ParseLBPools validates IPAddressPools. A bad pool (unparsable addresses, a range that starts after
-// it ends, addresses that overlap an earlier pool) is rejected alone; the others are returned.
+// it ends, addresses that overlap an earlier pool) is rejected alone; the others are returned. The
+// pools are read by parsePools (mlbpool.go), as the speaker's cluster.PoolIndex reads them.
 func ParseLBPools(objs []*metallbv1beta1.IPAddressPool) ([]*LBPool, []Rejection) {
 	var pools []*LBPool
 	var rejected []Rejection
-	for _, o := range objs {
-		name := o.Namespace + "/" + o.Name
-		p := &LBPool{Name: o.Name, Namespace: o.Namespace, AutoAssign: o.Spec.AutoAssign == nil || *o.Spec.AutoAssign, AvoidBuggyIPs: o.Spec.AvoidBuggyIPs}
+	for _, pp := range parsePools(objs) {
+		o := pp.obj
+		if len(pp.errs) > 0 {
+			rejected = append(rejected, Rejection{Kind: "IPAddressPool", Object: o.Namespace + "/" + o.Name, Source: "kubernetes", Reason: strings.Join(pp.errs, "; ")})
+			continue
+		}
+		p := &LBPool{Name: o.Name, Namespace: o.Namespace, ranges: pp.ranges, AutoAssign: o.Spec.AutoAssign == nil || *o.Spec.AutoAssign, AvoidBuggyIPs: o.Spec.AvoidBuggyIPs}
 		if a := o.Spec.AllocateTo; a != nil {
 			p.hasAllocation = true
 			p.Priority, p.Namespaces, p.NamespaceSelectors, p.ServiceSelectors = a.Priority, a.Namespaces, a.NamespaceSelectors, a.ServiceSelectors
-		}
-		var errs []string
-		if len(o.Spec.Addresses) == 0 {
-			errs = append(errs, "spec.addresses is empty")
-		}
-		for i, s := range o.Spec.Addresses {
-			r, err := parseLBRange(s)
-			if err != nil {
-				errs = append(errs, fmt.Sprintf("spec.addresses[%d]: %v", i, err))
-				continue
-			}
-			for _, q := range append(pools, p) {
-				for _, qr := range q.ranges {
-					if qr.first.BitLen() == r.first.BitLen() && qr.first.Compare(r.last) <= 0 && r.first.Compare(qr.last) <= 0 {
-						errs = append(errs, fmt.Sprintf("spec.addresses[%d] %s overlaps pool %s/%s", i, s, q.Namespace, q.Name))
-					}
-				}
-			}
-			p.ranges = append(p.ranges, r)
-		}
-		if len(errs) > 0 {
-			rejected = append(rejected, Rejection{Kind: "IPAddressPool", Object: name, Source: "kubernetes", Reason: strings.Join(errs, "; ")})
-			continue
 		}
 		pools = append(pools, p)
 	}
@@ -253,23 +197,10 @@ func (p *LBPool) allowed(svc *Service, nsLabels map[string]string) bool {
 	if len(p.Namespaces) > 0 && !slices.Contains(p.Namespaces, svc.Key.Namespace) {
 		return false
 	}
-	if !matchAny(p.NamespaceSelectors, nsLabels) || !matchAny(p.ServiceSelectors, svc.Labels) {
+	if !MatchesAny(p.NamespaceSelectors, nsLabels) || !MatchesAny(p.ServiceSelectors, svc.Labels) {
 		return false
 	}
 	return true
-}
-
-func matchAny(sels []metav1.LabelSelector, set map[string]string) bool {
-	if len(sels) == 0 {
-		return true
-	}
-	for i := range sels {
-		s, err := metav1.LabelSelectorAsSelector(&sels[i])
-		if err == nil && s.Matches(labels.Set(set)) {
-			return true
-		}
-	}
-	return false
 }
 
 // families returns the families the Service needs (all required) and may have (wanted).
@@ -453,10 +384,8 @@ func (a *Allocator) free(p *LBPool, f Family, svc *Service) (netip.Addr, bool) {
 			continue
 		}
 		for ip := r.first; ip.IsValid() && ip.Compare(r.last) <= 0; ip = ip.Next() {
-			if p.AvoidBuggyIPs && ip.Is4() {
-				if last := ip.As4()[3]; last == 0 || last == 255 {
-					continue
-				}
+			if p.AvoidBuggyIPs && avoidedIP(ip) {
+				continue
 			}
 			if u := a.used[ip]; u == nil || (annotation(svc, annAllowShared) != "" && a.canUse(svc, ip) == nil) {
 				return ip, true

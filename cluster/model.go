@@ -162,6 +162,11 @@ type Node struct {
 	// Zone is the topology.kubernetes.io/zone label.
 	Zone      string
 	Addresses []netip.Addr
+	// Unschedulable is spec.unschedulable (cordoned, e.g. by kubectl drain).
+	Unschedulable bool
+	// Annotations are the Node's annotations under vipgate.io/ (the others are not kept: Nodes
+	// carry large ones, e.g. CNI and CSI state).
+	Annotations map[string]string
 }
 
 // Rejection records one input object that was refused, and why. Everything else keeps working.
@@ -229,4 +234,8 @@ type State struct {
 	// WatchSpeakerPods): the L2 speakers' members. nil when not known (the file source, or no pod
 	// watch): then every Node, or speaker.members, is a member.
 	SpeakerNodes map[string]bool
+	// ServiceCIDRs are the ranges of the cluster's ServiceCIDR objects (networking.k8s.io/v1, the
+	// Kubernetes source), masked and sorted; nil with the file source. They extend the configured
+	// service CIDRs, which stay the base (ServiceCIDRs(configured, st) is the union).
+	ServiceCIDRs []netip.Prefix
 }

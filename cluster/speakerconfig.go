@@ -33,7 +33,20 @@ type SpeakerConfig struct {
 	// (POD_NAMESPACE), with the Kubernetes source and no Members: a node is a member while such a
 	// pod is scheduled on it. "": DefaultSpeakerPodSelector.
 	PodSelector string
+	// DirectMembersLimit is the largest L2 segment whose members heartbeat each other all-to-all;
+	// a larger one gossips (bounded traffic per member, speaker/README.md "Scale"). nil: 128; 0:
+	// every segment gossips.
+	DirectMembersLimit *int
+	// GossipFanout is to how many members a gossip round sends (0: 1).
+	GossipFanout int
 }
+
+// Bounds of the gossip settings: an all-to-all heartbeat holds at most 7,320 members, and a
+// fanout beyond 16 only multiplies the traffic.
+const (
+	maxDirectMembersLimit = 7000
+	maxGossipFanout       = 16
+)
 
 // SpeakerMember is one entry of SpeakerConfig.Members.
 type SpeakerMember struct {
@@ -50,6 +63,9 @@ type speakerConfigFile struct {
 	MemberKeyFile     string              `json:"memberKeyFile"`
 	Insecure          bool                `json:"insecure"`
 	PodSelector       string              `json:"podSelector"`
+	// DirectMembersLimit is a pointer: 0 (always gossip) differs from unset (128).
+	DirectMembersLimit *int `json:"directMembersLimit"`
+	GossipFanout       int  `json:"gossipFanout"`
 }
 
 type speakerMemberFile struct {
@@ -65,6 +81,7 @@ func parseSpeakerConfig(f *speakerConfigFile) (SpeakerConfig, error) {
 	}
 	c.MemberPort = f.MemberPort
 	c.MemberKeyFile, c.Insecure, c.PodSelector = f.MemberKeyFile, f.Insecure, f.PodSelector
+	c.DirectMembersLimit, c.GossipFanout = f.DirectMembersLimit, f.GossipFanout
 	var err error
 	for _, d := range []struct {
 		field string
@@ -107,6 +124,12 @@ func (c *SpeakerConfig) validate(nodeName string) error {
 	// Fewer than two heartbeats per DeadAfter would declare a member dead on one lost datagram.
 	if dead < 2*hb || dead > time.Minute {
 		return fmt.Errorf("speaker.deadAfter: %v must be at least twice heartbeatInterval (%v) and at most 1m", dead, hb)
+	}
+	if l := c.DirectMembersLimit; l != nil && (*l < 0 || *l > maxDirectMembersLimit) {
+		return fmt.Errorf("speaker.directMembersLimit: %d is outside 0-%d (0: every segment gossips; unset: 128)", *l, maxDirectMembersLimit)
+	}
+	if c.GossipFanout < 0 || c.GossipFanout > maxGossipFanout {
+		return fmt.Errorf("speaker.gossipFanout: %d is outside 1-%d (0 or unset: 1)", c.GossipFanout, maxGossipFanout)
 	}
 	if c.PodSelector != "" {
 		sel, err := labels.Parse(c.PodSelector)

@@ -18,6 +18,8 @@ func TestNodeConfigSpeaker(t *testing.T) {
   deadAfter: 200ms
   memberKeyFile: /etc/vipgate/memberlist/key
   podSelector: app=vipgate-node,tier in (edge)
+  directMembersLimit: 0
+  gossipFanout: 2
   members:
   - {name: n1, address: 192.0.2.11}
   - {name: n2, address: "2001:db8:1::12"}
@@ -27,6 +29,7 @@ func TestNodeConfigSpeaker(t *testing.T) {
 	}
 	want := SpeakerConfig{MemberPort: 7000, HeartbeatInterval: 50 * time.Millisecond, DeadAfter: 200 * time.Millisecond,
 		MemberKeyFile: "/etc/vipgate/memberlist/key", PodSelector: "app=vipgate-node,tier in (edge)",
+		DirectMembersLimit: new(int), GossipFanout: 2,
 		Members: []SpeakerMember{{"n1", netip.MustParseAddr("192.0.2.11")}, {"n2", netip.MustParseAddr("2001:db8:1::12")}}}
 	if diff := cmp.Diff(want, c.Speaker, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 		t.Errorf("speaker (-want +got):\n%s", diff)
@@ -43,6 +46,11 @@ func TestNodeConfigSpeaker(t *testing.T) {
 		{"speaker: {heartbeatInterval: fast}", "speaker.heartbeatInterval"},
 		{"speaker: {heartbeatInterval: 1ms}", "speaker.heartbeatInterval"},
 		{"speaker: {heartbeatInterval: 100ms, deadAfter: 150ms}", "speaker.deadAfter"},
+		{"speaker: {directMembersLimit: -1}", "speaker.directMembersLimit: -1 is outside 0-7000"},
+		{"speaker: {directMembersLimit: 8000}", "speaker.directMembersLimit"},
+		{"speaker: {directMembersLimit: many}", "directMembersLimit"},
+		{"speaker: {gossipFanout: -2}", "speaker.gossipFanout: -2 is outside 1-16"},
+		{"speaker: {gossipFanout: 100}", "speaker.gossipFanout"},
 		{"speaker: {members: [{name: n2, address: 192.0.2.12}]}", "this node (\"n1\") is not listed"},
 		{"speaker: {members: [{name: n1, address: 192.0.2.11}, {name: n1, address: 192.0.2.12}]}", "listed twice"},
 		{"speaker: {members: [{name: n1, address: 192.0.2.11}, {name: n2, address: 192.0.2.11}]}", "also \"n1\"'s address"},

@@ -352,6 +352,9 @@ func DecodeTable(kt *KernelTable) (*Flat, error) {
 			f.Elements[name] = els
 		}
 	}
+	if err := resolveGatewayMarks(f); err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
 
 	var base, regular []string
 	for _, kc := range kt.Chains {
@@ -451,7 +454,7 @@ func serviceRuleComment(chain string, r Rule) string {
 }
 
 // allSetKinds lists every set kind, for matching a kernel set against what the encoder would create.
-var allSetKinds = []SetKind{KindAddr, KindPrefix, KindTupleVmap, KindProtoPortVmap, KindTupleEndpoints, KindProtoPortEndpoints, KindHairpin, KindAffinity, KindTupleAddr}
+var allSetKinds = []SetKind{KindAddr, KindPrefix, KindTupleVmap, KindProtoPortVmap, KindTupleEndpoints, KindProtoPortEndpoints, KindHairpin, KindAffinity, KindTupleAddr, KindTupleMark, KindGatewayFlows}
 
 // decodeSet finds the one set kind whose encoding has this key, data and flags.
 func decodeSet(enc *encoder, ks KernelSet) (*Set, error) {
@@ -487,7 +490,7 @@ func decodeSet(enc *encoder, ks KernelSet) (*Set, error) {
 			ks.KeyType, ks.KeyLen, ks.DataType, ks.Flags, len(found))
 	}
 	s := &Set{Name: ks.Name, Kind: found[0]}
-	if s.Kind == KindAffinity {
+	if s.Kind == KindAffinity || s.Kind == KindGatewayFlows {
 		s.Timeout = ks.Timeout
 	}
 	return s, nil
@@ -588,6 +591,9 @@ func (r *keyReader) done() error {
 }
 
 func decodeElement(s *Set, alen int, ke KernelElement) (Element, error) {
+	if s.Kind == KindTupleMark {
+		return decodeMarkElement(s, alen, ke) // gateway_conntable.go
+	}
 	el := Element{Set: s.Name}
 	k := &keyReader{b: ke.Key}
 	d := &keyReader{b: ke.Data}
@@ -763,7 +769,8 @@ var (
 	actionKinds = []ActionKind{ActJump, ActGoto, ActReturn, ActDrop, ActReject, ActMarkSet, ActMasqClearMark, ActMasquerade,
 		ActVmapTuple, ActVmapProtoPort, ActDNATTupleMap, ActDNATProtoPortMap, ActAffinityDNAT, ActAffinityRefresh, ActAffinityRecall,
 		ActDNATJhashMap, ActDupJhashMap, // the gateway's (gateway_ir.go, gateway_route.go)
-		ActDNATProtoPortJhashMap, ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap, ActDupSrcHashMap, ActDNATRoundRobin} // lbalgo.go
+		ActDNATProtoPortJhashMap, ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap, ActDupSrcHashMap, ActDNATRoundRobin, // lbalgo.go
+		ActFlowRecall, ActFlowPick, ActFlowDaisy} // gateway_conntable.go
 )
 
 // hints are the parameters a run of expressions offers to candidate matches and actions: the first
@@ -850,6 +857,8 @@ func (h hints) action(k ActionKind) Action {
 	case ActDNATTupleMap, ActDNATProtoPortMap, ActDNATJhashMap, ActDupJhashMap,
 		ActDNATProtoPortJhashMap, ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap, ActDupSrcHashMap:
 		a.Map, a.Value = h.set, h.modulus
+	case ActFlowPick, ActFlowDaisy: // gateway_conntable.go: its maps have fixed names
+		a.Value = h.modulus
 	case ActDNATRoundRobin:
 		a.Value = h.modulus
 		if len(h.imm) == 2 && len(h.imm[1]) == 2 {

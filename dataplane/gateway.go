@@ -3,6 +3,7 @@ package dataplane
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -60,6 +61,9 @@ type GatewayConfig struct {
 	MasqueradeBit int
 	// Families lists the families to program (default: IPv4 and IPv6).
 	Families []cluster.Family
+	// DrainTimeout is how long a draining node keeps its established flows (default
+	// DefaultDrainTimeout); after it the node leaves the connection table.
+	DrainTimeout time.Duration
 }
 
 func (c GatewayConfig) withDefaults() GatewayConfig {
@@ -67,6 +71,7 @@ func (c GatewayConfig) withDefaults() GatewayConfig {
 	c.Forwarding = cmp.Or(c.Forwarding, cluster.ForwardNodePort)
 	c.SNAT = cmp.Or(c.SNAT, cluster.SNATAuto)
 	c.MasqueradeBit = cmp.Or(c.MasqueradeBit, cluster.DefaultMasqueradeBit)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
 	if len(c.Families) == 0 {
 		c.Families = []cluster.Family{cluster.IPv4, cluster.IPv6}
 	}
@@ -102,6 +107,9 @@ type GatewayEntry struct {
 	// Algorithm is how the entry's slots are keyed: LBMaglev (the flow) or LBSourceHash (the client
 	// address).
 	Algorithm cluster.LBAlgorithm
+	// Draining are backends that get no new flows but keep their established ones (a node marked
+	// draining, a node whose local endpoints are all terminating, endpoints on a draining node), sorted.
+	Draining []netip.AddrPort
 }
 
 // String formats the entry for logs.
@@ -113,6 +121,9 @@ func (e GatewayEntry) String() string {
 type gatewayNode struct {
 	name string
 	addr netip.Addr
+	// draining: no new flows, established ones keep it; gone: drained past the deadline, not used
+	// at all.
+	draining, gone bool
 }
 
 // gatewayNodes lists the nodes' addresses of family f, by name: the State's nodes, or the configured
@@ -122,7 +133,7 @@ func gatewayNodes(cfg GatewayConfig, st *cluster.State, f cluster.Family) []gate
 	add := func(n *cluster.Node) {
 		for _, a := range n.Addresses {
 			if cluster.FamilyOf(a) == f {
-				out = append(out, gatewayNode{n.Name, a.Unmap()})
+				out = append(out, gatewayNode{name: n.Name, addr: a.Unmap()})
 				return
 			}
 		}
@@ -251,7 +262,7 @@ func GatewayServiceEntries(cfg GatewayConfig, f cluster.Family, svc *cluster.Ser
 		if proto == 0 {
 			continue
 		}
-		var backends []netip.AddrPort
+		var backends, draining []netip.AddrPort
 		why := ""
 		switch cfg.Forwarding {
 		case cluster.ForwardDirect:
@@ -262,8 +273,19 @@ func GatewayServiceEntries(cfg GatewayConfig, f cluster.Family, svc *cluster.Ser
 				// keeps existing and new connections working through a rolling update.
 				ready = filter(eps, func(e Endpoint) bool { return e.Serving && e.Terminating })
 			}
+			onDraining := endpointsOnNodes(slices_, nodes)
 			for _, e := range ready {
-				backends = append(backends, e.AddrPort())
+				switch onDraining[e.Addr] {
+				case nodeDraining:
+					draining = append(draining, e.AddrPort())
+				case nodeGone:
+				default:
+					backends = append(backends, e.AddrPort())
+				}
+			}
+			if len(backends) == 0 && len(draining) > 0 {
+				// Every endpoint is on a draining node: they keep serving new flows rather than none.
+				backends, draining = draining, nil
 			}
 			if len(backends) == 0 {
 				why = "no ready endpoints"
@@ -279,10 +301,32 @@ func GatewayServiceEntries(cfg GatewayConfig, f cluster.Family, svc *cluster.Ser
 				break
 			}
 			for _, n := range nodes {
-				if svc.ExternalPolicyLocal && svc.HealthCheckNodePort != 0 && !health[HealthTarget{n.addr, svc.HealthCheckNodePort}] {
+				b := netip.AddrPortFrom(n.addr, port)
+				if n.gone {
 					continue
 				}
-				backends = append(backends, netip.AddrPortFrom(n.addr, port))
+				if svc.ExternalPolicyLocal && svc.HealthCheckNodePort != 0 && !health[HealthTarget{n.addr, svc.HealthCheckNodePort}] {
+					// The node answers 503 while its local endpoints terminate: it drains (its
+					// established flows go on), else it is out.
+					if terminatingOn(slices_, n.name) {
+						draining = append(draining, b)
+					}
+					continue
+				}
+				if n.draining {
+					draining = append(draining, b)
+					continue
+				}
+				backends = append(backends, b)
+			}
+			if len(backends) == 0 && len(draining) > 0 && slices.ContainsFunc(nodes, func(n gatewayNode) bool { return n.draining && !n.gone }) {
+				// Every usable node drains: they keep taking new flows rather than none.
+				for _, b := range draining {
+					if i := slices.IndexFunc(nodes, func(n gatewayNode) bool { return n.addr == b.Addr() }); i >= 0 && nodes[i].draining {
+						backends = append(backends, b)
+					}
+				}
+				draining = slices.DeleteFunc(draining, func(b netip.AddrPort) bool { return slices.Contains(backends, b) })
 			}
 			if len(backends) == 0 {
 				if svc.ExternalPolicyLocal {
@@ -294,8 +338,10 @@ func GatewayServiceEntries(cfg GatewayConfig, f cluster.Family, svc *cluster.Ser
 		}
 		slices.SortFunc(backends, netip.AddrPort.Compare)
 		backends = slices.Compact(backends)
+		slices.SortFunc(draining, netip.AddrPort.Compare)
+		draining = slices.Compact(draining)
 		for _, vip := range vips {
-			out = append(out, GatewayEntry{Service: svc.Key, VIP: vip, Proto: proto, Port: sp.Port, Backends: backends, SNAT: snat, Why: why, Algorithm: alg})
+			out = append(out, GatewayEntry{Service: svc.Key, VIP: vip, Proto: proto, Port: sp.Port, Backends: backends, SNAT: snat, Why: why, Algorithm: alg, Draining: draining})
 		}
 	}
 	return out
@@ -321,9 +367,13 @@ func gatewayAlgorithm(cfg GatewayConfig, svc *cluster.Service) (cluster.LBAlgori
 
 // gatewayPart turns a Service's entries into its part: a service-ips element and a Maglev table of
 // size slots in gateway-backends per entry with backends.
-func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int) (*Part, error) {
+func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int, ids map[netip.Addr]uint32, hist gatewayHistory) (*Part, error) {
 	p := &Part{}
 	for _, e := range entries {
+		for _, b := range e.Draining {
+			// Draining backends are kept: their established flows are not stale.
+			p.Backends = append(p.Backends, Backend{Proto: e.Proto, Endpoint: b})
+		}
 		p.Entries = append(p.Entries, EntryRef{Proto: e.Proto, Addr: e.VIP, Port: e.Port, HasEndpoints: len(e.Backends) > 0})
 		if len(e.Backends) == 0 {
 			continue
@@ -346,6 +396,10 @@ func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int) (*Part, er
 			p.Elements = append(p.Elements, Element{Set: MapServiceIPs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Verdict: VerdictGoto, Chain: route})
 			for slot, bi := range table {
 				p.Elements = append(p.Elements, Element{Set: [2]string{MapGatewayRoutes, MapGatewayRoutesSH}[boolInt(sh)], Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: e.Backends[bi].Addr()})
+			}
+			if !sh {
+				p.Elements = append(p.Elements, gatewayConnElements(e, table, ids)...)
+				p.Elements = append(p.Elements, gatewayDaisyElements(e, table, hist.advance(e, table, size), ids)...)
 			}
 			continue
 		}
@@ -460,20 +514,26 @@ func (a gwInput) equal(b gwInput) bool {
 
 // BuildGatewayRuleset builds one family's complete gateway table for st and health.
 func BuildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State, health Health) (*GatewayRuleset, error) {
-	return buildGatewayRuleset(cfg, f, st, health, nil)
+	var d GatewayDrainState
+	keep, expired, _ := d.update(drainingNodes(cfg, st), time.Now(), cfg.withDefaults().DrainTimeout)
+	return buildGatewayRuleset(cfg, f, st, health, nil, gatewayDrain{keep, expired, nil})
 }
 
 // buildGatewayRuleset is BuildGatewayRuleset reusing the parts of prev (may be nil) whose inputs did
 // not change.
-func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State, health Health, prev *GatewayRuleset) (*GatewayRuleset, error) {
+func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State, health Health, prev *GatewayRuleset, drain gatewayDrain) (*GatewayRuleset, error) {
 	cfg = cfg.withDefaults()
 	out := &GatewayRuleset{Ruleset: &Ruleset{Family: f, Table: cfg.Table, Services: map[cluster.ServiceKey]*Part{}, Shared: map[string]*Chain{}},
 		inputs: map[cluster.ServiceKey]gwInput{}, kept: map[cluster.ServiceKey][]GatewayEntry{}}
 	nodes := gatewayNodes(cfg, st, f)
 	var nodesKey strings.Builder
-	for _, n := range nodes {
-		nodesKey.WriteString(n.addr.String() + ",")
+	addrs := make([]netip.Addr, 0, len(nodes))
+	for i, n := range nodes {
+		nodes[i].draining, nodes[i].gone = drain.keep[n.name], drain.expired[n.name]
+		nodesKey.WriteString(n.addr.String() + [3]string{",", "~,", "-,"}[boolInt(nodes[i].draining)+2*boolInt(nodes[i].gone)])
+		addrs = append(addrs, n.addr)
 	}
+	ids := GatewayConnIDs(addrs)
 	keys := make([]cluster.ServiceKey, 0, len(st.Services))
 	for k := range st.Services {
 		keys = append(keys, k)
@@ -492,6 +552,8 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 		svc := st.Services[k]
 		in := gwInput{svc: svc, slices: st.EndpointSlices[k], nodes: nodesKey.String()}
 		if cfg.toNodes() && svc.ExternalPolicyLocal {
+			// Which nodes drain because their local endpoints terminate is in the slices (compared
+			// by pointer above); the health bits say the rest.
 			hk := make([]byte, len(nodes))
 			for i, n := range nodes {
 				hk[i] = '0'
@@ -554,7 +616,7 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 				}
 			}
 		}
-		part, err := gatewayPart(cfg, kept, size)
+		part, err := gatewayPart(cfg, kept, size, ids, drain.hist)
 		if err != nil {
 			return nil, fmt.Errorf("Service %s: %w", k, err)
 		}
@@ -567,7 +629,7 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 
 func gatewayEntryEqual(a, b GatewayEntry) bool {
 	return a.Service == b.Service && a.VIP == b.VIP && a.Proto == b.Proto && a.Port == b.Port && a.SNAT == b.SNAT &&
-		a.Why == b.Why && a.Algorithm == b.Algorithm && slices.Equal(a.Backends, b.Backends)
+		a.Why == b.Why && a.Algorithm == b.Algorithm && slices.Equal(a.Backends, b.Backends) && slices.Equal(a.Draining, b.Draining)
 }
 
 // GatewaySyncReport tells the caller what a gateway sync did.
@@ -580,8 +642,13 @@ type GatewaySyncReport struct {
 	// VIPs are the LoadBalancer IPs the gateway forwards (for the speaker that announces them).
 	VIPs      []netip.Addr
 	Conflicts []cluster.Rejection
-	// StaleFlows are the gateway's conntrack entries of UDP/SCTP flows to backends that went away.
+	// StaleFlows are the gateway's conntrack entries of UDP/SCTP flows to backends that went away,
+	// and of every flow to a node drained past its deadline (nodePort forwarding).
 	StaleFlows []StaleFlowFilter
+	// Draining names the nodes draining within their deadline; NextDrainDeadline is the first of
+	// their deadlines (zero: none), when the caller must sync again to end that node's flows.
+	Draining          []string
+	NextDrainDeadline time.Time
 }
 
 // GatewayProxier owns the gateway's dataplane state, as Proxier does the node's: one goroutine calls
@@ -596,12 +663,17 @@ type GatewayProxier struct {
 	fams     map[cluster.Family]*GatewayRuleset
 	sets     map[cluster.Family]map[string]*Set
 	needFull bool
+	drain    GatewayDrainState
+	// hist keeps each VIP port's Maglev table and the one before it, for daisy chaining.
+	hist gatewayHistory
+	// now is the clock of the drain deadlines (time.Now; tests set it).
+	now func() time.Time
 }
 
 // NewGatewayProxier returns a GatewayProxier that programs through prog. The first Sync replaces the
 // table.
 func NewGatewayProxier(log hclog.Logger, cfg GatewayConfig, prog Programmer) *GatewayProxier {
-	return &GatewayProxier{log: log, cfg: cfg.withDefaults(), prog: prog, needFull: true}
+	return &GatewayProxier{log: log, cfg: cfg.withDefaults(), prog: prog, needFull: true, now: time.Now}
 }
 
 // Sync brings the kernel to the gateway table for st and health. On error the kernel keeps its
@@ -611,6 +683,14 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 	defer p.mu.Unlock()
 	start := time.Now()
 	rep := &GatewaySyncReport{Full: p.needFull}
+	// The drain clock runs across failed syncs: a deadline counts from when a node was first seen
+	// draining.
+	keep, expired, next := p.drain.update(drainingNodes(p.cfg, st), p.now(), p.cfg.DrainTimeout)
+	rep.NextDrainDeadline, rep.Draining = next, slices.Sorted(maps.Keys(keep))
+	if p.hist == nil {
+		p.hist = gatewayHistory{}
+	}
+	drain := gatewayDrain{keep, expired, p.hist}
 	newFams := map[cluster.Family]*GatewayRuleset{}
 	newSets := map[cluster.Family]map[string]*Set{}
 	for _, f := range p.cfg.Families {
@@ -618,7 +698,7 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 		if !p.needFull {
 			prev = p.fams[f]
 		}
-		grs, err := buildGatewayRuleset(p.cfg, f, st, health, prev)
+		grs, err := buildGatewayRuleset(p.cfg, f, st, health, prev, drain)
 		if err != nil {
 			return rep, err
 		}
@@ -652,7 +732,7 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 				continue // reused: nothing changed
 			}
 			d.diffPart(o, n)
-			rep.StaleFlows = append(rep.StaleFlows, gatewayStaleFlows(o, n)...)
+			rep.StaleFlows = append(rep.StaleFlows, gatewayStaleFlows(o, n, expiredAddrs(p.cfg, st, f, expired))...)
 		}
 		d.finish()
 		tx.Sets = sets
@@ -701,7 +781,7 @@ func (p *GatewayProxier) Flatten(f cluster.Family) *Flat {
 // gateway's conntrack would keep sending a client's UDP "connection" to it forever otherwise. TCP
 // connections to a vanished backend fail on their own, and flows whose backend stays keep it (conntrack
 // pins a flow to its backend; Maglev only changes the choice for new flows).
-func gatewayStaleFlows(old, nw *Part) []StaleFlowFilter {
+func gatewayStaleFlows(old, nw *Part, expired map[netip.Addr]bool) []StaleFlowFilter {
 	if old == nil {
 		return nil
 	}
@@ -714,7 +794,8 @@ func gatewayStaleFlows(old, nw *Part) []StaleFlowFilter {
 	var out []StaleFlowFilter
 	seen := map[Backend]bool{}
 	for _, b := range old.Backends {
-		if (b.Proto != ProtoUDP && b.Proto != ProtoSCTP) || keep[b] || seen[b] {
+		datagram := b.Proto == ProtoUDP || b.Proto == ProtoSCTP
+		if (!datagram && !expired[b.Endpoint.Addr()]) || keep[b] || seen[b] {
 			continue
 		}
 		seen[b] = true

@@ -49,6 +49,9 @@ func (e *encoder) gatewayAction(a Action) ([]expr.Any, error) {
 	if xs, ok, err := e.algoAction(a); ok {
 		return xs, err
 	}
+	if xs, ok, err := e.conntableAction(a); ok {
+		return xs, err
+	}
 	switch a.Kind {
 	case ActDupJhashMap:
 		return e.gatewayRouteAction(a)
@@ -68,6 +71,9 @@ func gatewayActionText(f *Flat, fam nftFamily, a Action) (string, error) {
 	if s, ok, err := algoActionText(f, fam, a); ok {
 		return s, err // lbalgo.go spells ActDNATJhashMap and ActDupJhashMap too
 	}
+	if s, ok, err := conntableActionText(f, fam, a); ok {
+		return s, err
+	}
 	return "", fmt.Errorf("unknown action kind %d", a.Kind)
 }
 
@@ -77,6 +83,9 @@ func gatewayActionText(f *Flat, fam nftFamily, a Action) (string, error) {
 func (t *tracer) gatewayAct(st pstate, ch *Chain, idx int, r Rule, text, by string, done func(pstate, verdict, string)) (pstate, bool) {
 	a := r.Action
 	if next, cont, ok := t.algoAct(st, ch, idx, r, text, by, done); ok {
+		return next, cont
+	}
+	if next, cont, ok := t.conntableAct(st, ch, idx, r, text, by, done); ok {
 		return next, cont
 	}
 	if a.Kind == ActDupJhashMap {

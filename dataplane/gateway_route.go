@@ -72,9 +72,8 @@ func buildGatewayRouteBase(cfg GatewayConfig, f cluster.Family, vips []netip.Add
 		{Name: ChainFilterForward, Type: FilterType, Hook: HookForward, Priority: PriorityFilter, Rules: []Rule{rejectVIP}},
 		{Name: ChainFilterInput, Type: FilterType, Hook: HookInput, Priority: PriorityFilter, Rules: []Rule{rejectVIP}},
 		{Name: ChainServices, Comment: "VIP dispatch", Rules: []Rule{{Action: Action{Kind: ActVmapTuple, Map: MapServiceIPs}}}},
-		{Name: ChainGatewayRoute, Comment: "Maglev: a fixed hash of the flow picks the node; the packet goes there unchanged", Rules: []Rule{
-			{Action: Action{Kind: ActDupJhashMap, Map: MapGatewayRoutes, Value: uint32(size)}},
-		}},
+		// The connection table first (gateway_conntable.go): a known flow keeps its node.
+		{Name: ChainGatewayRoute, Comment: "Maglev: a fixed hash of the flow picks the node; the packet goes there unchanged", Rules: gatewayConntableRules(size)},
 	}
 	if sh {
 		p.Chains = append(p.Chains, &Chain{Name: ChainGatewayRouteSH, Comment: "source-hash: a fixed hash of the client address picks the node", Rules: []Rule{
@@ -86,6 +85,7 @@ func buildGatewayRouteBase(cfg GatewayConfig, f cluster.Family, vips []netip.Add
 		{Name: MapServiceIPs, Kind: KindTupleVmap, Comment: "VIP ports with nodes"},
 		{Name: MapGatewayRoutes, Kind: KindTupleAddr, Comment: "VIP . proto . port . Maglev slot -> node"},
 	}
+	p.Sets = append(p.Sets, gatewayConntableSets()...)
 	if sh {
 		p.Sets = append(p.Sets, &Set{Name: MapGatewayRoutesSH, Kind: KindTupleAddr, Comment: "source-hash VIP . proto . port . Maglev slot -> node"})
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"sync"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -16,14 +17,31 @@ import (
 // NetlinkProgrammer is the netlink edge: it encodes a Tx into nftables netlink messages and sends them
 // as one batch (one atomic kernel transaction). It never execs the nft binary.
 //
-// Every Apply uses a fresh connection: google/nftables drops a failed message from its queue but
-// still sends the rest on the next Flush, so a connection that saw an error is never reused.
+// A connection that saw an error is never reused (google/nftables drops a failed message from its
+// queue but still sends the rest on the next Flush). The batch socket of Apply is kept between
+// successful batches (see send); Close releases it.
 type NetlinkProgrammer struct {
 	// NetNSFd, if non-zero, programs that network namespace instead of the current one.
 	NetNSFd int
 	// SocketBuffer is the send/receive buffer size forced on the socket (a full sync of 10,000
 	// Services is several MiB in one batch). Default 64 MiB.
 	SocketBuffer int
+
+	batchMu   sync.Mutex
+	batchConn *netlink.Conn // the socket of the last successful batch, for the next one
+}
+
+// Close releases the socket kept for the next batch (it also holds NetNSFd's namespace alive).
+// The programmer stays usable: the next Apply opens a new one.
+func (n *NetlinkProgrammer) Close() error {
+	n.batchMu.Lock()
+	defer n.batchMu.Unlock()
+	if n.batchConn == nil {
+		return nil
+	}
+	err := n.batchConn.Close()
+	n.batchConn = nil
+	return err
 }
 
 // Registers. nftables has four 16-byte registers (1-4) that are also addressable as sixteen 4-byte
@@ -251,6 +269,9 @@ func (e *encoder) nftSet(s *Set) (*nftables.Set, error) {
 		ns.IsMap, ns.DataType = true, a
 
 	default:
+		if e.gatewayNftSet(s, ns) { // gateway_conntable.go
+			return ns, nil
+		}
 		return nil, fmt.Errorf("set %s: unknown kind %d", s.Name, s.Kind)
 	}
 	return ns, nil
@@ -385,7 +406,14 @@ func (e *encoder) writeElement(w *elementLists, key, val []byte, s *Set, el Elem
 		putPort(putProto(putAddr(putAddr(key, el.Addr), el.Addr2), el.Proto), el.Port)
 		w.element(key[:2*alen+8], nil, nil, false)
 	default:
-		return fmt.Errorf("unknown set kind %d", s.Kind)
+		k, v, ok, err := gatewayElementBytes(s, el, key, val, alen) // gateway_conntable.go
+		if !ok {
+			return fmt.Errorf("unknown set kind %d", s.Kind)
+		}
+		if err != nil {
+			return err
+		}
+		w.element(k, v, nil, false)
 	}
 	return nil
 }

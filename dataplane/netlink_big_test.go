@@ -125,6 +125,23 @@ func TestNetlinkBatchErrors(t *testing.T) {
 	if err := prog.Apply(&Tx{Family: cluster.IPv4, Table: "vipgate", Sets: base.Sets, AddElements: []Element{good(1)}}); err != nil {
 		t.Fatalf("a good batch after failed ones: %v", err)
 	}
+	// The socket of a good batch is kept for the next ones (send); Close drops it and the
+	// programmer opens another.
+	if err := prog.Apply(&Tx{Family: cluster.IPv4, Table: "vipgate", Sets: base.Sets, DelElements: []Element{good(1)}}); err != nil {
+		t.Fatalf("a second good batch on the kept socket: %v", err)
+	}
+	if err := prog.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := prog.Apply(&Tx{Family: cluster.IPv4, Table: "vipgate", Sets: base.Sets, AddElements: []Element{good(2)}}); err != nil {
+		t.Fatalf("a good batch after Close: %v", err)
+	}
+	prog.Close()
+	if kt, err := prog.ReadKernelTable(cluster.IPv4, "vipgate"); err != nil {
+		t.Fatal(err)
+	} else if n := len(kt.Elements[vmap.Name]); n != 1 {
+		t.Errorf("after add, delete, add: %d elements, want 1", n)
+	}
 }
 
 // TestNetlinkAffinityPurge: clients an affinity map remembers with an endpoint that leaves the

@@ -107,6 +107,9 @@ type Proxier struct {
 	// nodeAddrs are the node addresses the last sync screened external IPs against; when they
 	// change, every Service with external or LoadBalancer IPs is screened again.
 	nodeAddrs map[netip.Addr]bool
+	// svcCIDRs are the service CIDRs the table is built with: Config.ServiceCIDRs and the State's
+	// (ServiceCIDR objects), cluster.ServiceCIDRs.
+	svcCIDRs  []netip.Prefix
 	healthChk map[cluster.ServiceKey]uint16
 	localEps  map[cluster.ServiceKey]int
 	lastSync  time.Time
@@ -137,7 +140,7 @@ func (p *Proxier) nodeInfo(f cluster.Family) NodeInfo {
 func (p *Proxier) baseConfig(f cluster.Family) BaseConfig {
 	return BaseConfig{
 		Family: f, MasqueradeAll: p.cfg.MasqueradeAll, MasqueradeBit: p.cfg.MasqueradeBit,
-		ClusterCIDRs: p.cfg.ClusterCIDRs, ServiceCIDRs: p.cfg.ServiceCIDRs, NodePortIPs: p.cfg.NodePortIPs,
+		ClusterCIDRs: p.cfg.ClusterCIDRs, ServiceCIDRs: p.svcCIDRs, NodePortIPs: p.cfg.NodePortIPs,
 	}
 }
 
@@ -147,6 +150,16 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	start := time.Now()
+	// The service CIDRs are the configured ones and the cluster's ServiceCIDR objects. They are part
+	// of the fixed table (the cluster-IPs check, the external-IP screen): a range that comes or goes
+	// rebuilds the table, in one atomic transaction as any full sync. Rare: an administrator's act.
+	if cidrs := cluster.ServiceCIDRs(p.cfg.ServiceCIDRs, st); !slices.Equal(cidrs, p.svcCIDRs) {
+		if !p.needFull {
+			p.log.Info("service CIDRs changed; rebuilding the table", "serviceCIDRs", fmt.Sprint(cidrs))
+		}
+		p.svcCIDRs = cidrs
+		p.needFull = true
+	}
 	rep := &SyncReport{Full: p.needFull}
 
 	changed := p.changedServices(st)
@@ -304,15 +317,18 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 	p.updateHealth(st, changed, rep.Full)
 	rep.HealthChecks = p.healthChk
 	rep.LocalEndpoints = p.localEps
-	rep.Duration = time.Since(start)
-	p.lastSync = time.Now()
 	if rep.Full {
 		// A full sync of a big cluster encodes tens of MiB of netlink messages once; hand that
-		// memory back rather than keeping it as the process's high-water mark. In the background:
-		// the rules are live already, and at 10,000 Services the forced collection and the
-		// scavenging take ~100 ms that the sync need not wait for.
-		go debug.FreeOSMemory()
+		// memory back rather than keeping it as the process's high-water mark. Before returning,
+		// not in the background: the rules are live already, but a collection and scavenging
+		// still running when the next change arrives competed with it for the CPUs (the first
+		// endpoint change after a full sync of 10,000 Services used ~40 ms of process CPU
+		// instead of ~5-10) and left a heap far above the restored GC goal, so that change
+		// also paid for a collection. The full sync's duration includes it.
+		debug.FreeOSMemory()
 	}
+	rep.Duration = time.Since(start)
+	p.lastSync = time.Now()
 	return rep, nil
 }
 
@@ -345,7 +361,7 @@ func (p *Proxier) screen(st *cluster.State) *AddressScreen {
 			addrs[a.Unmap()] = true
 		}
 	}
-	return &AddressScreen{Policy: p.cfg.ExternalIPs, ServiceCIDRs: p.cfg.ServiceCIDRs, ClusterCIDRs: p.cfg.ClusterCIDRs, NodeAddrs: addrs}
+	return &AddressScreen{Policy: p.cfg.ExternalIPs, ServiceCIDRs: p.svcCIDRs, ClusterCIDRs: p.cfg.ClusterCIDRs, NodeAddrs: addrs}
 }
 
 // conflictReport lists, sorted and once each, the entries lost to other Services and the addresses

@@ -142,8 +142,16 @@ func setDecl(fam nftFamily, s *Set) (keyword string, lines []string, err error) 
 	return "", nil, fmt.Errorf("set %q: unknown set kind %d", s.Name, s.Kind)
 }
 
+// setDeclGateway is setDecl with the gateway connection table's maps first (gateway_conntable.go).
+func setDeclGateway(fam nftFamily, s *Set) (string, []string, error) {
+	if lines, ok := gatewaySetDecl(fam, s); ok {
+		return "map", lines, nil
+	}
+	return setDecl(fam, s)
+}
+
 func renderSet(w *bufio.Writer, f *Flat, fam nftFamily, s *Set) error {
-	keyword, lines, err := setDecl(fam, s)
+	keyword, lines, err := setDeclGateway(fam, s)
 	if err != nil {
 		return err
 	}
@@ -307,6 +315,12 @@ func elementText(f *Flat, fam nftFamily, s *Set, e Element) (string, error) {
 			return "", wrap(err)
 		}
 		return a + " . " + a2 + " . " + proto + " . " + port, nil
+	}
+	if t, ok, err := gatewayElementText(fam, s, e); ok { // gateway_conntable.go
+		if err != nil {
+			return "", wrap(err)
+		}
+		return t, nil
 	}
 	return "", wrap(fmt.Errorf("unknown set kind %d", s.Kind))
 }

@@ -505,7 +505,7 @@ func keyOf(k SetKind, e Element) (Element, error) {
 		return Element{Addr: e.Addr.Unmap(), Proto: e.Proto, Port: e.Port}, nil
 	case KindProtoPortVmap:
 		return Element{Proto: e.Proto, Port: e.Port}, nil
-	case KindTupleEndpoints, KindTupleAddr:
+	case KindTupleEndpoints, KindTupleAddr, KindTupleMark:
 		return Element{Addr: e.Addr.Unmap(), Proto: e.Proto, Port: e.Port, Index: e.Index}, nil
 	case KindProtoPortEndpoints:
 		return Element{Proto: e.Proto, Port: e.Port, Index: e.Index}, nil

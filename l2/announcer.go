@@ -189,6 +189,25 @@ func (a *Announcer) Owned() []netip.Addr {
 // callers should call SetOwned again from time to time (a resync) rather
 // than only on change. Each distinct failure is logged once.
 func (a *Announcer) SetOwned(owned map[netip.Addr][]string) error {
+	where := make(map[netip.Addr]Where, len(owned))
+	for ip, ifaces := range owned {
+		where[ip] = Where{Answer: ifaces}
+	}
+	return a.SetOwnedWhere(where)
+}
+
+// Where are the interfaces of one owned VIP: Answer lists where requests for it are answered,
+// Announce those of them where a takeover is announced (gratuitous ARP, unsolicited NA). A nil
+// Announce means every interface of Answer; names in Announce that are not in Answer are ignored.
+type Where struct {
+	Answer   []string
+	Announce []string
+}
+
+// SetOwnedWhere is SetOwned with the takeover announcements limited to Where.Announce: an
+// L2Advertisement without interfaces answers on every eligible interface but announces on the
+// preferred ones only (speaker.VIPDecision.Announce).
+func (a *Announcer) SetOwnedWhere(owned map[netip.Addr]Where) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
@@ -201,13 +220,18 @@ func (a *Announcer) SetOwned(owned map[netip.Addr][]string) error {
 	}
 
 	want := map[pairKey]struct{}{}
-	for ip, ifaces := range owned {
+	quiet := map[pairKey]bool{} // answered, never announced
+	for ip, w := range owned {
 		if !announceable(ip) {
 			fail(ip, "", ErrInvalidVIP)
 			continue
 		}
-		for _, name := range ifaces {
-			want[pairKey{ip: ip.Unmap(), iface: name}] = struct{}{}
+		for _, name := range w.Answer {
+			p := pairKey{ip: ip.Unmap(), iface: name}
+			want[p] = struct{}{}
+			if w.Announce != nil && !slices.Contains(w.Announce, name) {
+				quiet[p] = true
+			}
 		}
 	}
 
@@ -247,7 +271,7 @@ func (a *Announcer) SetOwned(owned map[netip.Addr][]string) error {
 			next[p.ip] = map[string]struct{}{}
 		}
 		next[p.ip][p.iface] = struct{}{}
-		if _, was := prev[p.ip][p.iface]; !was || fresh[k] {
+		if _, was := prev[p.ip][p.iface]; (!was || fresh[k]) && !quiet[p] {
 			added = append(added, p)
 		}
 	}
@@ -258,7 +282,7 @@ func (a *Announcer) SetOwned(owned map[netip.Addr][]string) error {
 	a.owned.Store(&next)
 	a.stopAnnouncing(func(p pairKey) bool {
 		_, keep := next[p.ip][p.iface]
-		return !keep
+		return !keep || quiet[p]
 	})
 	a.sendMu.Unlock()
 
@@ -290,6 +314,14 @@ func (a *Announcer) SetOwned(owned map[netip.Addr][]string) error {
 		}
 		a.log.Info("took over VIP", "ip", p.ip, "interface", p.iface)
 		a.startRepeats(p, r)
+	}
+	for ip, ifaces := range next {
+		for iface := range ifaces {
+			p := pairKey{ip: ip, iface: iface}
+			if _, was := prev[ip][iface]; !was && quiet[p] {
+				a.log.Debug("answering for VIP without announcing it", "ip", ip, "interface", iface)
+			}
+		}
 	}
 	for ip, ifaces := range prev {
 		for iface := range ifaces {

@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // DefaultInterface returns the name of the interface that holds nodeIP's
@@ -60,4 +63,60 @@ func interfaceFor(prefixes []ifacePrefix, ip netip.Addr) (string, bool) {
 		}
 	}
 	return best, bestBits >= 0
+}
+
+// Interface is one interface of this host, as speaker.DecideL2 needs it (speaker.Link): its
+// addresses, and the facts that decide whether it is one of "all interfaces" for an L2Advertisement
+// that names none (speaker.ExcludedInterface, MetalLB's rule; see README.md).
+type Interface struct {
+	Name string
+	// Kind is the netlink link type ("device", "veth", "bridge", "dummy", ...), for logs.
+	Kind string
+	// Prefixes are its addresses with their prefix lengths, masked; link-local ones left out.
+	Prefixes []netip.Prefix
+	// Master is the bridge or bond the interface is enslaved to ("" if none).
+	Master string
+	// NoARP is IFF_NOARP: point-to-point tunnels (WireGuard, ipip), some dummies.
+	NoARP bool
+}
+
+// Interfaces lists this host's interfaces that are up and not loopback (nothing is answered on
+// the others), with their prefixes, in the network namespace of the calling thread.
+func Interfaces() ([]Interface, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("listing interfaces: %w", err)
+	}
+	names := make(map[int]string, len(links))
+	for _, l := range links {
+		names[l.Attrs().Index] = l.Attrs().Name
+	}
+	var out []Interface
+	for _, l := range links {
+		a := l.Attrs()
+		if a.Flags&net.FlagUp == 0 || a.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		ifc := Interface{Name: a.Name, Kind: l.Type(), NoARP: a.RawFlags&unix.IFF_NOARP != 0}
+		if a.MasterIndex != 0 {
+			ifc.Master = names[a.MasterIndex]
+			if ifc.Master == "" {
+				ifc.Master = fmt.Sprintf("ifindex %d", a.MasterIndex)
+			}
+		}
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+		if err != nil {
+			return nil, fmt.Errorf("listing addresses of %s: %w", a.Name, err)
+		}
+		for _, ad := range addrs {
+			if ad.IPNet == nil {
+				continue
+			}
+			if p, err := netip.ParsePrefix(ad.IPNet.String()); err == nil && !p.Addr().IsLinkLocalUnicast() {
+				ifc.Prefixes = append(ifc.Prefixes, p.Masked())
+			}
+		}
+		out = append(out, ifc)
+	}
+	return out, nil
 }

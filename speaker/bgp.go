@@ -23,8 +23,13 @@ type BGPInput struct {
 	State *cluster.State
 }
 
-// Problem is an object the decision could not use, and why.
-type Problem struct{ Object, Reason string }
+// Problem is an object the decision could not use, and why. Accepted marks a report about fields
+// vipgate does not implement on an object it otherwise uses (an Event reason other than "Rejected"
+// fits it better, e.g. "Unsupported").
+type Problem struct {
+	Object, Reason string
+	Accepted       bool
+}
 
 // DecideBGP turns the MetalLB BGPPeers and BGPAdvertisements of the State into this node's BGP
 // sessions and advertisements:
@@ -34,8 +39,11 @@ type Problem struct{ Object, Reason string }
 //     has a ready endpoint of the Service (eTP=Cluster: every eligible node advertises, so the router
 //     spreads flows over them by ECMP; eTP=Local: a node withdraws as soon as its last endpoint goes).
 //
+// An advertisement with serviceSelectors (MetalLB v0.16) covers only the Services they select.
 // Prefixes are the IP with the advertisement's aggregationLength(V6) (default /32, /128);
 // advertisements of the same prefix are merged (highest localPref, union of communities and peers).
+// BGPPeer fields vipgate does not implement are reported as Problems (the peer is used without them,
+// or not at all when they replace its address or AS number), never silently ignored.
 func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecision, []Problem) {
 	st := in.State
 	if st == nil || st.MetalLB == nil {
@@ -57,17 +65,24 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 			continue
 		}
 		name := p.Namespace + "/" + p.Name
+		if reason := peerUnusable(p); reason != "" {
+			problems = append(problems, Problem{Object: "BGPPeer " + name, Reason: reason + "; not peering"})
+			continue
+		}
 		addr, err := netip.ParseAddr(p.Spec.Address)
 		if err != nil || p.Spec.MyASN == 0 || p.Spec.ASN == 0 {
-			problems = append(problems, Problem{"BGPPeer " + name, fmt.Sprintf("peerAddress %q, myASN %d, peerASN %d: need an address and non-zero ASNs", p.Spec.Address, p.Spec.MyASN, p.Spec.ASN)})
+			problems = append(problems, Problem{Object: "BGPPeer " + name, Reason: fmt.Sprintf("peerAddress %q, myASN %d, peerASN %d: need an address and non-zero ASNs", p.Spec.Address, p.Spec.MyASN, p.Spec.ASN)})
 			continue
 		}
 		password, reason := peerPassword(p, st.MetalLB.Secrets)
 		if reason != "" {
-			problems = append(problems, Problem{"BGPPeer " + name, reason + "; not peering"})
+			problems = append(problems, Problem{Object: "BGPPeer " + name, Reason: reason + "; not peering"})
 			continue
 		}
-		pc := bgp.PeerConfig{Name: name, MyASN: p.Spec.MyASN, PeerASN: p.Spec.ASN, PeerAddress: addr, PeerPort: p.Spec.Port,
+		if ignored := peerIgnoredFields(p); len(ignored) > 0 {
+			problems = append(problems, Problem{Object: "BGPPeer " + name, Reason: unsupportedReason(ignored), Accepted: true})
+		}
+		pc := bgp.PeerConfig{Name: name, MyASN: p.Spec.MyASN, LocalASN: p.Spec.LocalASN, PeerASN: p.Spec.ASN, PeerAddress: addr, PeerPort: p.Spec.Port,
 			EBGPMultiHop: p.Spec.EBGPMultiHop, Password: password, GracefulRestart: p.Spec.EnableGracefulRestart}
 		if a, err := netip.ParseAddr(p.Spec.SrcAddress); err == nil {
 			pc.SourceAddress = a
@@ -87,9 +102,13 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 		if p.Spec.BFDProfile != "" {
 			prof, ok := bfd[p.Spec.BFDProfile]
 			if !ok {
-				problems = append(problems, Problem{"BGPPeer " + name, "bfdProfile " + p.Spec.BFDProfile + " does not exist; peering without BFD"})
+				problems = append(problems, Problem{Object: "BGPPeer " + name, Reason: "bfdProfile " + p.Spec.BFDProfile + " does not exist; peering without BFD"})
 			} else {
 				pc.BFD = bfdProfile(prof)
+				if pc.BFD.EchoMode {
+					problems = append(problems, Problem{Object: "BFDProfile " + prof.Namespace + "/" + prof.Name,
+						Reason: "field spec.echoMode is not supported by vipgate; ignored (asynchronous mode only)", Accepted: true})
+				}
 			}
 		}
 		peers = append(peers, pc)
@@ -102,6 +121,16 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 			communities[a.Name] = a.Value
 		}
 	}
+	// An advertisement whose serviceSelectors MetalLB would refuse (CEL rule of v0.16: only with
+	// the default /32 and /128 aggregation, since an aggregate cannot belong to one Service) or that
+	// do not parse is reported and left out; the others keep working.
+	badAd := map[*metallbv1beta1.BGPAdvertisement]bool{}
+	for _, ad := range st.MetalLB.BGPAdvertisements {
+		if reason := bgpAdServiceSelectorProblem(ad); reason != "" {
+			badAd[ad] = true
+			problems = append(problems, Problem{Object: "BGPAdvertisement " + ad.Namespace + "/" + ad.Name, Reason: reason + "; not advertising through it"})
+		}
+	}
 	byPrefix := map[netip.Prefix]*bgp.Advertisement{}
 	var decisions []VIPDecision
 	keys := make([]cluster.ServiceKey, 0, len(st.Services))
@@ -111,11 +140,12 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 		}
 	}
 	sort.Slice(keys, func(i, j int) bool { return keys[i].String() < keys[j].String() })
+	poolIdx := cluster.NewPoolIndex(st.MetalLB.IPAddressPools) // once per call
 	for _, k := range keys {
 		svc := st.Services[k]
 		ready := readyNodes(st.EndpointSlices[k])
 		for _, ip := range svc.LoadBalancerIPs {
-			pool := poolFor(st.MetalLB.IPAddressPools, ip)
+			pool := poolIdx.PoolOf(ip)
 			if pool == nil {
 				continue
 			}
@@ -123,8 +153,15 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 				if ad.Namespace != pool.Namespace || !adSelectsPool(ad.Spec.IPAddressPools, ad.Spec.IPAddressPoolSelectors, pool) {
 					continue
 				}
+				// serviceSelectors (v0.16): this advertisement covers only the Services it selects;
+				// another advertisement of the pool may still cover this one.
+				if badAd[ad] {
+					continue
+				}
 				d := VIPDecision{IP: ip, Service: k}
 				switch {
+				case !serviceSelected(ad.Spec.ServiceSelectors, svc.Labels):
+					d.Reason = "BGPAdvertisement " + ad.Name + "'s serviceSelectors do not select this Service"
 				case !selects(ad.Spec.NodeSelectors, selfLabels):
 					d.Reason = "BGPAdvertisement " + ad.Name + " does not select this node"
 				case svc.ExternalPolicyLocal && !ready[in.Self]:
@@ -139,7 +176,7 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 					}
 					pfx, err := ip.Prefix(bits)
 					if err != nil {
-						problems = append(problems, Problem{"BGPAdvertisement " + ad.Namespace + "/" + ad.Name, err.Error()})
+						problems = append(problems, Problem{Object: "BGPAdvertisement " + ad.Namespace + "/" + ad.Name, Reason: err.Error()})
 						continue
 					}
 					a := byPrefix[pfx]
@@ -180,7 +217,86 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 		ads = append(ads, *a)
 	}
 	sort.Slice(ads, func(i, j int) bool { return ads[i].Prefix.String() < ads[j].Prefix.String() })
-	return peers, ads, decisions, problems
+	return peers, ads, decisions, mergeProblems(problems)
+}
+
+// mergeProblems joins the problems of one object into one, in order, so that a consumer keeping
+// the last reason per object (and logging on change) sees one stable reason per object. The merged
+// problem is Accepted only if every part is.
+func mergeProblems(in []Problem) []Problem {
+	var out []Problem
+	at := map[string]int{}
+	for _, p := range in {
+		if i, ok := at[p.Object]; ok {
+			if !strings.Contains(out[i].Reason, p.Reason) {
+				out[i].Reason += "; " + p.Reason
+			}
+			out[i].Accepted = out[i].Accepted && p.Accepted
+			continue
+		}
+		at[p.Object] = len(out)
+		out = append(out, p)
+	}
+	return out
+}
+
+// unsupportedReason words the report of fields vipgate accepts but does not act on.
+func unsupportedReason(fields []string) string {
+	if len(fields) == 1 {
+		return "field " + fields[0] + " is not supported by vipgate; ignored (the rest of the object is in use)"
+	}
+	return "fields " + strings.Join(fields, ", ") + " are not supported by vipgate; ignored (the rest of the object is in use)"
+}
+
+// peerUnusable says why a BGPPeer cannot be peered with at all ("" when it can): the MetalLB
+// v0.15/v0.16 fields that replace the peer's address or AS number with something vipgate does not
+// implement. The object is accepted (nothing else is affected) but no session is opened.
+func peerUnusable(p *metallbv1beta2.BGPPeer) string {
+	switch {
+	case p.Spec.Interface != "" && p.Spec.Address == "":
+		return fmt.Sprintf("field spec.interface (unnumbered BGP over %q) is not supported by vipgate: set peerAddress", p.Spec.Interface)
+	case p.Spec.DynamicASN != "" && p.Spec.ASN == 0:
+		return fmt.Sprintf("field spec.dynamicASN (%q) is not supported by vipgate: set peerASN", p.Spec.DynamicASN)
+	case p.Spec.VRFName != "":
+		// Peering from the default VRF instead would send the routes somewhere the user did not ask.
+		return fmt.Sprintf("field spec.vrf (%q) is not supported by vipgate (it peers from the node's default VRF only)", p.Spec.VRFName)
+	}
+	return ""
+}
+
+// peerIgnoredFields lists the set BGPPeer fields vipgate accepts and does not act on, by their
+// MetalLB names (spec.*). Fields it honours (localASN, disableMP: one session per family is what
+// vipgate always does) are not listed.
+func peerIgnoredFields(p *metallbv1beta2.BGPPeer) []string {
+	var out []string
+	if p.Spec.Interface != "" {
+		out = append(out, "spec.interface") // with a peerAddress: vipgate dials the address
+	}
+	if p.Spec.DynamicASN != "" {
+		out = append(out, "spec.dynamicASN") // with a peerASN: the ASN is expected
+	}
+	if p.Spec.DualStackAddressFamily {
+		// IPv4 routes over an IPv6 session and vice versa need a next hop of the other family,
+		// which GoBGP's next-hop-self does not provide: each session keeps its own family.
+		out = append(out, "spec.dualStackAddressFamily")
+	}
+	return out
+}
+
+// bgpAdServiceSelectorProblem says why a BGPAdvertisement's serviceSelectors cannot be used ("" when
+// they can): combined with a non-default aggregation length (MetalLB's CRD refuses this), or a
+// selector that does not parse.
+func bgpAdServiceSelectorProblem(ad *metallbv1beta1.BGPAdvertisement) string {
+	if len(ad.Spec.ServiceSelectors) == 0 {
+		return ""
+	}
+	if l := ad.Spec.AggregationLength; l != nil && *l != 32 {
+		return fmt.Sprintf("serviceSelectors and aggregationLength %d are mutually exclusive (only the default 32)", *l)
+	}
+	if l := ad.Spec.AggregationLengthV6; l != nil && *l != 128 {
+		return fmt.Sprintf("serviceSelectors and aggregationLengthV6 %d are mutually exclusive (only the default 128)", *l)
+	}
+	return adServiceSelectorProblem(ad.Spec.ServiceSelectors)
 }
 
 // peerPassword returns the TCP MD5 password of a BGPPeer: spec.password, or the "password" key of the

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -44,6 +45,47 @@ type L2Input struct {
 type Link struct {
 	Name     string
 	Prefixes []netip.Prefix
+	// Master is the bridge or bond the link is enslaved to ("" if none), NoARP its IFF_NOARP flag
+	// (l2.Interfaces reads both). With the name, they decide whether the link is one of "all
+	// interfaces" (ExcludedInterface).
+	Master string
+	NoARP  bool
+}
+
+// ExcludedNames are the interface names MetalLB's speaker leaves out of "all interfaces" by default
+// (v0.16.1: the metallb-excludel2 ConfigMap of its manifests, announcedInterfacesToExclude),
+// followed by vipgate's additions: other CNIs' host-side devices, never a node's uplink. Where a
+// MetalLB user edited that ConfigMap, the L2Advertisement names the interfaces instead.
+var ExcludedNames = []*regexp.Regexp{
+	// MetalLB's list, unchanged.
+	regexp.MustCompile(`^docker.*`), regexp.MustCompile(`^cbr.*`), regexp.MustCompile(`^dummy.*`),
+	regexp.MustCompile(`^virbr.*`), regexp.MustCompile(`^lxcbr.*`), regexp.MustCompile(`^veth.*`),
+	regexp.MustCompile(`^lo$`), regexp.MustCompile(`^cali.*`), regexp.MustCompile(`^tunl.*`),
+	regexp.MustCompile(`^flannel.*`), regexp.MustCompile(`^kube-ipvs.*`), regexp.MustCompile(`^cni.*`),
+	regexp.MustCompile(`^nodelocaldns.*`), regexp.MustCompile(`^lxc.*`),
+	// vipgate's additions: Cilium, Calico VXLAN, kube-router, Weave, Antrea, OVN-Kubernetes.
+	regexp.MustCompile(`^cilium_.*`), regexp.MustCompile(`^vxlan[.-]calico$`), regexp.MustCompile(`^kube-bridge$`),
+	regexp.MustCompile(`^weave$`), regexp.MustCompile(`^antrea-.*`), regexp.MustCompile(`^ovn-k8s-.*`),
+	regexp.MustCompile(`^genev_sys_.*`),
+}
+
+// ExcludedInterface is MetalLB's rule for "all interfaces" (its internal/layer2 announcer.go,
+// updateInterfaces): a link enslaved to a bridge or bond (the master answers for it), a NOARP link,
+// or one whose name ExcludedNames match is not answered on. Down and loopback links are not listed
+// at all. It returns why l is excluded, "" if it is not.
+func ExcludedInterface(l Link) string {
+	switch {
+	case l.Master != "":
+		return "enslaved to " + l.Master
+	case l.NoARP:
+		return "NOARP"
+	}
+	for _, re := range ExcludedNames {
+		if re.MatchString(l.Name) {
+			return "name matches " + re.String()
+		}
+	}
+	return ""
 }
 
 // VIPDecision is the outcome for one LoadBalancer IP, for status, logs and tests.
@@ -52,8 +94,12 @@ type VIPDecision struct {
 	Service cluster.ServiceKey
 	// Owner is the node that announces the IP ("" when no node may).
 	Owner string
-	// Interfaces are where Self announces the IP (only when Self is the owner and can).
+	// Interfaces are where Self answers ARP/NDP for the IP (only when Self is the owner and can).
 	Interfaces []string
+	// Announce are the interfaces among Interfaces where a takeover is announced (gratuitous ARP,
+	// unsolicited NA): the named ones, and for an advertisement naming none the preferred ones —
+	// those whose subnet holds the IP, else every interface it is answered on.
+	Announce []string
 	// Reason explains why the IP is not announced, or not from every interface asked for
 	// ("" when all is well). Problem says the reason is a configuration error worth a warning,
 	// not a normal state such as "no ready endpoint".
@@ -98,6 +144,7 @@ func DecideL2(in L2Input) (owned map[netip.Addr][]string, decisions []VIPDecisio
 	}
 	owners.begin()
 	defer owners.end()
+	defer func() { in.Owners.observeOwners(in.Self, decisions) }() // vipgate_l2_owner_changes_total
 
 	// Group by IP first: the owner is a property of the IP, not of each Service.
 	type user struct {
@@ -133,6 +180,7 @@ func DecideL2(in L2Input) (owned map[netip.Addr][]string, decisions []VIPDecisio
 		}
 	}
 	sels := newSelectorCache()
+	poolIdx := cluster.NewPoolIndex(pools) // once per call: the allocator's reading of the pools
 	type candSet struct {
 		key       string
 		cands     map[string]bool
@@ -181,7 +229,7 @@ func DecideL2(in L2Input) (owned map[netip.Addr][]string, decisions []VIPDecisio
 				decisions = append(decisions, d)
 			}
 		}
-		pool := poolFor(pools, ip)
+		pool := poolIdx.PoolOf(ip)
 		if pool == nil {
 			// Not necessarily a problem (the IP may be announced by BGP or by someone else), but it
 			// is never ours to answer for by L2.
@@ -204,6 +252,22 @@ func DecideL2(in L2Input) (owned map[netip.Addr][]string, decisions []VIPDecisio
 			emit()
 			continue
 		}
+		// serviceSelectors (MetalLB v0.16): only the advertisements that select one of the IP's
+		// Services count, for its candidates and its interfaces.
+		svcLabels := make([]map[string]string, len(us))
+		for i, u := range us {
+			svcLabels[i] = u.svc.Labels
+		}
+		svcAds, narrowed := l2AdsForServices(poolAds, svcLabels)
+		if len(svcAds) == 0 {
+			d.Reason = fmt.Sprintf("no L2Advertisement of pool %s/%s selects this Service (serviceSelectors)", pool.Namespace, pool.Name)
+			emit()
+			continue
+		}
+		cands := pc.cands
+		if narrowed {
+			cands = l2CandidatesFor(sels, st, pc.cands, svcAds)
+		}
 		var candidates map[string]bool
 		serving, anyLocal := false, false
 		for _, u := range us {
@@ -217,7 +281,7 @@ func DecideL2(in L2Input) (owned map[netip.Addr][]string, decisions []VIPDecisio
 				candidates = map[string]bool{}
 			}
 			for n := range local {
-				if pc.cands[n] {
+				if cands[n] {
 					candidates[n] = true
 				}
 			}
@@ -227,7 +291,9 @@ func DecideL2(in L2Input) (owned map[netip.Addr][]string, decisions []VIPDecisio
 			emit()
 			continue
 		}
-		if !anyLocal {
+		if !anyLocal && narrowed {
+			d.Owner = rendezvousOwner(cands, ip)
+		} else if !anyLocal {
 			// The pool's candidates as they are: the cache keeps their owners between calls.
 			if pc.owners == nil {
 				pc.owners = owners.set(pc.key, pc.cands)
@@ -238,7 +304,7 @@ func DecideL2(in L2Input) (owned map[netip.Addr][]string, decisions []VIPDecisio
 				// Shared with an eTP=Cluster Service: every candidate of the pool.
 				for _, u := range us {
 					if !u.svc.ExternalPolicyLocal {
-						maps.Copy(candidates, pc.cands)
+						maps.Copy(candidates, cands)
 						break
 					}
 				}
@@ -252,7 +318,7 @@ func DecideL2(in L2Input) (owned map[netip.Addr][]string, decisions []VIPDecisio
 				d.Reason = "no live eligible node with a local endpoint (externalTrafficPolicy Local)"
 			}
 		case d.Owner == in.Self:
-			d.Interfaces, d.Reason = interfacesFor(poolAds, nodeLabels(st, in.Self), ip, in.Links, in.DefaultInterface)
+			d.Interfaces, d.Announce, d.Reason = interfacesFor(svcAds, nodeLabels(st, in.Self), ip, in.Links, in.DefaultInterface)
 			d.Problem = d.Reason != ""
 			if len(d.Interfaces) > 0 {
 				owned[ip] = d.Interfaces
@@ -315,13 +381,17 @@ func nodeLabels(st *cluster.State, name string) map[string]string {
 	return map[string]string{"kubernetes.io/hostname": name}
 }
 
-// interfacesFor chooses where Self announces ip: the union of the interfaces the advertisements
-// matching Self name; an advertisement naming none stands for the interfaces whose subnet holds the
-// IP (a neighbour only asks for addresses it considers on-link). The reason lists what could not be
-// honoured: a named interface that does not exist here, or a VIP on no attached subnet.
-func interfacesFor(ads []*metallbv1beta1.L2Advertisement, self map[string]string, ip netip.Addr, links []Link, def string) ([]string, string) {
-	var out, missing []string
-	offSubnet := false
+// interfacesFor chooses where Self answers for ip, and where it announces a takeover, as MetalLB:
+// the union of what the advertisements matching Self ask for. An advertisement naming interfaces
+// asks for those (answer and announce). One naming none means "all interfaces": it is answered on
+// every link that is not excluded (ExcludedInterface), and on the links whose subnet holds the IP
+// (the rule before, kept); the takeover is announced on the latter — a neighbour that considers the
+// IP on-link asks there, so that is where a stale entry must be corrected — or, when no subnet holds
+// it (a VIP routed on-link from another prefix), on every link it is answered on. The reason lists
+// what could not be honoured: a named interface that does not exist here, or no link to answer on.
+func interfacesFor(ads []*metallbv1beta1.L2Advertisement, self map[string]string, ip netip.Addr, links []Link, def string) (answer, announce []string, reason string) {
+	var missing []string
+	nowhere := false
 	exists := func(name string) bool {
 		return links == nil || slices.ContainsFunc(links, func(l Link) bool { return l.Name == name })
 	}
@@ -332,7 +402,8 @@ func interfacesFor(ads []*metallbv1beta1.L2Advertisement, self map[string]string
 		if len(ad.Spec.Interfaces) > 0 {
 			for _, name := range ad.Spec.Interfaces {
 				if exists(name) {
-					out = append(out, name)
+					answer = append(answer, name)
+					announce = append(announce, name)
 				} else {
 					missing = append(missing, name)
 				}
@@ -341,30 +412,60 @@ func interfacesFor(ads []*metallbv1beta1.L2Advertisement, self map[string]string
 		}
 		if links == nil {
 			if def != "" {
-				out = append(out, def)
+				answer = append(answer, def)
+				announce = append(announce, def)
 			} else {
-				offSubnet = true
+				nowhere = true
 			}
 			continue
 		}
-		found := false
+		var preferred, eligible []string
 		for _, l := range links {
-			if slices.ContainsFunc(l.Prefixes, func(p netip.Prefix) bool { return p.Contains(ip) }) {
-				out = append(out, l.Name)
-				found = true
+			onLink := slices.ContainsFunc(l.Prefixes, func(p netip.Prefix) bool { return p.Contains(ip) })
+			if onLink {
+				preferred = append(preferred, l.Name)
+			}
+			if onLink || ExcludedInterface(l) == "" {
+				eligible = append(eligible, l.Name)
 			}
 		}
-		offSubnet = offSubnet || !found
+		answer = append(answer, eligible...)
+		if len(preferred) > 0 {
+			announce = append(announce, preferred...)
+		} else {
+			announce = append(announce, eligible...)
+		}
+		nowhere = nowhere || len(eligible) == 0
 	}
-	slices.Sort(out)
-	out = slices.Compact(out)
+	slices.Sort(answer)
+	answer = slices.Compact(answer)
+	slices.Sort(announce)
+	announce = slices.Compact(announce)
 	var reasons []string
 	if len(missing) > 0 {
 		slices.Sort(missing)
 		reasons = append(reasons, fmt.Sprintf("L2Advertisement interface(s) %s not found on this node", strings.Join(slices.Compact(missing), ", ")))
 	}
-	if offSubnet {
-		reasons = append(reasons, "the IP is on no subnet attached to this node (name the interface in the L2Advertisement)")
+	if nowhere {
+		reasons = append(reasons, "no interface to answer on: the IP is on no subnet attached to this node and every interface is excluded (name the interface in the L2Advertisement)")
 	}
-	return out, strings.Join(reasons, "; ")
+	return answer, announce, strings.Join(reasons, "; ")
+}
+
+// AnnouncedInterfaces returns, per Service, the interfaces this node answers ARP/NDP on for the
+// Service's LoadBalancer IPs (sorted, once each), from the decisions of DecideL2; Services this node
+// does not announce are absent. ServiceL2Status reports it (MetalLB's status.interfaces).
+func AnnouncedInterfaces(decisions []VIPDecision) map[cluster.ServiceKey][]string {
+	out := map[cluster.ServiceKey][]string{}
+	for _, d := range decisions {
+		if len(d.Interfaces) == 0 {
+			continue
+		}
+		out[d.Service] = append(out[d.Service], d.Interfaces...)
+	}
+	for k, v := range out {
+		slices.Sort(v)
+		out[k] = slices.Compact(v)
+	}
+	return out
 }

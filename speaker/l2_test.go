@@ -189,10 +189,11 @@ func TestDecideL2(t *testing.T) {
 		live:  map[string]bool{"n1": true},
 		want:  map[string]string{"web 192.0.2.206": "n1|L2Advertisement interface(s) bond7 not found on this node"},
 	}, {
-		name:  "a VIP on no attached subnet is reported, not announced",
+		// As MetalLB: an advertisement without interfaces means every interface (l2_ifaces_test.go).
+		name:  "a VIP on no attached subnet is answered on every interface",
 		world: newL2World().pool("far", nil, "203.0.113.0/24").ad("lan", metallbv1beta1.L2AdvertisementSpec{}).svc("far", false, []string{"203.0.113.9"}, "n1"),
 		live:  map[string]bool{"n2": true},
-		want:  map[string]string{"far 203.0.113.9": "n2|the IP is on no subnet attached to this node (name the interface in the L2Advertisement)"},
+		want:  map[string]string{"far 203.0.113.9": "n2|"},
 	}, {
 		name: "a shared IP gets one owner: the union of its Services' candidates",
 		world: newL2World().pool("lan", nil, "192.0.2.0/24").ad("lan", lanAd).
@@ -244,10 +245,12 @@ func TestDecideL2Interfaces(t *testing.T) {
 	w := newL2World().pool("lan", nil, "192.0.2.0/24", "2001:db8:1::/64", "198.51.100.0/24").ad("lan", metallbv1beta1.L2AdvertisementSpec{}).
 		svc("v4", false, []string{"192.0.2.200"}, "n1").svc("v6", false, []string{"2001:db8:1::200"}, "n1").svc("eth1", false, []string{"198.51.100.9"}, "n1")
 	owned, ds := DecideL2(L2Input{Self: "n1", Live: map[string]bool{"n1": true}, Links: lan, State: w.st})
+	// Answered on every interface (as MetalLB); announced where the subnet holds the IP
+	// (TestDecideL2AllInterfaces).
 	want := map[netip.Addr][]string{
-		netip.MustParseAddr("192.0.2.200"):     {"eth0"},
-		netip.MustParseAddr("2001:db8:1::200"): {"eth0"},
-		netip.MustParseAddr("198.51.100.9"):    {"eth1"},
+		netip.MustParseAddr("192.0.2.200"):     {"eth0", "eth1"},
+		netip.MustParseAddr("2001:db8:1::200"): {"eth0", "eth1"},
+		netip.MustParseAddr("198.51.100.9"):    {"eth0", "eth1"},
 	}
 	if diff := cmp.Diff(want, owned); diff != "" {
 		t.Errorf("owned (-want +got):\n%s\n%v", diff, ds)
@@ -297,33 +300,37 @@ func TestDecideL2Spread(t *testing.T) {
 	t.Logf("n2's %d IPs went to %v", count["n2"], moved)
 }
 
-func TestParseRange(t *testing.T) {
-	for _, tc := range []struct {
-		in      string
-		in1     string
-		out     string
-		wantErr bool
-	}{
-		{in: "192.0.2.0/30", in1: "192.0.2.3", out: "192.0.2.4"},
-		{in: "192.0.2.10-192.0.2.20", in1: "192.0.2.20", out: "192.0.2.21"},
-		{in: "2001:db8::/126", in1: "2001:db8::3", out: "2001:db8::4"},
-		{in: "192.0.2.20-192.0.2.10", wantErr: true},
-		{in: "192.0.2.0/33", wantErr: true},
-	} {
-		r, err := parseRange(tc.in)
-		if (err != nil) != tc.wantErr {
-			t.Errorf("%s: err %v", tc.in, err)
-			continue
-		}
-		if err == nil && (!r.contains(netip.MustParseAddr(tc.in1)) || r.contains(netip.MustParseAddr(tc.out))) {
-			t.Errorf("%s: range %v..%v", tc.in, r.first, r.last)
-		}
-	}
-}
-
 func ExampleDecideL2() {
 	w := newL2World().pool("lan", nil, "192.0.2.200-192.0.2.220").ad("lan", lanAd).svc("web", false, []string{"192.0.2.200"}, "n1", "n2")
 	_, ds := DecideL2(L2Input{Self: "n1", Live: all3, Links: lan, State: w.st})
 	fmt.Println(ds[0].Service, ds[0].IP, "owner", ds[0].Owner)
 	// Output: default/web 192.0.2.200 owner n3
+}
+
+// TestDecideL2ServiceSelectors: MetalLB v0.16's L2Advertisement serviceSelectors. An advertisement
+// covers only the Services it selects: rack-a's advertisement selects tier=web, rack-b's selects
+// everything; a Service no advertisement selects is not announced.
+func TestDecideL2ServiceSelectors(t *testing.T) {
+	web := []metav1.LabelSelector{{MatchLabels: map[string]string{"tier": "web"}}}
+	db := []metav1.LabelSelector{{MatchLabels: map[string]string{"tier": "db"}}}
+	rack := func(r string) []metav1.LabelSelector {
+		return []metav1.LabelSelector{{MatchLabels: map[string]string{"rack": r}}}
+	}
+	w := newL2World().pool("lan", nil, "192.0.2.200-192.0.2.220").
+		ad("a-web", metallbv1beta1.L2AdvertisementSpec{IPAddressPools: []string{"lan"}, NodeSelectors: rack("a"), ServiceSelectors: web}).
+		ad("b-db", metallbv1beta1.L2AdvertisementSpec{IPAddressPools: []string{"lan"}, NodeSelectors: rack("b"), ServiceSelectors: db}).
+		svc("front", false, []string{"192.0.2.200"}, "n1").
+		svc("store", false, []string{"192.0.2.201"}, "n1").
+		svc("other", false, []string{"192.0.2.202"}, "n1")
+	w.st.Services[cluster.ServiceKey{Namespace: "default", Name: "front"}].Labels = map[string]string{"tier": "web"}
+	w.st.Services[cluster.ServiceKey{Namespace: "default", Name: "store"}].Labels = map[string]string{"tier": "db"}
+	got, _ := decide(t, w.st, all3)
+	want := map[string]string{
+		"front 192.0.2.200": hashOwner("192.0.2.200", "n1", "n2") + "|",
+		"store 192.0.2.201": "n3|",
+		"other 192.0.2.202": "|no L2Advertisement of pool metallb-system/lan selects this Service (serviceSelectors)",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("owners (-want +got):\n%s", diff)
+	}
 }

@@ -73,7 +73,15 @@ type Members struct {
 	received prometheus.Counter
 	sendErrs prometheus.Counter
 
-	mu sync.Mutex
+	// sendMu orders the datagrams this member sends (counters are taken and datagrams written under
+	// it), so two goroutines sending (Run's rounds, gossip replies from receive) never reorder the
+	// counters one peer sees. Taken before mu.
+	sendMu sync.Mutex
+	// origin is the zero of the gossip cores' monotonic clock.
+	origin time.Time
+	// rnd picks gossip peers (only under mu).
+	rnd func(n int) int
+	mu  sync.Mutex
 	// keys verify heartbeats; keys[0] signs them. {nil} when insecure.
 	keys [][]byte
 	// counter is the last counter sent (one per datagram body: a peer sharing two segments with us
@@ -135,6 +143,9 @@ type segment struct {
 	// heartbeats for this segment carry).
 	view  View
 	hears bitmap
+	// gossip is set in gossip mode (more members than DirectMembersLimit): the segment's liveness
+	// and readiness come from it, not from heartbeats (gossip_members.go).
+	gossip *gossipState
 }
 
 // segMember is a peer as a member of one segment: what it said about itself and others there.
@@ -185,6 +196,12 @@ type MemberOptions struct {
 	// Insecure runs without a key: anyone on the LAN who can send from a member's address can
 	// steer the membership. Only for labs.
 	Insecure bool
+	// DirectMembersLimit is the largest segment that runs the all-to-all heartbeats; a larger one
+	// runs gossip mode (gossip.go). 0: DefaultDirectMembersLimit (128); negative: every segment
+	// gossips (the config's 0; tests force gossip mode in a 3-node lab with it).
+	DirectMembersLimit int
+	// GossipFanout is to how many members a gossip round sends the vector (0: DefaultGossipFanout).
+	GossipFanout int
 }
 
 // Defaults of MemberOptions.
@@ -192,6 +209,10 @@ const (
 	DefaultMemberPort        = 7473
 	DefaultHeartbeatInterval = 100 * time.Millisecond
 	DefaultDeadAfter         = 400 * time.Millisecond
+	// DefaultDirectMembersLimit is the largest segment that heartbeats all-to-all (above: gossip).
+	DefaultDirectMembersLimit = 128
+	// DefaultGossipFanout is how many members a gossip round sends the vector to.
+	DefaultGossipFanout = 1
 	// MinKeyLen is the shortest accepted membership key (bytes).
 	MinKeyLen = 16
 )
@@ -274,6 +295,8 @@ func newMembers(log hclog.Logger, self string, opts MemberOptions, conn packetCo
 		lastLog: map[dropReason]time.Time{}, suppressed: map[dropReason]int{},
 		view: View{Candidates: map[string]bool{}, Total: 1, Heard: 1}}
 	m.counter = m.boot
+	m.origin = time.Now()
+	m.rnd = newGossipRand(self, m.boot)
 	m.segs = []*segment{newSegment([]string{self}, self)}
 	for _, r := range allDropReasons {
 		m.rejected[r] = rejVec.WithLabelValues(string(r))
@@ -418,7 +441,13 @@ func (m *Members) setMembershipLocked(peers map[string][]netip.Addr, segLists []
 	}
 	m.explicit = explicit
 	for _, g := range next {
-		if len(g.sorted) > MaxMembers {
+		if limit := m.gossipLimit(); (limit < 0 || len(g.sorted) > limit) && len(g.sorted) > 1 {
+			// Gossip mode (gossip_members.go): the vector goes in chunks of a 16-bit count.
+			if len(g.sorted) > MaxGossipMembers {
+				m.log.Error("more members in an L2 segment than a gossip vector can describe: gossip for it will not be sent",
+					"members", len(g.sorted), "max", MaxGossipMembers)
+			}
+		} else if len(g.sorted) > MaxMembers {
 			m.log.Error("more members in an L2 segment than a heartbeat can describe: heartbeats for it will not be sent",
 				"members", len(g.sorted), "max", MaxMembers)
 		}
@@ -510,6 +539,7 @@ func (m *Members) setMembershipLocked(peers map[string][]netip.Addr, segLists []
 			}
 		}
 	}
+	m.setupGossipLocked(next, now)
 	m.byName, m.peers, m.segs = byName, list, next
 	m.dirty = true
 	return true
@@ -589,8 +619,10 @@ func (m *Members) Run(ctx context.Context) {
 			m.conn.Close()
 			return
 		case <-m.sendNow:
+			now := time.Now()
 			buf = m.send(buf)
-			lastSent = time.Now()
+			lastSent = now
+			buf = m.gossipRound(buf, now, true)
 		case now := <-t.C:
 			m.stalled(now)
 			m.evaluate(now)
@@ -598,6 +630,7 @@ func (m *Members) Run(ctx context.Context) {
 				buf = m.send(buf)
 				lastSent = now
 			}
+			buf = m.gossipRound(buf, now, false)
 		}
 	}
 }
@@ -617,7 +650,7 @@ func (m *Members) prepareLocked(os []outgoing) ([]outgoing, error) {
 	os = os[:0]
 	var firstErr error
 	for _, g := range m.segs {
-		if len(g.members) == 0 {
+		if len(g.members) == 0 || g.gossip != nil {
 			continue
 		}
 		m.counter++
@@ -646,6 +679,8 @@ func echoOffset(n int) int { return 6 + n + 8 }
 // is reused across rounds. A segment whose heartbeat would be oversize is an error, the others are
 // still sent.
 func (m *Members) send(buf []byte) []byte {
+	m.sendMu.Lock()
+	defer m.sendMu.Unlock()
 	m.mu.Lock()
 	os, err := m.prepareLocked(nil)
 	m.mu.Unlock()
@@ -699,6 +734,9 @@ func (m *Members) receive(ctx context.Context) {
 // not seen the same member list yet: a node joined or left), the ready flag still applies if the
 // sender shares exactly one segment with us, and the last readable heard set stays in force.
 func (m *Members) handle(b []byte, from netip.Addr, now time.Time) dropReason {
+	if len(b) >= 4 && string(b[:4]) == gossipMagic {
+		return m.handleGossip(b, from, now)
+	}
 	var hb heartbeat
 	r := parseHeartbeat(b, &hb)
 	if r == acceptedReason && m.drop != nil && m.drop(hb.name) {
@@ -715,24 +753,7 @@ func (m *Members) handle(b []byte, from netip.Addr, now time.Time) dropReason {
 		return r
 	}
 	m.received.Inc()
-	p.lastSeen = now
-	if !p.alive {
-		p.alive = true
-		m.alive++
-		for _, sm := range p.in {
-			sm.seg.alive++
-			sm.seg.dirty = true
-		}
-		m.dirty = true
-	}
-	if !p.vouched {
-		p.vouched = true
-		for _, sm := range p.in {
-			addHeard(sm, 1)
-			sm.seg.dirty = true
-		}
-		m.dirty = true
-	}
+	m.touchLocked(p, now)
 	var sm *segMember
 	match := false
 	for _, x := range p.in {
@@ -743,6 +764,14 @@ func (m *Members) handle(b []byte, from netip.Addr, now time.Time) dropReason {
 	}
 	if sm == nil && len(p.in) == 1 {
 		sm = p.in[0]
+	}
+	if sm != nil && sm.seg.gossip != nil {
+		// A heartbeat for a segment we gossip in (the sender's DirectMembersLimit differs): a proof
+		// of life and readiness of its sender, nothing more.
+		if match {
+			m.gossipHeardLocked(sm, hb.ready, now)
+		}
+		sm = nil
 	}
 	if sm != nil {
 		if sm.ready != hb.ready {
@@ -762,6 +791,33 @@ func (m *Members) handle(b []byte, from netip.Addr, now time.Time) dropReason {
 		m.evaluate(now)
 	}
 	return acceptedReason
+}
+
+// touchLocked records an accepted datagram of p: it is alive and vouched for (in the all-to-all
+// segments it is in; gossip segments take liveness from their vectors).
+func (m *Members) touchLocked(p *peer, now time.Time) {
+	p.lastSeen = now
+	if !p.alive {
+		p.alive = true
+		m.alive++
+		for _, sm := range p.in {
+			sm.seg.alive++
+			if sm.seg.gossip == nil {
+				sm.seg.dirty = true
+			}
+		}
+		m.dirty = true
+	}
+	if !p.vouched {
+		p.vouched = true
+		for _, sm := range p.in {
+			addHeard(sm, 1)
+			if sm.seg.gossip == nil {
+				sm.seg.dirty = true
+				m.dirty = true
+			}
+		}
+	}
 }
 
 // checkLocked authenticates a parsed heartbeat; on success *pp is its sender and its counter has
@@ -851,7 +907,9 @@ func (m *Members) expireLocked(now time.Time) {
 			m.alive--
 			for _, sm := range p.in {
 				sm.seg.alive--
-				sm.seg.dirty = true
+				if sm.seg.gossip == nil {
+					sm.seg.dirty = true
+				}
 			}
 			m.dirty = true
 		}
@@ -859,11 +917,13 @@ func (m *Members) expireLocked(now time.Time) {
 			p.vouched = false
 			for _, sm := range p.in {
 				addHeard(sm, -1)
-				sm.seg.dirty = true
+				if sm.seg.gossip == nil {
+					sm.seg.dirty, m.dirty = true, true
+				}
 			}
-			m.dirty = true
 		}
 	}
+	m.gossipTickLocked(now)
 	if !m.settled && !m.since.IsZero() && now.Sub(m.since) >= m.opts.DeadAfter {
 		m.settled = true
 		m.markAllLocked()
@@ -950,6 +1010,9 @@ func (m *Members) evaluate(now time.Time) {
 // refreshes the bitmap of the ready members we vouch for there (what our heartbeats carry).
 // m.mu must be held.
 func (m *Members) computeLocked(g *segment) View {
+	if g.gossip != nil {
+		return m.computeGossipLocked(g)
+	}
 	v := View{Candidates: make(map[string]bool, len(g.view.Candidates)+1), Total: len(g.sorted), Heard: 1 + g.alive}
 	settled := v.Heard == v.Total || m.settled
 	other := ""

@@ -20,6 +20,8 @@ import (
 type OwnerCache struct {
 	gen  uint64
 	sets map[string]*ownerSet
+	// last is the previous call's decisions, for vipgate_l2_owner_changes_total (observeOwners).
+	last []VIPDecision
 }
 
 // ownerSet is the owners of the VIPs that share one candidate set (a pool's candidates).

@@ -7,74 +7,25 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 
 	metallbv1beta1 "go.universe.tf/metallb/api/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/vipgate/vipgate/cluster"
 )
 
-// ipRange is one entry of an IPAddressPool's addresses: a CIDR or "first-last".
-type ipRange struct{ first, last netip.Addr }
-
-func (r ipRange) contains(a netip.Addr) bool {
-	return a.BitLen() == r.first.BitLen() && r.first.Compare(a) <= 0 && a.Compare(r.last) <= 0
-}
-
-func parseRange(s string) (ipRange, error) {
-	s = strings.TrimSpace(s)
-	if first, last, ok := strings.Cut(s, "-"); ok {
-		f, err1 := netip.ParseAddr(strings.TrimSpace(first))
-		l, err2 := netip.ParseAddr(strings.TrimSpace(last))
-		if err1 != nil || err2 != nil || f.BitLen() != l.BitLen() || l.Less(f) {
-			return ipRange{}, fmt.Errorf("bad address range %q", s)
-		}
-		return ipRange{f, l}, nil
-	}
-	p, err := netip.ParsePrefix(s)
-	if err != nil {
-		return ipRange{}, fmt.Errorf("bad CIDR %q: %w", s, err)
-	}
-	p = p.Masked()
-	last := p.Addr().As16()
-	first := p.Addr()
-	b := last[:]
-	if first.Is4() {
-		v := first.As4()
-		b = v[:]
-	}
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 1 << (7 - uint(i%8))
-	}
-	l, _ := netip.AddrFromSlice(b)
-	return ipRange{first, l}, nil
-}
-
-// poolFor returns the IPAddressPool whose addresses contain ip (nil if none).
+// poolFor returns the IPAddressPool whose addresses contain ip (nil if none), read as the
+// controller's allocator reads the pools (cluster.PoolIndex): every IP it hands out is found in the
+// pool it was handed out from (select_test.go). A decision over many IPs builds the index once
+// (cluster.NewPoolIndex) and asks it instead.
 func poolFor(pools []*metallbv1beta1.IPAddressPool, ip netip.Addr) *metallbv1beta1.IPAddressPool {
-	for _, p := range pools {
-		for _, a := range p.Spec.Addresses {
-			r, err := parseRange(a)
-			if err == nil && r.contains(ip) {
-				return p
-			}
-		}
-	}
-	return nil
+	return cluster.NewPoolIndex(pools).PoolOf(ip)
 }
 
-// selects reports whether a label selector list matches set (an empty list matches everything).
+// selects reports whether a label selector list matches set (an empty list matches everything; see
+// cluster.MatchesAny).
 func selects(sels []metav1.LabelSelector, set map[string]string) bool {
-	if len(sels) == 0 {
-		return true
-	}
-	for i := range sels {
-		s, err := metav1.LabelSelectorAsSelector(&sels[i])
-		if err == nil && s.Matches(labels.Set(set)) {
-			return true
-		}
-	}
-	return false
+	return cluster.MatchesAny(sels, set)
 }
 
 // adSelectsPool reports whether an advertisement (L2 or BGP) with these ipAddressPools and
@@ -90,9 +41,11 @@ func adSelectsPool(names []string, sels []metav1.LabelSelector, pool *metallbv1b
 	return len(sels) > 0 && selects(sels, pool.Labels)
 }
 
-// l2AdsFor lists the L2Advertisements of the pool's namespace that announce IPs of pool.
-// MetalLB v0.15's L2Advertisement has no serviceSelectors: Services are chosen per pool (the pool's
-// serviceAllocation, which the allocator honours), so nothing is matched against the Service here.
+// l2AdsFor lists the L2Advertisements of the pool's namespace that announce IPs of pool, whatever
+// their serviceSelectors: the pool-level set, which the L2 segments are computed from (a node that
+// some advertisement of the pool may use is a member of the pool's segment; serviceSelectors only
+// narrow which Services an advertisement covers, never who votes). l2AdsForServices narrows it to
+// the advertisements of one IP's Services.
 func l2AdsFor(ads []*metallbv1beta1.L2Advertisement, pool *metallbv1beta1.IPAddressPool) []*metallbv1beta1.L2Advertisement {
 	var out []*metallbv1beta1.L2Advertisement
 	for _, ad := range ads {
@@ -111,4 +64,51 @@ func bgpAdvertised(ads []*metallbv1beta1.BGPAdvertisement, pool *metallbv1beta1.
 		}
 	}
 	return false
+}
+
+// serviceSelected reports whether an advertisement's serviceSelectors (MetalLB v0.16, L2 and BGP)
+// select a Service with these labels. An empty list selects every Service (MetalLB v0.15 objects
+// keep their meaning); several selectors are ORed, as in MetalLB. A selector that does not parse
+// selects nothing (the advertisement is reported, see adServiceSelectorProblem).
+func serviceSelected(sels []metav1.LabelSelector, svcLabels map[string]string) bool {
+	return selects(sels, svcLabels)
+}
+
+// l2AdsForServices narrows a pool's L2Advertisements (l2AdsFor) to those whose serviceSelectors
+// select at least one of the Services using the IP (an IP shared by several Services, allow-shared-ip,
+// is announced by the union of their advertisements, as MetalLB unions advertisements per IP).
+// narrowed says whether some advertisement was left out, i.e. whether candidates and interfaces
+// computed from poolAds must be recomputed from the result.
+func l2AdsForServices(poolAds []*metallbv1beta1.L2Advertisement, svcLabels []map[string]string) (ads []*metallbv1beta1.L2Advertisement, narrowed bool) {
+	for _, ad := range poolAds {
+		if slices.ContainsFunc(svcLabels, func(l map[string]string) bool { return serviceSelected(ad.Spec.ServiceSelectors, l) }) {
+			ads = append(ads, ad)
+		}
+	}
+	return ads, len(ads) != len(poolAds)
+}
+
+// adServiceSelectorProblem returns why an advertisement's serviceSelectors cannot be used as
+// written ("" when they can): a selector that does not parse (it then selects nothing).
+func adServiceSelectorProblem(sels []metav1.LabelSelector) string {
+	for i := range sels {
+		if _, err := metav1.LabelSelectorAsSelector(&sels[i]); err != nil {
+			return fmt.Sprintf("serviceSelectors[%d]: %v; it selects no Service", i, err)
+		}
+	}
+	return ""
+}
+
+// l2CandidatesFor narrows a pool's candidates (computed from all of the pool's advertisements) to
+// the nodes that one of ads — the pool's advertisements narrowed by l2AdsForServices — selects, so
+// that an advertisement that does not cover the Service never makes a node its owner. cands is not
+// modified.
+func l2CandidatesFor(sels selectorCache, st *cluster.State, cands map[string]bool, ads []*metallbv1beta1.L2Advertisement) map[string]bool {
+	out := make(map[string]bool, len(cands))
+	for n, ok := range cands {
+		if ok && sels.eligible(ads, nodeLabels(st, n)) {
+			out[n] = true
+		}
+	}
+	return out
 }

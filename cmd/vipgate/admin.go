@@ -109,6 +109,7 @@ type adminServer struct {
 	addr    netip.AddrPort
 	reg     *prometheus.Registry
 	metrics *dataplane.Metrics
+	changes *dataplane.ChangeMetrics
 
 	mu     sync.Mutex
 	status NodeStatus
@@ -124,8 +125,12 @@ func newAdminServer(log hclog.Logger, addr netip.AddrPort, reg *prometheus.Regis
 	if err != nil {
 		return nil, err
 	}
+	cm, err := dataplane.NewChangeMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
 	base.Started = time.Now()
-	return &adminServer{log: log, addr: addr, reg: reg, metrics: m, status: base}, nil
+	return &adminServer{log: log, addr: addr, reg: reg, metrics: m, changes: cm, status: base}, nil
 }
 
 // startAdmin creates the admin endpoint (metrics on nodeRegistry()) and starts it. Failing to listen
@@ -198,6 +203,7 @@ func (a *adminServer) setVIPLister(v vipLister) {
 // recordSync records the outcome of one sync of snapshot st.
 func (a *adminServer) recordSync(st *cluster.State, rep *dataplane.SyncReport, err error) {
 	a.metrics.ObserveSync(st, rep, err)
+	a.changes.ObserveSync(st, rep, err)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err != nil {

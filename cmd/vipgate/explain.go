@@ -677,6 +677,10 @@ func (r *ExplainReport) writeText(w io.Writer) {
 		}
 		fmt.Fprintf(w, "maglev:   this flow (source port %s) hashes to slot %d of %d in @%s: %s %s — the same on every gateway\n",
 			r.Source[strings.LastIndexByte(r.Source, ':')+1:], m.Slot, m.Slots, m.Map, verb, m.Backend)
+		if m.Routed {
+			// forwarding: route keeps a connection table in front of Maglev (dataplane/gateway_conntable.go).
+			fmt.Fprintf(w, "table:    for a new flow; once seen, the flow keeps its node in @%s while that node serves the VIP port (drained nodes too), whatever the slot says later\n", dataplane.MapGatewayFlows)
+		}
 	}
 	if r.DecidedBy != "" {
 		fmt.Fprintf(w, "decided:  %s\n", r.DecidedBy)

@@ -70,11 +70,12 @@ func (g *gatewaySpeaker) Stop() { g.spk.Stop() }
 // gatewayDataplaneConfig is the dataplane's view of a GatewayConfig.
 func gatewayDataplaneConfig(cfg *cluster.GatewayConfig) dataplane.GatewayConfig {
 	return dataplane.GatewayConfig{
-		Table:      cfg.TableName,
-		Forwarding: cfg.Forwarding,
-		SNAT:       cfg.SNAT,
-		Nodes:      cfg.Nodes,
-		MaglevSize: cfg.MaglevTableSize,
+		Table:        cfg.TableName,
+		Forwarding:   cfg.Forwarding,
+		SNAT:         cfg.SNAT,
+		Nodes:        cfg.Nodes,
+		MaglevSize:   cfg.MaglevTableSize,
+		DrainTimeout: cfg.DrainTimeout, // 0: the dataplane's default (5m)
 	}
 }
 
@@ -140,6 +141,12 @@ func runGateway(args []string) error {
 		spk.spk.setEventer(ks.KubeSource)
 	}
 	admin.setVIPLister(spk.spk)
+	// SNAT addresses and conntrackd (gateway_ctsync.go): the NAT state outlives a gateway's death.
+	stopCtSync, err := startGatewayConntrackSync(ctx, cfg, log, spk, admin)
+	if err != nil {
+		return err
+	}
+	defer stopCtSync()
 
 	states := make(chan *cluster.State, 1)
 	srcErr := make(chan error, 1)
@@ -159,6 +166,10 @@ func runGateway(args []string) error {
 	dirty, first := false, true
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
+	// drainEnd wakes the loop when a draining node's deadline passes: that sync takes it out of the
+	// connection table (and deletes its flows' conntrack entries, nodePort forwarding).
+	drainEnd := time.NewTimer(time.Hour)
+	drainEnd.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -175,6 +186,8 @@ func runGateway(args []string) error {
 		case <-healthChanged:
 			dirty = true
 		case <-retry.C:
+		case <-drainEnd.C:
+			dirty = true
 		}
 		if current == nil || !dirty {
 			continue
@@ -192,6 +205,12 @@ func runGateway(args []string) error {
 			continue
 		}
 		dirty = false
+		if !rep.NextDrainDeadline.IsZero() {
+			drainEnd.Reset(time.Until(rep.NextDrainDeadline) + 10*time.Millisecond)
+		}
+		if len(rep.Draining) > 0 {
+			log.Info("nodes draining: no new flows, established ones keep them until the deadline", "nodes", strings.Join(rep.Draining, ","), "until", rep.NextDrainDeadline.Format(time.RFC3339))
+		}
 		for _, c := range rep.Conflicts {
 			log.Warn("rejected", "object", c.Object, "reason", c.Reason)
 		}

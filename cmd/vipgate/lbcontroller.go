@@ -5,11 +5,17 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vipgate/vipgate/cluster"
 )
@@ -34,6 +40,7 @@ func runController(args []string) error {
 	fs.StringVar(&conf.LeaseNamespace, "lease-namespace", "vipgate-system", "namespace of the leader-election Lease")
 	fs.StringVar(&conf.LeaseName, "lease-name", "vipgate-controller", "name of the leader-election Lease")
 	fs.StringVar(&conf.Identity, "identity", "", "this replica's identity in the Lease (default: host name and pid)")
+	metricsAddr := fs.String("metrics-bind-address", "0.0.0.0:7472", `serve Prometheus metrics (the allocator's pool usage, Go and process) on this address ("" or "0": none)`)
 	logLevel := fs.String("log-level", "info", "trace, debug, info, warn or error")
 	logJSON := fs.Bool("log-json", false, "log JSON lines")
 	fs.Usage = func() {
@@ -46,6 +53,8 @@ func runController(args []string) error {
 		}
 		return err
 	}
+	// MetalLB's ConfigurationState and IPAddressPool status go to vipgate's namespace, owned by this pod.
+	conf.StatusNamespace, conf.PodName = os.Getenv(podNamespaceEnv), os.Getenv("POD_NAME")
 	log := hclog.New(&hclog.LoggerOptions{Name: "vipgate-controller", Level: hclog.LevelFromString(*logLevel), JSONFormat: *logJSON, Output: os.Stderr})
 	kc := *kubeconfig
 	if kc == "" {
@@ -59,11 +68,45 @@ func runController(args []string) error {
 		return err
 	}
 	routeKlog(log.Named("client-go"))
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if conf.Metrics, err = cluster.NewPoolMetrics(reg); err != nil {
+		return err
+	}
 	ctrl, err := cluster.NewLBController(cfg, conf, log)
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if *metricsAddr != "" && *metricsAddr != "0" {
+		if err := serveControllerMetrics(ctx, log.Named("metrics"), *metricsAddr, reg); err != nil {
+			return err
+		}
+	}
 	return ctrl.Run(ctx)
+}
+
+// serveControllerMetrics serves the controller's registry (the one PoolMetrics is registered on, plus
+// the Go and process collectors) on addr until ctx ends. Failing to listen is an error: the flag asked
+// for it.
+func serveControllerMetrics(ctx context.Context, log hclog.Logger, addr string, reg *prometheus.Registry) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--metrics-bind-address: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("serving metrics", "err", err)
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+	}()
+	log.Info("serving metrics", "address", ln.Addr().String())
+	return nil
 }

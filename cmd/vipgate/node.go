@@ -16,6 +16,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/dataplane/ctsync"
 )
 
 const nodeHelp = `Usage: vipgate node --config FILE (--manifests DIR | --kubeconfig FILE) [flags]
@@ -81,11 +82,14 @@ func startCommand(nf *nodeFlags, logging *cluster.Logging, table string, prog *d
 		return log, false, nil
 	}
 	for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-		if err := prog.DeleteTable(f, table); err != nil {
-			return log, true, fmt.Errorf("deleting table %s: %w", table, err)
+		// The gateway's SNAT-address table (conntrack sync) too; absent tables are fine.
+		for _, t := range []string{table, ctsync.SNATTable} {
+			if err := prog.DeleteTable(f, t); err != nil {
+				return log, true, fmt.Errorf("deleting table %s: %w", t, err)
+			}
 		}
 	}
-	log.Info("removed vipgate's nftables tables", "table", table)
+	log.Info("removed vipgate's nftables tables", "table", table, "snat", ctsync.SNATTable)
 	return log, true, nil
 }
 

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -16,9 +15,12 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 
 	"github.com/vipgate/vipgate/bgp"
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/cluster/mlbstatus"
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/l2"
 	"github.com/vipgate/vipgate/speaker"
@@ -37,6 +39,7 @@ func (s *l2Speaker) setEventer(e eventer) {
 	s.mu.Lock()
 	s.events = e
 	s.mu.Unlock()
+	s.startStatusWriter(e)
 	pw, ok := e.(podWatcher)
 	if !ok || !s.watchPods || s.fixedPeers != nil || s.mem == nil {
 		return
@@ -131,6 +134,10 @@ func newSpeaker(ctx context.Context, name string, ips []netip.Addr, sc cluster.S
 	if err != nil {
 		return nil, err
 	}
+	if err := speaker.RegisterOwnerMetrics(nodeRegistry()); err != nil {
+		ann.Close()
+		return nil, err
+	}
 	def := ""
 	for _, ip := range ips {
 		if ifname, err := l2.DefaultInterface(ip); err == nil {
@@ -147,12 +154,16 @@ func newSpeaker(ctx context.Context, name string, ips []netip.Addr, sc cluster.S
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	s.cancel = cancel
+	s.ctx = ctx
 	mem, err := speaker.NewMembers(log.Named("members"), name, speaker.MemberOptions{
 		Port:              cmp.Or(memberPort, sc.MemberPort),
 		HeartbeatInterval: sc.HeartbeatInterval,
 		DeadAfter:         sc.DeadAfter,
 		Keys:              keys,
 		Insecure:          insecure,
+		// The config's 0 means "every segment gossips"; MemberOptions' 0 means the default.
+		DirectMembersLimit: speaker.DirectMembersLimitOption(sc.DirectMembersLimit),
+		GossipFanout:       sc.GossipFanout,
 	})
 	switch {
 	case errors.Is(err, speaker.ErrNoMemberKey):
@@ -289,6 +300,64 @@ type l2Speaker struct {
 	bgp          *bgp.Speaker
 	bgpDecisions []speaker.VIPDecision
 	bgpProblems  map[string]string
+
+	// status writes MetalLB's ServiceL2Status, ServiceBGPStatus and ConfigurationState (nil with
+	// the file source: `vipgate status` shows the same); bgpPeers are the BGPPeers each Service is
+	// advertised to (speaker.AdvertisedPeers).
+	ctx      context.Context
+	status   *mlbstatus.Writer
+	bgpPeers map[cluster.ServiceKey][]string
+}
+
+// startStatusWriter starts the writer of MetalLB's status resources when the source is the
+// Kubernetes API and vipgate's namespace is known (POD_NAMESPACE): they live there, as MetalLB's
+// live in its own. It never blocks the speaker: the writer works from the last state handed over.
+func (s *l2Speaker) startStatusWriter(e eventer) {
+	rc, ok := e.(interface{ RESTConfig() *rest.Config })
+	ns := os.Getenv(podNamespaceEnv)
+	if !ok || ns == "" || s.ctx == nil {
+		return
+	}
+	w, err := mlbstatus.New(rc.RESTConfig(), mlbstatus.Options{Namespace: ns, Component: mlbstatus.Speaker, Node: s.self,
+		PodSelector: cmp.Or(s.podSelector, cluster.DefaultSpeakerPodSelector)}, s.log.Named("mlbstatus"))
+	if err != nil {
+		s.log.Error("not writing MetalLB's status resources", "err", err)
+		return
+	}
+	go w.Run(s.ctx)
+	s.mu.Lock()
+	s.status = w
+	s.publishStatus()
+	s.mu.Unlock()
+}
+
+// publishStatus hands the writer what this node announces and the configuration problems it sees.
+// Called with s.mu held.
+func (s *l2Speaker) publishStatus() {
+	if s.status == nil || s.st == nil {
+		return
+	}
+	svcs := map[types.NamespacedName]mlbstatus.ServiceStatus{}
+	for k, ifs := range speaker.AnnouncedInterfaces(s.decisions) {
+		key := types.NamespacedName{Namespace: k.Namespace, Name: k.Name}
+		svcs[key] = mlbstatus.ServiceStatus{Interfaces: ifs, Peers: svcs[key].Peers}
+	}
+	for k, peers := range s.bgpPeers {
+		key := types.NamespacedName{Namespace: k.Namespace, Name: k.Name}
+		svcs[key] = mlbstatus.ServiceStatus{Interfaces: svcs[key].Interfaces, Peers: peers}
+	}
+	problems := map[string]string{}
+	for _, r := range s.st.Rejected {
+		problems[r.Kind+" "+r.Object] = r.Reason
+	}
+	for o, r := range s.bgpProblems {
+		problems[o] = r
+	}
+	for k, r := range s.problems {
+		ip, svc, _ := strings.Cut(k, " ")
+		problems["Service "+svc+" IP "+ip] = r
+	}
+	s.status.SetSpeaker(svcs, mlbstatus.ProblemLines(problems))
 }
 
 func (s *l2Speaker) Update(st *cluster.State, _ *dataplane.SyncReport) {
@@ -349,11 +418,18 @@ func (s *l2Speaker) updateBGP(st *cluster.State) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.bgpDecisions = decisions
+	s.bgpPeers = speaker.AdvertisedPeers(s.self, peers, ads, decisions)
+	defer s.publishStatus()
 	seen := map[string]string{}
 	for _, p := range problems {
 		seen[p.Object] = p.Reason
 		if s.bgpProblems[p.Object] != p.Reason {
-			s.log.Warn("rejected", "object", p.Object, "reason", p.Reason)
+			reason, msg := "Rejected", "rejected"
+			if p.Accepted {
+				// In use, a field ignored: never silent (log, Event, ConfigurationState).
+				reason, msg = "Unsupported", "accepted with an unsupported field"
+			}
+			s.log.Warn(msg, "object", p.Object, "reason", p.Reason)
 			if kind, nsName, ok := strings.Cut(p.Object, " "); ok && s.events != nil {
 				ns, name, _ := strings.Cut(nsName, "/")
 				apiVersion := "metallb.io/v1beta1"
@@ -361,7 +437,7 @@ func (s *l2Speaker) updateBGP(st *cluster.State) {
 					apiVersion = "metallb.io/v1beta2"
 				}
 				s.events.Event(&corev1.ObjectReference{APIVersion: apiVersion, Kind: kind, Namespace: ns, Name: name},
-					corev1.EventTypeWarning, "Rejected", p.Reason)
+					corev1.EventTypeWarning, reason, p.Reason)
 			}
 		}
 	}
@@ -443,6 +519,7 @@ func (s *l2Speaker) recompute() {
 	}
 	s.decisions = decisions
 	s.logProblems(decisions)
+	defer s.publishStatus()
 	now := map[string]bool{}
 	for _, d := range decisions {
 		if d.Owner == s.self && len(d.Interfaces) > 0 {
@@ -460,7 +537,14 @@ func (s *l2Speaker) recompute() {
 	for k := range now {
 		s.announced[k] = true
 	}
-	if err := s.ann.SetOwned(owned); err != nil {
+	// Answer on every interface DecideL2 chose; announce takeovers on its preferred ones only.
+	where := make(map[netip.Addr]l2.Where, len(owned))
+	for _, d := range decisions {
+		if ifs, ok := owned[d.IP]; ok {
+			where[d.IP] = l2.Where{Answer: ifs, Announce: d.Announce}
+		}
+	}
+	if err := s.ann.SetOwnedWhere(where); err != nil {
 		if e := err.Error(); e != s.lastErr {
 			s.lastErr = e
 			s.log.Warn("announcing LoadBalancer IPs", "err", err)
@@ -492,28 +576,17 @@ func (s *l2Speaker) logProblems(decisions []speaker.VIPDecision) {
 	}
 }
 
-// hostLinks lists this host's interfaces that are up, with their prefixes, for speaker.DecideL2;
-// nil if they cannot be listed (DecideL2 then falls back to the default interface).
+// hostLinks lists this host's interfaces that are up, with their prefixes and what decides whether
+// they are one of "all interfaces" (l2.Interfaces), for speaker.DecideL2; nil if they cannot be
+// listed (DecideL2 then falls back to the default interface).
 func hostLinks() []speaker.Link {
-	ifs, err := net.Interfaces()
+	ifs, err := l2.Interfaces()
 	if err != nil {
 		return nil
 	}
-	links := []speaker.Link{}
-	for _, ifi := range ifs {
-		if ifi.Flags&net.FlagLoopback != 0 || ifi.Flags&net.FlagUp == 0 {
-			continue
-		}
-		l := speaker.Link{Name: ifi.Name}
-		addrs, _ := ifi.Addrs()
-		for _, a := range addrs {
-			if n, ok := a.(*net.IPNet); ok {
-				if p, err := netip.ParsePrefix(n.String()); err == nil && !p.Addr().IsLinkLocalUnicast() {
-					l.Prefixes = append(l.Prefixes, p.Masked())
-				}
-			}
-		}
-		links = append(links, l)
+	links := make([]speaker.Link, 0, len(ifs))
+	for _, i := range ifs {
+		links = append(links, speaker.Link{Name: i.Name, Prefixes: i.Prefixes, Master: i.Master, NoARP: i.NoARP})
 	}
 	return links
 }
@@ -548,7 +621,14 @@ func (s *l2Speaker) Warnings() []string {
 			out = append(out, w)
 		}
 	}
-	return out
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var bgp []string
+	for o, r := range s.bgpProblems {
+		bgp = append(bgp, o+": "+r)
+	}
+	slices.Sort(bgp)
+	return append(out, bgp...)
 }
 
 func (s *l2Speaker) Stop() {

@@ -114,7 +114,9 @@ func MetalLBCRDs(logf func(string, ...any)) ([]*unstructured.Unstructured, error
 // and returns their paths. MetalLB v0.15.2 declares its uint32 ASN fields (BGPPeer myASN, peerASN)
 // that way, and kube-apiserver v1.36 then rejects *every* value of the field ("Maximum boundary
 // value must be of type integer with format int32"), so BGPPeers could not be created at all. The
-// fix keeps the 0-4294967295 range check.
+// fix keeps the 0-4294967295 range check. MetalLB v0.16.1's CRDs no longer declare it (the fix finds
+// nothing there); it stays for older versions. v0.16.1's config/crd/bases also carries the status
+// CRDs (servicel2statuses, servicebgpstatuses, configurationstates), installed with the rest.
 func fixInt32Maximums(node any, path string) []string {
 	var fixed []string
 	switch n := node.(type) {

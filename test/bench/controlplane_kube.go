@@ -26,8 +26,9 @@ import (
 // created (and awaited: refused), then its EndpointSlice, and the time from the create call's
 // return to the client's first connection through the ClusterIP to pod1 is taken. The background
 // Services are all ClusterIP: the API server allocates NodePorts from 30000-32767 only, and this
-// row measures the watch path, not the mix.
-func controlPlaneKube(t *table, pl *packetLab, bin string, background, changes int) {
+// row measures the watch path, not the mix. With compare (--cp-compare) a second vipgate binary is
+// measured the same way in the same run (before / after a change).
+func controlPlaneKube(t *table, pl *packetLab, bin, compare string, background, changes int) {
 	what := fmt.Sprintf("EndpointSlice created in kube-apiserver -> first connection through its ClusterIP, `vipgate node --kubeconfig`, %s Services, p50 / p99 of %d",
 		thousands(background+1), changes)
 	dir, err := pl.controlPlaneDir("kube")
@@ -72,29 +73,56 @@ func controlPlaneKube(t *table, pl *packetLab, bin string, background, changes i
 		t.fail(what, err)
 		return
 	}
-	proc, err := pl.l.Start(thisNode, filepath.Join(dir, "vipgate.log"), bin, "node", "--config", nodeCfg, "--kubeconfig", srv.Kubeconfig, "--log-level", "warn")
-	if err != nil {
-		t.fail(what, err)
-		return
+	// Each binary runs in its own process against the same API server and background; with a
+	// comparison binary the two take turns in ABBA order (half the changes per turn), so that both
+	// see the same load of the shared machine.
+	type runner struct {
+		bin    string
+		lat    []time.Duration
+		octets []byte
 	}
-	defer proc.Stop()
-	failf := func(format string, args ...any) {
-		t.fail(what, fmt.Errorf(format+"; vipgate log: %s", append(args, oneLine(proc.Tail(5)))...))
+	runners := []*runner{{bin: bin, octets: []byte{253, 252}}}
+	order := []int{0}
+	if compare != "" {
+		runners = append(runners, &runner{bin: compare, octets: []byte{251, 250}})
+		order = []int{0, 1, 1, 0}
 	}
-
-	lat, err := pl.probeChanges(changes, 253, func(svc *cluster.Service, _ *cluster.EndpointSlice) error {
-		_, err := client.CoreV1().Services(benchNamespace).Create(ctx, kubeService(svc.Key.Name, svc.ClusterIPs[0]), metav1.CreateOptions{})
-		return err
-	}, func(_ *cluster.Service, es *cluster.EndpointSlice) error {
-		_, err := client.DiscoveryV1().EndpointSlices(benchNamespace).Create(ctx, kubeSlice(es), metav1.CreateOptions{})
-		return err
-	})
-	if err != nil {
-		failf("%v", err)
-		return
+	turn := map[int]int{}
+	for k, ri := range order {
+		r := runners[ri]
+		n := changes
+		if compare != "" {
+			n = (changes + 1) / 2
+		}
+		octet := r.octets[turn[ri]]
+		turn[ri]++
+		proc, err := pl.l.Start(thisNode, filepath.Join(dir, fmt.Sprintf("vipgate-%d.log", k)), r.bin, "node", "--config", nodeCfg, "--kubeconfig", srv.Kubeconfig, "--log-level", "warn")
+		if err != nil {
+			t.fail(what, err)
+			return
+		}
+		lat, err := pl.probeChanges(n, octet, func(svc *cluster.Service, _ *cluster.EndpointSlice) error {
+			_, err := client.CoreV1().Services(benchNamespace).Create(ctx, kubeService(svc.Key.Name, svc.ClusterIPs[0]), metav1.CreateOptions{})
+			return err
+		}, func(_ *cluster.Service, es *cluster.EndpointSlice) error {
+			_, err := client.DiscoveryV1().EndpointSlices(benchNamespace).Create(ctx, kubeSlice(es), metav1.CreateOptions{})
+			return err
+		})
+		if err != nil {
+			t.fail(what, fmt.Errorf("%s: %v; vipgate log: %s", r.bin, err, oneLine(proc.Tail(5))))
+			proc.Stop()
+			return
+		}
+		proc.Stop()
+		r.lat = append(r.lat, lat...)
 	}
-	t.add(row{What: what, Vipgate: fmtDuration(quantile(lat, 0.5)) + " / " + fmtDuration(quantile(lat, 0.99)),
-		Ref: "from the create call's return: the watch event, then 50 ms of quiet before a snapshot (kubeDebounce), then the sync"})
+	ref := "from the create call's return: the watch event, a snapshot at once when the informers were quiet for 50 ms (bursts coalesce: kubeDebounce), then the sync"
+	if compare != "" {
+		c := runners[1]
+		ref = fmt.Sprintf("the same with %s, same run, ABBA turns: %s / %s (p50 / p99 of %d)", filepath.Base(c.bin),
+			fmtDuration(quantile(c.lat, 0.5)), fmtDuration(quantile(c.lat, 0.99)), len(c.lat))
+	}
+	t.add(row{What: what, Vipgate: fmtDuration(quantile(runners[0].lat, 0.5)) + " / " + fmtDuration(quantile(runners[0].lat, 0.99)), Ref: ref})
 }
 
 // createBackground creates n synthetic Services (as ClusterIP) and their EndpointSlices, 16 at a time.

@@ -100,6 +100,15 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// sysTime is the system (kernel) time this process has used.
+func sysTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Stime.Nano())
+}
+
 // resetPeakRSS returns garbage to the OS and resets VmHWM (clear_refs 5), so the next VmHWM is the
 // peak of what follows.
 func resetPeakRSS() {
@@ -144,7 +153,7 @@ func fullSync(t *table, n, reps int, withNft bool, kps []*kubeProxyFigures) {
 			t.fail(what, err)
 			return
 		}
-		prog := &timedProgrammer{inner: &dataplane.NetlinkProgrammer{NetNSFd: ns.fd()}}
+		prog := &timedProgrammer{inner: ns.programmer()}
 		p = dataplane.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), prog)
 		cpu := cpuTime()
 		start := time.Now()
@@ -289,21 +298,29 @@ func incremental(t *table, n, changes int, kps []*kubeProxyFigures) {
 	}
 	defer ns.close()
 	st := synthState(n, 10)
-	prog := &timedProgrammer{inner: &dataplane.NetlinkProgrammer{NetNSFd: ns.fd()}}
+	prog := &timedProgrammer{inner: ns.programmer()}
 	p := dataplane.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), prog)
+	// VIPGATE_BENCH_TRACE=1 prints the full sync and the first changes of each kind one by one
+	// (wall, kernel, process CPU): the first change after a full sync is the one to watch.
+	fullStart, fullCPU := time.Now(), cpuTime()
 	if _, err := p.Sync(st); err != nil {
 		t.fail(what, err)
 		return
 	}
+	if os.Getenv("VIPGATE_BENCH_TRACE") != "" {
+		fmt.Fprintf(os.Stderr, "  full sync: %v (process CPU user+sys %v)\n", time.Since(fullStart), cpuTime()-fullCPU)
+	}
 	run := func(name string, kps []*kubeProxyFigures, change func(i int)) {
 		what := fmt.Sprintf("%s at %s Services, model change to kernel ack, p50 / p99 of %d", name, thousands(n), changes)
-		var total, kernel []time.Duration
+		var total, kernel, cpu, sys []time.Duration
 		for i := 0; i < changes; i++ {
 			change(i)
 			prog.last = 0
+			cpu0, sys0 := cpuTime(), sysTime()
 			start := time.Now()
 			rep, err := p.Sync(st)
 			d := time.Since(start)
+			cpu, sys = append(cpu, cpuTime()-cpu0), append(sys, sysTime()-sys0)
 			if err != nil {
 				t.fail(what, err)
 				return
@@ -313,6 +330,11 @@ func incremental(t *table, n, changes int, kps []*kubeProxyFigures) {
 				return
 			}
 			total, kernel = append(total, d), append(kernel, prog.last)
+		}
+		if os.Getenv("VIPGATE_BENCH_TRACE") != "" {
+			for i := range min(5, len(total)) {
+				fmt.Fprintf(os.Stderr, "  %s: change %d: %v (kernel %v, process CPU user+sys %v, sys %v)\n", name, i, total[i], kernel[i], cpu[i], sys[i])
+			}
 		}
 		r := row{What: what,
 			Vipgate: fmtDuration(quantile(total, 0.5)) + " / " + fmtDuration(quantile(total, 0.99)),

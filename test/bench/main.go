@@ -54,10 +54,16 @@ type options struct {
 	kubeProxy    kubeProxyOptions
 	labserver    string
 	vipgate      string
+	cpCompare    string
+	churnRate    int
+	churnTime    time.Duration
 	timeout      time.Duration
 }
 
-var allSections = []string{"sync", "incremental", "packets", "throughput", "controlplane"}
+var allSections = []string{"sync", "incremental", "churn", "packets", "throughput", "controlplane"}
+
+// extraSections are valid for --only but not run by default: parts of a default section.
+var extraSections = []string{"controlplane-kube"} // the kube-apiserver row of controlplane alone
 
 func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -83,12 +89,15 @@ func parseFlags(args []string) (*options, error) {
 	noNft := fs.Bool("no-nft", false, "skip the `nft -f` reference loads")
 	labserver := fs.String("labserver", os.Getenv(lab.LabServerEnv), "labserver binary (default: $VIPGATE_LABSERVER, else built)")
 	vipgate := fs.String("vipgate", os.Getenv("VIPGATE_BIN"), "vipgate binary (default: $VIPGATE_BIN, else built)")
+	churnRate := fs.Int("churn-rate", 1000, "endpoint changes per second of the churn row")
+	churnTime := fs.Duration("churn-time", time.Minute, "duration of the churn row (shorter for a quick run)")
+	cpCompare := fs.String("cp-compare", "", "a second vipgate binary measured in the kube-apiserver control-plane row of the same run, in ABBA turns (before / after a change)")
 	timeout := fs.Duration("timeout", 45*time.Minute, "give up (and clean up) after this long")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	o := &options{reps: *reps, changes: *changes, nft: !*noNft, cpChanges: *cpChanges, cpBackground: *cpBackground,
-		out: *out, plots: *plots, labserver: *labserver, vipgate: *vipgate, timeout: *timeout, sections: map[string]bool{},
+		out: *out, plots: *plots, labserver: *labserver, vipgate: *vipgate, cpCompare: *cpCompare, churnRate: *churnRate, churnTime: *churnTime, timeout: *timeout, sections: map[string]bool{},
 		packets: packetOptions{rounds: *rounds, connTime: *connTime, workers: *workers, iperfTime: *iperfTime, iperfRuns: *iperfRuns}}
 	if *quick {
 		// Flags given explicitly still win over the quick defaults.
@@ -103,6 +112,7 @@ func parseFlags(args []string) (*options, error) {
 			"iperf-time":         func() { o.packets.iperfTime = 2 },
 			"iperf-runs":         func() { o.packets.iperfRuns = 1 },
 			"cp-changes":         func() { o.cpChanges = 10 },
+			"churn-time":         func() { o.churnTime = 10 * time.Second },
 			"cp-services":        func() { o.cpBackground = 1000 },
 			"timeout":            func() { o.timeout = 5 * time.Minute },
 			"kube-proxy-changes": func() { *kubeProxyChanges = 3 },
@@ -132,8 +142,8 @@ func parseFlags(args []string) (*options, error) {
 	o.kubeProxy.binDir, o.kubeProxy.maxServices, o.kubeProxy.changes, o.kubeProxy.reps = *kubeProxyBin, *kubeProxyMax, *kubeProxyChanges, o.reps
 	for _, s := range strings.Split(*only, ",") {
 		s = strings.TrimSpace(s)
-		if !slices.Contains(allSections, s) {
-			return nil, fmt.Errorf("--only: unknown section %q (have %s)", s, strings.Join(allSections, ", "))
+		if !slices.Contains(allSections, s) && !slices.Contains(extraSections, s) {
+			return nil, fmt.Errorf("--only: unknown section %q (have %s)", s, strings.Join(append(slices.Clone(allSections), extraSections...), ", "))
 		}
 		o.sections[s] = true
 	}
@@ -154,6 +164,10 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--iperf-runs must be 1-10")
 	case o.kubeProxy.changes < 0 || o.kubeProxy.changes > 100:
 		return nil, fmt.Errorf("--kube-proxy-changes must be 0-100")
+	case o.churnRate < 1 || o.churnRate > 100000:
+		return nil, fmt.Errorf("--churn-rate must be 1-100000")
+	case o.churnTime <= 0 || o.churnTime > 30*time.Minute:
+		return nil, fmt.Errorf("--churn-time must be positive and at most 30m")
 	case o.cpChanges < 1 || o.cpChanges > 200:
 		return nil, fmt.Errorf("--cp-changes must be 1-200")
 	case o.cpBackground < 0 || o.cpBackground > 17000:
@@ -224,7 +238,10 @@ func run(o *options) int {
 	if o.sections["incremental"] {
 		incremental(t, o.packets.many, o.changes, kp.at(t, o.packets.many))
 	}
-	if o.sections["packets"] || o.sections["throughput"] || o.sections["controlplane"] {
+	if o.sections["churn"] {
+		churn(t, o.packets.many, o.churnRate, o.churnTime)
+	}
+	if o.sections["packets"] || o.sections["throughput"] || o.sections["controlplane"] || o.sections["controlplane-kube"] {
 		labRows(t, o)
 	}
 
@@ -268,13 +285,15 @@ func labRows(t *table, o *options) {
 	if o.sections["throughput"] {
 		throughput(t, pl, o.packets)
 	}
-	if o.sections["controlplane"] {
+	if o.sections["controlplane"] || o.sections["controlplane-kube"] {
 		bin, err := vipgateBinary(o.vipgate)
 		if err != nil {
 			t.fail("control plane to data plane", err)
 		} else {
-			controlPlane(t, pl, bin, o.cpBackground, o.cpChanges)
-			controlPlaneKube(t, pl, bin, o.cpBackground, o.cpChanges)
+			if o.sections["controlplane"] {
+				controlPlane(t, pl, bin, o.cpBackground, o.cpChanges)
+			}
+			controlPlaneKube(t, pl, bin, o.cpCompare, o.cpBackground, o.cpChanges)
 		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+
+	"github.com/vipgate/vipgate/dataplane"
 )
 
 // Everything the bench creates is undone by cleanup functions, run in reverse order on a normal
@@ -40,6 +42,14 @@ type netns struct {
 	name  string
 	f     *os.File
 	close func()
+	progs []*dataplane.NetlinkProgrammer // closed with the namespace: their kept sockets hold it alive
+}
+
+// programmer returns a NetlinkProgrammer for the namespace, closed with it.
+func (n *netns) programmer() *dataplane.NetlinkProgrammer {
+	p := &dataplane.NetlinkProgrammer{NetNSFd: n.fd()}
+	n.progs = append(n.progs, p)
+	return p
 }
 
 var nsSeq int
@@ -54,6 +64,9 @@ func newNetns() (*netns, error) {
 	}
 	n := &netns{name: name}
 	n.close = atExit(func() {
+		for _, p := range n.progs {
+			p.Close()
+		}
 		if n.f != nil {
 			n.f.Close()
 		}

@@ -92,7 +92,9 @@ func (pl *packetLab) measuredState(n int) *cluster.State {
 // program replaces node1's table with n synthetic Services plus the measured one (a fresh proxier:
 // one atomic full sync).
 func (pl *packetLab) program(n int) error {
-	p := dataplane.NewProxier(hclog.NewNullLogger(), benchConfig(pl.node.IPv4), &dataplane.NetlinkProgrammer{NetNSFd: int(pl.nodeF.Fd())})
+	prog := &dataplane.NetlinkProgrammer{NetNSFd: int(pl.nodeF.Fd())}
+	defer prog.Close()
+	p := dataplane.NewProxier(hclog.NewNullLogger(), benchConfig(pl.node.IPv4), prog)
 	rep, err := p.Sync(pl.measuredState(n))
 	if err != nil {
 		return fmt.Errorf("programming node1 with %d Services: %w", n, err)

@@ -99,6 +99,7 @@ var groupOfClient = map[string]string{
 	"Discovery": "discovery.k8s.io", "DiscoveryV1": "discovery.k8s.io",
 	"Coordination": "coordination.k8s.io", "CoordinationV1": "coordination.k8s.io",
 	"Events": "events.k8s.io", "EventsV1": "events.k8s.io",
+	"Networking": "networking.k8s.io",
 }
 
 // verbOfMethod maps a typed client method to the RBAC verb and the subresource it touches.
@@ -115,7 +116,7 @@ var deployAPIPatterns = []deployAPIPattern{
 	{
 		// factory.Core().V1().Services().Informer(): a shared informer lists and watches.
 		what: "shared informer",
-		re:   regexp.MustCompile(`\.(Core|Discovery|Coordination)\(\)\.V1\(\)\.(\w+)\(\)`),
+		re:   regexp.MustCompile(`\.(Core|Discovery|Coordination|Networking)\(\)\.V1\(\)\.(\w+)\(\)`),
 		access: func(m []string, _ string) []apiAccess {
 			g, r := groupOfClient[m[1]], strings.ToLower(m[2])
 			return []apiAccess{{Group: g, Resource: r, Verb: "list"}, {Group: g, Resource: r, Verb: "watch"}}
@@ -170,6 +171,25 @@ var deployAPIPatterns = []deployAPIPattern{
 		},
 	},
 	{
+		// dyn.Resource(gvrServiceL2Statuses).Namespace(ns).UpdateStatus(...) in cluster/mlbstatus:
+		// one dynamic call on a MetalLB kind, named by its gvr<Resource> variable. Status objects
+		// live in the component's own namespace (.Namespace(ns): a Role); IPAddressPool status is
+		// written in the pool's namespace (.Namespace(u.GetNamespace()): cluster-wide).
+		what: "MetalLB status write (cluster/mlbstatus)",
+		re:   regexp.MustCompile(`\.Resource\(gvr(\w+)\)\.Namespace\((ns|u\.GetNamespace\(\))\)\.(\w+)\(`),
+		access: func(m []string, _ string) []apiAccess {
+			vm, ok := verbOfMethod[m[3]]
+			if !ok {
+				return nil // reported as not understood
+			}
+			r := strings.ToLower(m[1])
+			if vm[1] != "" {
+				r += "/" + vm[1]
+			}
+			return []apiAccess{{Group: "metallb.io", Resource: r, Verb: vm[0], Namespaced: m[2] == "ns"}}
+		},
+	},
+	{
 		// metallbv1beta1.GroupVersion.WithResource("ipaddresspools") in the MetalLB kinds table,
 		// started with dynamicinformer ForResource(...).Informer(): list and watch.
 		what: "MetalLB dynamic informer",
@@ -216,6 +236,19 @@ var deployUnits = []struct {
 		}
 		return nil
 	}},
+	// MetalLB's status resources (cluster/mlbstatus): the node agent's speaker writes
+	// ServiceL2Status, ServiceBGPStatus and its ConfigurationState (cmd/vipgate/speaker.go); the
+	// controller its ConfigurationState and the IPAddressPool counters (cluster/lbcontroller.go);
+	// both watch their own pod, the owner of what they write (kinds_state.go).
+	{regexp.MustCompile(`^cluster/mlbstatus/kinds\.go$`), func(src map[string]string) []string {
+		return mlbstatusUsers(src, true, false)
+	}},
+	{regexp.MustCompile(`^cluster/mlbstatus/kinds_state\.go$`), func(src map[string]string) []string {
+		return mlbstatusUsers(src, true, true)
+	}},
+	{regexp.MustCompile(`^cluster/mlbstatus/kinds_pool\.go$`), func(src map[string]string) []string {
+		return mlbstatusUsers(src, false, true)
+	}},
 	// The BGP password Secrets: only the node agent asks the source for them (cmd/vipgate/source.go).
 	{regexp.MustCompile(`^cluster/bgpsecrets\.go$`), func(src map[string]string) []string {
 		if strings.Contains(src["cmd/vipgate/source.go"], ".WatchBGPSecrets(") {
@@ -223,6 +256,18 @@ var deployUnits = []struct {
 		}
 		return nil
 	}},
+}
+
+// mlbstatusUsers lists the components that start a cluster/mlbstatus writer, among node and controller.
+func mlbstatusUsers(src map[string]string, node, controller bool) []string {
+	var cs []string
+	if node && strings.Contains(src["cmd/vipgate/speaker.go"], "mlbstatus.New(") {
+		cs = append(cs, componentNode)
+	}
+	if controller && strings.Contains(src["cluster/lbcontroller.go"], "mlbstatus.New(") {
+		cs = append(cs, componentController)
+	}
+	return cs
 }
 
 // codeAPIAccess scans the module's non-test Go source outside test/ and returns, per component,

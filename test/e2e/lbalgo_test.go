@@ -19,7 +19,7 @@ import (
 // connections through `vipgate node` in the netns lab, and checks the tracer against them on the
 // table read back from the kernel:
 //
-//   - round-robin: 2,000 new connections from one client spread evenly over the 3 pods (within 1%);
+//   - round-robin: 10,000 new connections from one client spread evenly over the 3 pods (within 1%);
 //   - source-hash: every client address keeps one pod, the one the tracer names for it;
 //   - maglev answers from every pod; a bad value keeps the default (random) and says why in the log.
 func TestLBAlgorithms(t *testing.T) {
@@ -123,7 +123,7 @@ func lbAlgorithmChecks(t *testing.T, l *lab.Lab, d *dpLab, fam cluster.Family, p
 	}
 
 	t.Run("round-robin", func(t *testing.T) {
-		const n = 2000
+		const n = 10000
 		s, err := l.ProbeMany("client", "tcp", hostport(vip("10.96.5.1", "2001:db8:96::5:1")), n, time.Millisecond)
 		if err != nil {
 			t.Fatal(err)

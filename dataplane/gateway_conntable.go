@@ -1,0 +1,666 @@
+package dataplane
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/vipgate/vipgate/cluster"
+)
+
+// This file is the gateway's connection table for routed forwarding (forwarding: route): an
+// established flow keeps its node while that node is still a node of its VIP port, whatever the
+// Maglev table says since; new flows take Maglev. It is a dynamic nftables map, flow -> node id,
+// with a timeout that each packet of the flow restarts, in the chain the VIP port's packets go to
+// (filter prerouting at raw priority, before conntrack: the gateway still keeps no conntrack state):
+//
+//	chain gateway-route
+//	    meta mark set <flow> map @gateway-flows update @gateway-flows { <flow> : meta mark }
+//	        dup to ip daddr . meta l4proto . th dport . meta mark map @gateway-conns drop      # a known flow
+//	    meta mark set ip daddr . meta l4proto . th dport . jhash ... map @gateway-route-ids
+//	        update @gateway-flows { <flow> : meta mark }
+//	        dup to ip daddr . meta l4proto . th dport . meta mark map @gateway-conns drop      # Maglev
+//	    dup to <VIP port> . jhash ... map @gateway-routes drop                                # the map is full
+//
+// <flow> is `ip saddr . th sport . ip daddr . th dport` (IPv4) and `jhash ip6 saddr . th sport mod
+// 4294967291 seed GatewayFlowSeed` (IPv6): nft 1.0.6 aborts on a dynamic map update with a key longer
+// than 16 bytes (netlink_linearize.c: `dreg < ctx->reg_low`), so the protocol is not in the key and
+// an IPv6 flow is known by a 32-bit hash of its client address and port (two IPv6 flows with the same
+// hash share an entry: the second follows the first one's node, a node of its VIP port anyway).
+//
+// Why not the kernel's conntrack with the node in the ct mark: in route forwarding the original packet
+// is dropped after its copy went to the node, and conntrack only keeps ("confirms") a connection when
+// its packet leaves the host's last hook; a dropped packet's new connection is thrown away, so every
+// packet would be new (measured: TestGatewayConnTable broke 317-340 of 1,000 connections that way). The
+// map's entry is written by the packet itself.
+//
+// gateway-conns maps (VIP port, node id) to the node for every node a VIP port may still send to: its
+// Maglev backends and the nodes draining from it. A flow whose node left (unhealthy, removed, drained
+// past the deadline) misses it and is re-dealt by Maglev (the update keeps the element's old data, so
+// each of its packets is re-dealt the same way until the entry expires). gateway-route-ids is the
+// Maglev table again with node ids as data: nft cannot store an address in a mark. The packet mark
+// is used as the register between the statements; the copy `dup` sends leaves with it (a mark does
+// not leave the host).
+//
+// Drain: a node marked draining gets no new flows — it is not a Maglev backend — but its established
+// flows keep it through gateway-conns until they end (the entry expires) or the drain deadline passes.
+
+// Names of the connection table's maps.
+const (
+	MapGatewayConns    = "gateway-conns"
+	MapGatewayRouteIDs = "gateway-route-ids"
+	MapGatewayFlows    = "gateway-flows"
+	MapGatewayPrevIDs  = "gateway-route-prev"
+)
+
+// GatewayFlowTimeout is how long an idle flow keeps its entry in gateway-flows (each packet restarts
+// it); GatewayFlowsMax bounds the map (a full map sends new flows by Maglev alone, statelessly).
+const (
+	GatewayFlowTimeout = 5 * time.Minute
+	GatewayFlowsMax    = 1 << 20
+)
+
+// GatewayFlowSeed is the seed of the IPv6 flow key's hash (any fixed value; the key is local).
+const GatewayFlowSeed uint32 = 0x666c6f77 // "flow"
+
+// gatewayFlowModulus is the IPv6 flow key hash's modulus: the largest 32-bit prime.
+const gatewayFlowModulus uint32 = 4294967291
+
+// Action kinds of the connection table, after lbalgo.go's.
+const (
+	// ActFlowRecall: a known flow goes to its remembered node, if that is still in gateway-conns,
+	// and its entry's timeout restarts.
+	ActFlowRecall ActionKind = 136
+	// ActFlowPick: Maglev picks the node (gateway-route-ids, Value slots), gateway-flows remembers it,
+	// the packet goes there.
+	ActFlowPick ActionKind = 137
+	// ActFlowDaisy: a TCP packet without SYN that no entry knows (a connection another gateway
+	// carried until it died) goes to the node the previous Maglev table gave its slot
+	// (gateway-route-prev, only slots whose node changed and is still a node of the VIP port),
+	// remembered as by ActFlowPick: daisy chaining.
+	ActFlowDaisy ActionKind = 138
+)
+
+// KindTupleMark: Addr . inet_proto . inet_service . mark (slot) : mark (node id). An element's
+// DataAddr is the node; the kernel holds GatewayNodeID(DataAddr).
+const KindTupleMark SetKind = 65
+
+// KindGatewayFlows: the flow key (IPv4: ipv4_addr . inet_service . ipv4_addr . inet_service; IPv6:
+// a 32-bit hash) : mark (node id), dynamic, with a timeout. Runtime state: never listed back.
+const KindGatewayFlows SetKind = 66
+
+// GatewayNodeID is the id a node address is remembered by in a connection's ct mark: the IPv4
+// address itself, or the low 32 bits of an IPv6 address (its interface id's tail). 0 means "no node"
+// (a connection's mark before Maglev chose), so an address whose id would be 0 has none (ok false).
+// Two IPv6 nodes of one gateway with the same low 32 bits: the second (by name) gets no table entry
+// (GatewayConnIDs) and its flows follow Maglev only.
+func GatewayNodeID(a netip.Addr) (uint32, bool) {
+	a = a.Unmap()
+	var id uint32
+	if a.Is4() {
+		b := a.As4()
+		id = binary.BigEndian.Uint32(b[:])
+	} else {
+		b := a.As16()
+		id = binary.BigEndian.Uint32(b[12:])
+	}
+	return id, id != 0
+}
+
+// connNode is one node a VIP port's established flows may keep.
+type connNode struct {
+	addr netip.Addr
+	id   uint32
+}
+
+// gatewayConnElements are a VIP port's elements of gateway-route-ids (its Maglev table, node ids as
+// data) and gateway-conns (every backend, and every draining node). Nodes without a usable id are
+// left out of both; their slots fall through to the stateless rule.
+func gatewayConnElements(e GatewayEntry, table []int, ids map[netip.Addr]uint32) []Element {
+	var out []Element
+	for slot, bi := range table {
+		a := e.Backends[bi].Addr()
+		if _, ok := ids[a]; !ok {
+			continue
+		}
+		out = append(out, Element{Set: MapGatewayRouteIDs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: a})
+	}
+	seen := map[netip.Addr]bool{}
+	for _, b := range append(slices.Clone(e.Backends), e.Draining...) {
+		a := b.Addr()
+		id, ok := ids[a]
+		if !ok || seen[a] {
+			continue
+		}
+		seen[a] = true
+		out = append(out, Element{Set: MapGatewayConns, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: id, DataAddr: a})
+	}
+	return out
+}
+
+// GatewayConnIDs assigns the node ids of one family's nodes (sorted by name): GatewayNodeID, with
+// the second of two nodes that share an id left out.
+func GatewayConnIDs(addrs []netip.Addr) map[netip.Addr]uint32 {
+	out := map[netip.Addr]uint32{}
+	taken := map[uint32]bool{}
+	for _, a := range addrs {
+		id, ok := GatewayNodeID(a)
+		if !ok || taken[id] {
+			continue
+		}
+		taken[id] = true
+		out[a.Unmap()] = id
+	}
+	return out
+}
+
+// gatewayConntableRules are the rules of gateway-route for a table of size slots (see above).
+func gatewayConntableRules(size int) []Rule {
+	return []Rule{
+		{Action: Action{Kind: ActFlowRecall}, Comment: "a known flow: to its node, if still one of the VIP port's"},
+		{Action: Action{Kind: ActFlowDaisy, Value: uint32(size)}, Comment: "an unknown connection: to its slot's previous node"},
+		{Action: Action{Kind: ActFlowPick, Value: uint32(size)}, Comment: "a new flow: Maglev, remembered"},
+		{Action: Action{Kind: ActDupJhashMap, Map: MapGatewayRoutes, Value: uint32(size)}, Comment: "gateway-flows is full"},
+	}
+}
+
+// gatewayConntableSets are the route mode's maps of the connection table.
+func gatewayConntableSets() []*Set {
+	return []*Set{
+		{Name: MapGatewayRouteIDs, Kind: KindTupleMark, Comment: "VIP . proto . port . Maglev slot -> node id"},
+		{Name: MapGatewayPrevIDs, Kind: KindTupleMark, Comment: "VIP . proto . port . Maglev slot -> the slot's node before the last change"},
+		{Name: MapGatewayConns, Kind: KindTupleAddr, Comment: "VIP . proto . port . node id -> node (backends and draining nodes)"},
+		{Name: MapGatewayFlows, Kind: KindGatewayFlows, Timeout: GatewayFlowTimeout, Comment: "flow -> node id (the connection table)"},
+	}
+}
+
+// flowKey loads the gateway-flows key of the packet into reg32 on (4 registers for IPv4, 1 for IPv6).
+func (e *encoder) flowKey() []expr.Any {
+	if e.f != cluster.IPv6 {
+		return []expr.Any{e.loadSaddr(reg32), loadSport(reg32 + 1), e.loadDaddr(reg32 + 2), loadDport(reg32 + 3)}
+	}
+	in := uint32(reg32 + 8)
+	return []expr.Any{e.loadSaddr(in), loadSport(in + 4),
+		&expr.Hash{SourceRegister: in, DestRegister: reg32, Length: 20, Modulus: gatewayFlowModulus, Seed: GatewayFlowSeed, Type: expr.HashTypeJenkins}}
+}
+
+// connDup sends the packet to the node of its VIP port whose id is the packet mark, and drops the
+// original; no match when the VIP port has no such node.
+func (e *encoder) connDup() ([]expr.Any, error) {
+	l, err := e.mapLookup(MapGatewayConns, reg32, reg1)
+	if err != nil {
+		return nil, err
+	}
+	key, next := e.tupleKey()
+	return append(key, &expr.Meta{Key: expr.MetaKeyMARK, Register: next}, l, &expr.Dup{RegAddr: reg1}, &expr.Verdict{Kind: expr.VerdictDrop}), nil
+}
+
+// flowUpdate writes (or refreshes) the packet's gateway-flows entry with the packet mark as data.
+func (e *encoder) flowUpdate() ([]expr.Any, error) {
+	s, err := e.setRef(MapGatewayFlows)
+	if err != nil {
+		return nil, err
+	}
+	data := uint32(reg32 + 4)
+	return append(e.flowKey(), &expr.Meta{Key: expr.MetaKeyMARK, Register: data},
+		&expr.Dynset{SrcRegKey: reg32, SrcRegData: data, SetName: s.Name, SetID: s.ID, Operation: uint32(unix.NFT_DYNSET_OP_UPDATE)}), nil
+}
+
+// conntableAction encodes the connection table's action kinds; ok is false for other kinds.
+func (e *encoder) conntableAction(a Action) (xs []expr.Any, ok bool, err error) {
+	var first []expr.Any
+	switch a.Kind {
+	case ActFlowRecall:
+		l, err := e.mapLookup(MapGatewayFlows, reg32, reg32+4)
+		if err != nil {
+			return nil, true, err
+		}
+		first = append(e.flowKey(), l, &expr.Meta{Key: expr.MetaKeyMARK, Register: reg32 + 4, SourceRegister: true})
+	case ActFlowPick, ActFlowDaisy:
+		m := MapGatewayRouteIDs
+		if a.Kind == ActFlowDaisy {
+			m = MapGatewayPrevIDs
+			first = []expr.Any{
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{ProtoTCP}},
+				&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+				&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 1, Mask: []byte{0x02}, Xor: []byte{0}},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{0}},
+			}
+		}
+		xs, err := e.jhashLookup(Action{Kind: ActDupJhashMap, Map: m, Value: a.Value}, hashShape{tuple: true, flow: true})
+		if err != nil {
+			return nil, true, err
+		}
+		first = append(append(first, xs...), &expr.Meta{Key: expr.MetaKeyMARK, Register: reg1, SourceRegister: true})
+	default:
+		return nil, false, nil
+	}
+	up, err := e.flowUpdate()
+	if err != nil {
+		return nil, true, err
+	}
+	dup, err := e.connDup()
+	if err != nil {
+		return nil, true, err
+	}
+	return append(append(first, up...), dup...), true, nil
+}
+
+// flowKeyText is the nft spelling of the gateway-flows key.
+func flowKeyText(ip string) string {
+	if ip == "ip6" {
+		return fmt.Sprintf("jhash ip6 saddr . th sport mod %d seed %#x", gatewayFlowModulus, GatewayFlowSeed)
+	}
+	return "ip saddr . th sport . ip daddr . th dport"
+}
+
+// conntableActionText spells the connection table's action kinds; ok is false for other kinds.
+func conntableActionText(f *Flat, fam nftFamily, a Action) (string, bool, error) {
+	ip := fam.table
+	key := ip + " daddr . meta l4proto . th dport"
+	flow := flowKeyText(ip)
+	tail := fmt.Sprintf("update @%[1]s { %[2]s : meta mark } dup to %[3]s . meta mark map @%[4]s drop", MapGatewayFlows, flow, key, MapGatewayConns)
+	var err error
+	for _, c := range []struct {
+		name string
+		kind SetKind
+	}{{MapGatewayFlows, KindGatewayFlows}, {MapGatewayConns, KindTupleAddr}, {MapGatewayRouteIDs, KindTupleMark}, {MapGatewayPrevIDs, KindTupleMark}} {
+		if e := needSet(f, c.name, c.kind); e != nil && err == nil {
+			err = e
+		}
+	}
+	switch a.Kind {
+	case ActFlowRecall:
+		return fmt.Sprintf("meta mark set %s map @%s %s", flow, MapGatewayFlows, tail), true, err
+	case ActFlowPick:
+		if a.Value == 0 {
+			return "", true, fmt.Errorf("jhash modulus 0")
+		}
+		return fmt.Sprintf("meta mark set %s . %s map @%s %s", key, jhashText(ip, hashShape{tuple: true, flow: true}, a.Value), MapGatewayRouteIDs, tail), true, err
+	case ActFlowDaisy:
+		if a.Value == 0 {
+			return "", true, fmt.Errorf("jhash modulus 0")
+		}
+		return fmt.Sprintf("tcp flags & syn == 0 meta mark set %s . %s map @%s %s", key, jhashText(ip, hashShape{tuple: true, flow: true}, a.Value), MapGatewayPrevIDs, tail), true, err
+	}
+	return "", false, nil
+}
+
+// conntableAct traces the connection table's action kinds; ok is false for other kinds. A Packet is
+// the first packet of a flow: ActFlowRecall finds no entry, and ActFlowPick forks one branch per node
+// the VIP port's slots lead to and sends the packet there.
+func (t *tracer) conntableAct(st pstate, ch *Chain, idx int, r Rule, text, by string, done func(pstate, verdict, string)) (next pstate, cont, ok bool) {
+	a := r.Action
+	switch a.Kind {
+	case ActFlowRecall:
+		if err := needSet(t.f, MapGatewayFlows, KindGatewayFlows); err != nil {
+			t.fail("%s: %v", by, err)
+			return st, false, true
+		}
+		t.step(st, ch.Name, idx, text, fmt.Sprintf("no match: a new flow is not in @%s yet", MapGatewayFlows))
+		return st, true, true
+	case ActFlowDaisy:
+		if err := needSet(t.f, MapGatewayPrevIDs, KindTupleMark); err != nil {
+			t.fail("%s: %v", by, err)
+			return st, false, true
+		}
+		t.step(st, ch.Name, idx, text, "no match: a new connection starts with a SYN (only a connection in progress that this gateway does not know goes to its slot's previous node)")
+		return st, true, true
+	case ActFlowPick:
+		if a.Value == 0 {
+			t.fail("%s: jhash modulus 0", by)
+			return st, false, true
+		}
+		pick := Action{Kind: ActFlowPick, Map: MapGatewayRouteIDs, Value: a.Value}
+		t.jhashBranches(st, ch, idx, text, pick, KindTupleMark, by, done, func(b pstate, ep netip.AddrPort, slots int) {
+			id, _ := GatewayNodeID(ep.Addr())
+			key, _ := t.entryKey(b, true)
+			key.Index = id
+			if _, found, err := t.lookup(MapGatewayConns, key, KindTupleAddr); err != nil || !found {
+				t.fail("%s: node %s (id %d) chosen by Maglev is not in @%s", by, ep.Addr(), id, MapGatewayConns)
+				return
+			}
+			t.step(b, ch.Name, idx, text, fmt.Sprintf("match: Maglev picks node %s (id %d, %d of %d slots), @%s remembers it for the flow's later packets; sent unchanged, the original is dropped",
+				ep.Addr(), id, slots, a.Value, MapGatewayFlows))
+			t.finals = append(t.finals, final{outcome: OutcomeRoute,
+				cand: Candidate{Endpoint: netip.AddrPortFrom(ep.Addr(), b.port), Why: b.branch}, by: "routed by " + by})
+		})
+		return st, false, true
+	}
+	return st, false, false
+}
+
+// gatewayNftSet is the netlink set of the connection table's kind (netlink.go's nftSet default).
+func (e *encoder) gatewayNftSet(s *Set, ns *nftables.Set) bool {
+	switch s.Kind {
+	case KindTupleMark:
+		ns.KeyType = nftables.MustConcatSetType(e.addrType(), nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark)
+		ns.IsMap, ns.DataType = true, nftables.TypeMark
+	case KindGatewayFlows:
+		ns.KeyType = nftables.TypeInteger
+		if e.f != cluster.IPv6 {
+			ns.KeyType = nftables.MustConcatSetType(e.addrType(), nftables.TypeInetService, e.addrType(), nftables.TypeInetService)
+		}
+		ns.IsMap, ns.DataType = true, nftables.TypeMark
+		ns.HasTimeout, ns.Timeout, ns.Dynamic, ns.Size = true, s.Timeout, true, GatewayFlowsMax
+	default:
+		return false
+	}
+	return true
+}
+
+// gatewayElementBytes writes an element of the connection table's kind (netlink.go's element
+// encoder default); ok is false for other kinds.
+func gatewayElementBytes(s *Set, el Element, key, val []byte, alen int) (k, v []byte, ok bool, err error) {
+	if s.Kind != KindTupleMark {
+		return nil, nil, false, nil
+	}
+	id, idOK := GatewayNodeID(el.DataAddr)
+	if !idOK {
+		return nil, nil, true, fmt.Errorf("set %s: node %v has no id", s.Name, el.DataAddr)
+	}
+	putU32(putPort(putProto(putAddr(key, el.Addr), el.Proto), el.Port), el.Index)
+	putU32(val, id)
+	return key[:tupleAddrKeyLen(alen)], val[:4], true, nil
+}
+
+// gatewaySetDecl declares the connection table's maps in nft syntax (render.go's setDecl).
+func gatewaySetDecl(fam nftFamily, s *Set) (lines []string, ok bool) {
+	switch {
+	case s.Kind == KindTupleMark:
+		return []string{fmt.Sprintf("typeof %s daddr . meta l4proto . th dport . numgen random mod 1 : meta mark", fam.table)}, true
+	case s.Kind == KindTupleAddr && s.Name == MapGatewayConns:
+		// Keyed by the mark: nft refuses a mark looked up in a key typed by numgen (integer).
+		return []string{fmt.Sprintf("typeof %[1]s daddr . meta l4proto . th dport . meta mark : %[1]s daddr", fam.table)}, true
+	case s.Kind == KindGatewayFlows:
+		key := "ip saddr . th sport . ip daddr . th dport"
+		if fam.table == "ip6" {
+			key = "numgen random mod 1" // an integer: the hash of the flow
+		}
+		return []string{"typeof " + key + " : meta mark", "flags dynamic,timeout",
+			fmt.Sprintf("timeout %ds", max(int64(s.Timeout.Seconds()), 1)), fmt.Sprintf("size %d", GatewayFlowsMax)}, true
+	}
+	return nil, false
+}
+
+// gatewayElementText spells an element of the connection table's kind (render.go's elementText).
+func gatewayElementText(fam nftFamily, s *Set, e Element) (string, bool, error) {
+	if s.Kind != KindTupleMark {
+		return "", false, nil
+	}
+	a, err := addrText(fam, e.Addr)
+	if err != nil {
+		return "", true, err
+	}
+	id, ok := GatewayNodeID(e.DataAddr)
+	if !ok {
+		return "", true, fmt.Errorf("node %v has no id", e.DataAddr)
+	}
+	return fmt.Sprintf("%s . %s . %d . %d : %d", a, ProtoName(e.Proto), e.Port, e.Index, id), true, nil
+}
+
+// decodeMarkElement decodes a KindTupleMark element: the node id goes to DataAddr as an IPv4
+// address (resolveGatewayMarks turns it into the node's address).
+func decodeMarkElement(s *Set, alen int, ke KernelElement) (Element, error) {
+	el := Element{Set: s.Name}
+	k := &keyReader{b: ke.Key}
+	el.Addr, el.Proto, el.Port, el.Index = k.addr(alen), k.proto(), k.port(), k.hostU32()
+	if err := k.done(); err != nil {
+		return el, fmt.Errorf("key: %w", err)
+	}
+	d := &keyReader{b: ke.Data}
+	id := d.hostU32()
+	if err := d.done(); err != nil {
+		return el, fmt.Errorf("data: %w", err)
+	}
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], id)
+	el.DataAddr = netip.AddrFrom4(b)
+	return el, nil
+}
+
+// resolveGatewayMarks turns the node ids decodeMarkElement left in the KindTupleMark elements of f
+// into node addresses, by the gateway-conns element of the same VIP port and id.
+func resolveGatewayMarks(f *Flat) error {
+	for name, s := range f.Sets {
+		if s.Kind != KindTupleMark {
+			continue
+		}
+		byID := map[Element]netip.Addr{}
+		for _, c := range f.Elements[MapGatewayConns] {
+			byID[Element{Addr: c.Addr, Proto: c.Proto, Port: c.Port, Index: c.Index}] = c.DataAddr
+		}
+		for i, el := range f.Elements[name] {
+			b := el.DataAddr.As4()
+			id := binary.BigEndian.Uint32(b[:])
+			a, ok := byID[Element{Addr: el.Addr, Proto: el.Proto, Port: el.Port, Index: id}]
+			if !ok {
+				return fmt.Errorf("set %s: %s . %d . %d . %d : node id %d is in no element of %s", name, el.Addr, el.Proto, el.Port, el.Index, id, MapGatewayConns)
+			}
+			f.Elements[name][i].DataAddr = a
+		}
+	}
+	return nil
+}
+
+// GatewayDrainState says which nodes are draining and since when; GatewayProxier keeps it across
+// syncs so the deadline counts from the first sync that saw a node draining.
+type GatewayDrainState struct {
+	// Since is when each draining node (by name) was first seen draining.
+	Since map[string]time.Time
+}
+
+// NodeDraining says whether a node is marked draining: cordoned (spec.unschedulable), or the
+// `vipgate.io/drain` annotation or label with a value other than "false" (see GatewayDrainLabel).
+func NodeDraining(n *cluster.Node) bool {
+	if n == nil {
+		return false
+	}
+	if n.Unschedulable {
+		return true
+	}
+	if v, ok := n.Annotations[GatewayDrainLabel]; ok && v != "false" {
+		return true
+	}
+	v, ok := n.Labels[GatewayDrainLabel]
+	return ok && v != "false"
+}
+
+// GatewayDrainLabel, as a Node annotation or label, marks a node draining for the gateways (as does
+// spec.unschedulable, i.e. a cordoned node): no new flows, established flows keep it until they end
+// or the gateway's drainTimeout passes. A value of "false" does not drain.
+const GatewayDrainLabel = "vipgate.io/drain"
+
+// DefaultDrainTimeout is how long a draining node keeps its established flows at most.
+const DefaultDrainTimeout = 5 * time.Minute
+
+// drainUpdate updates the draining nodes' start times for this sync at now and returns the nodes
+// (by name) that drain, split by whether their deadline has passed, and the next deadline (zero:
+// none).
+func (d *GatewayDrainState) update(draining []string, now time.Time, timeout time.Duration) (keep, expired map[string]bool, next time.Time) {
+	if d.Since == nil {
+		d.Since = map[string]time.Time{}
+	}
+	keep, expired = map[string]bool{}, map[string]bool{}
+	for name := range d.Since {
+		if !slices.Contains(draining, name) {
+			delete(d.Since, name) // no longer draining: forgotten, a new drain starts afresh
+		}
+	}
+	for _, name := range draining {
+		since, ok := d.Since[name]
+		if !ok {
+			since = now
+			d.Since[name] = now
+		}
+		end := since.Add(timeout)
+		if !now.Before(end) {
+			expired[name] = true
+			continue
+		}
+		keep[name] = true
+		if next.IsZero() || end.Before(next) {
+			next = end
+		}
+	}
+	return keep, expired, next
+}
+
+// gatewayDrain is one sync's view of the draining nodes (by name): keep are still within their
+// deadline, expired are past it.
+type gatewayDrain struct {
+	keep, expired map[string]bool
+	// hist is the proxier's table history (nil: none, as for render).
+	hist gatewayHistory
+}
+
+// drainingNodes lists the names of the nodes marked draining (NodeDraining), sorted.
+func drainingNodes(cfg GatewayConfig, st *cluster.State) []string {
+	var out []string
+	if st != nil && len(st.Nodes) > 0 {
+		for _, n := range st.Nodes {
+			if NodeDraining(n) {
+				out = append(out, n.Name)
+			}
+		}
+	} else {
+		for i := range cfg.Nodes {
+			if NodeDraining(&cfg.Nodes[i]) {
+				out = append(out, cfg.Nodes[i].Name)
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// nodeState is how an endpoint's node takes part: normally, draining, or gone (drained past the
+// deadline).
+type nodeState uint8
+
+const (
+	nodeNormal nodeState = iota
+	nodeDraining
+	nodeGone
+)
+
+// endpointsOnNodes maps the endpoint addresses of slices that run on a draining or gone node to
+// that state (forwarding: direct).
+func endpointsOnNodes(slices_ []*cluster.EndpointSlice, nodes []gatewayNode) map[netip.Addr]nodeState {
+	state := map[string]nodeState{}
+	for _, n := range nodes {
+		switch {
+		case n.gone:
+			state[n.name] = nodeGone
+		case n.draining:
+			state[n.name] = nodeDraining
+		}
+	}
+	out := map[netip.Addr]nodeState{}
+	if len(state) == 0 {
+		return out
+	}
+	for _, es := range slices_ {
+		for _, ep := range es.Endpoints {
+			if s, ok := state[ep.NodeName]; ok {
+				for _, a := range ep.Addresses {
+					out[a.Unmap()] = s
+				}
+			}
+		}
+	}
+	return out
+}
+
+// terminatingOn says the Service has an endpoint on node that is terminating but still serving:
+// the node's healthCheckNodePort says 503, yet its established connections still have a pod.
+func terminatingOn(slices_ []*cluster.EndpointSlice, node string) bool {
+	for _, es := range slices_ {
+		for _, ep := range es.Endpoints {
+			if ep.NodeName == node && ep.Terminating && ep.Serving {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// expiredAddrs are the addresses of family f of the nodes drained past their deadline: their
+// established flows end (the gateway's conntrack entries of them are deleted, nodePort forwarding).
+func expiredAddrs(cfg GatewayConfig, st *cluster.State, f cluster.Family, expired map[string]bool) map[netip.Addr]bool {
+	if len(expired) == 0 || cfg.Forwarding != cluster.ForwardNodePort {
+		return nil
+	}
+	out := map[netip.Addr]bool{}
+	for _, n := range gatewayNodes(cfg, st, f) {
+		if expired[n.name] {
+			out[n.addr] = true
+		}
+	}
+	return out
+}
+
+// gatewayHistory keeps, per VIP port, its current Maglev table and the one before the last change,
+// as node addresses by slot, for daisy chaining. It is the proxier's memory: a restarted gateway
+// starts without previous tables.
+type gatewayHistory map[gwTableKey]*gwTableHist
+
+type gwTableKey struct {
+	vip   netip.Addr
+	proto uint8
+	port  uint16
+}
+
+type gwTableHist struct {
+	size      int
+	cur, prev []netip.Addr
+}
+
+// advance records table (indexes into e.Backends, size slots) as e's current table and returns the
+// previous one (nil: none, or of another size, whose slots mean something else).
+func (h gatewayHistory) advance(e GatewayEntry, table []int, size int) []netip.Addr {
+	if h == nil {
+		return nil
+	}
+	cur := make([]netip.Addr, len(table))
+	for i, bi := range table {
+		cur[i] = e.Backends[bi].Addr()
+	}
+	k := gwTableKey{e.VIP, e.Proto, e.Port}
+	old := h[k]
+	switch {
+	case old == nil || old.size != size:
+		h[k] = &gwTableHist{size: size, cur: cur}
+	case !slices.Equal(old.cur, cur):
+		h[k] = &gwTableHist{size: size, cur: cur, prev: old.cur}
+	}
+	return h[k].prev
+}
+
+// gatewayDaisyElements are a VIP port's gateway-route-prev elements: the slots whose node changed
+// since the previous table, to that previous node while it is still one of the VIP port's nodes
+// (a backend or draining) with an id.
+func gatewayDaisyElements(e GatewayEntry, table []int, prev []netip.Addr, ids map[netip.Addr]uint32) []Element {
+	if prev == nil {
+		return nil
+	}
+	live := map[netip.Addr]bool{}
+	for _, b := range append(slices.Clone(e.Backends), e.Draining...) {
+		live[b.Addr()] = true
+	}
+	var out []Element
+	for slot, a := range prev {
+		if _, ok := ids[a]; !ok || !live[a] || e.Backends[table[slot]].Addr() == a {
+			continue
+		}
+		out = append(out, Element{Set: MapGatewayPrevIDs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: a})
+	}
+	return out
+}

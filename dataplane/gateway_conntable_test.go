@@ -1,0 +1,311 @@
+package dataplane
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/vipgate/vipgate/cluster"
+)
+
+// conntableNodes lists the nodes a VIP's elements of one gateway map lead to.
+func conntableNodes(f *Flat, set string, vip string) []netip.Addr {
+	var out []netip.Addr
+	for _, e := range f.Elements[set] {
+		if e.Addr == netip.MustParseAddr(vip) && !slices.Contains(out, e.DataAddr) {
+			out = append(out, e.DataAddr)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+// A route gateway's connection table: every backend in gateway-conns under its id, the Maglev table
+// in gateway-route-ids with the same nodes as gateway-routes.
+func TestGatewayConnTableElements(t *testing.T) {
+	cfg := GatewayConfig{Forwarding: cluster.ForwardRoute}
+	f := gwFlat(t, cfg, gwState(), Health{{gwNode1, 32001}: true})
+	both := []netip.Addr{gwNode1, gwNode2}
+	for _, c := range []struct {
+		set, vip string
+		want     []netip.Addr
+	}{
+		{MapGatewayConns, "203.0.113.50", both},
+		{MapGatewayRouteIDs, "203.0.113.50", both},
+		{MapGatewayRoutes, "203.0.113.50", both},
+		{MapGatewayConns, "203.0.113.51", []netip.Addr{gwNode1}},
+	} {
+		if diff := cmp.Diff(c.want, conntableNodes(f, c.set, c.vip), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+			t.Errorf("%s of %s (-want +got):\n%s", c.set, c.vip, diff)
+		}
+	}
+	for _, e := range f.Elements[MapGatewayConns] {
+		if id, _ := GatewayNodeID(e.DataAddr); e.Index != id {
+			t.Errorf("%+v: id %d, want %d", e, e.Index, id)
+		}
+	}
+	// The same slot leads to the same node in both Maglev maps.
+	routes := map[Element]netip.Addr{}
+	for _, e := range f.Elements[MapGatewayRoutes] {
+		routes[e.Key()] = e.DataAddr
+	}
+	for _, e := range f.Elements[MapGatewayRouteIDs] {
+		k := e.Key()
+		k.Set = MapGatewayRoutes
+		if routes[k] != e.DataAddr {
+			t.Fatalf("slot %d of %s: ids map says %s, routes map %s", e.Index, e.Addr, e.DataAddr, routes[k])
+		}
+	}
+}
+
+// The tracer follows the connection table: a packet is traced as a new flow's, which Maglev deals
+// and gateway-flows remembers.
+func TestGatewayConnTableTrace(t *testing.T) {
+	st := gwState()
+	udp := gwService("dns", "203.0.113.60", false, 53, 30053, 0)
+	udp.Ports[0].Protocol = cluster.UDP
+	st.Services[udp.Key] = udp
+	st.EndpointSlices[udp.Key] = []*cluster.EndpointSlice{gwSlice(udp, gwEp("10.244.1.11", "node1"))}
+	f := gwFlat(t, GatewayConfig{Forwarding: cluster.ForwardRoute}, st, nil)
+	for _, c := range []struct {
+		proto   uint8
+		dst     string
+		port    uint16
+		want    string
+		explain string
+	}{
+		{ProtoTCP, "203.0.113.50", 80, "ROUTE via 192.0.2.11:80, 192.0.2.12:80", "Maglev picks node 192.0.2.11"},
+		{ProtoUDP, "203.0.113.60", 53, "ROUTE via 192.0.2.11:53, 192.0.2.12:53", "a new flow is not in @gateway-flows"},
+	} {
+		r := Trace(f, HostInfo{}, Packet{Src: gwClient, Dst: netip.MustParseAddr(c.dst), Proto: c.proto, Port: c.port})
+		if got := r.String(); got != c.want {
+			t.Errorf("%s %s:%d: got %q, want %q\n%s", ProtoName(c.proto), c.dst, c.port, got, c.want, r.Explain())
+		}
+		if !strings.Contains(r.Explain(), c.explain) {
+			t.Errorf("%s %s:%d: explanation lacks %q:\n%s", ProtoName(c.proto), c.dst, c.port, c.explain, r.Explain())
+		}
+	}
+	text := RenderString(f)
+	for _, want := range []string{
+		"meta mark set ip saddr . th sport . ip daddr . th dport map @gateway-flows update @gateway-flows { ip saddr . th sport . ip daddr . th dport : meta mark } dup to ip daddr . meta l4proto . th dport . meta mark map @gateway-conns drop",
+		"meta mark set ip daddr . meta l4proto . th dport . jhash ip saddr . th sport . ip daddr . th dport mod 1021 seed 0x76697067 map @gateway-route-ids update @gateway-flows",
+		"flags dynamic,timeout",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("render lacks %q", want)
+		}
+	}
+}
+
+// A draining node leaves the Maglev tables of every mode and stays in the connection table (route)
+// or among the Part's backends (its conntrack entries are not stale) until its deadline.
+func TestGatewayDrain(t *testing.T) {
+	for _, fwd := range []cluster.Forwarding{cluster.ForwardRoute, cluster.ForwardNodePort, cluster.ForwardDirect} {
+		t.Run(string(fwd), func(t *testing.T) {
+			st := gwState()
+			st.Nodes["node2"].Labels = map[string]string{GatewayDrainLabel: "true"}
+			grs, err := BuildGatewayRuleset(GatewayConfig{Forwarding: fwd}, cluster.IPv4, st, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var web GatewayEntry
+			for _, e := range grs.Entries {
+				if e.VIP == netip.MustParseAddr("203.0.113.50") {
+					web = e
+				}
+			}
+			node2 := slices.ContainsFunc(web.Backends, func(b netip.AddrPort) bool {
+				return b.Addr() == gwNode2 || b.Addr() == netip.MustParseAddr("10.244.2.11")
+			})
+			if node2 || len(web.Backends) != 1 || len(web.Draining) != 1 {
+				t.Fatalf("web: backends %v draining %v: want node2 (or its pod) draining only", web.Backends, web.Draining)
+			}
+			f := grs.Ruleset.Flatten()
+			if fwd == cluster.ForwardRoute {
+				if got := conntableNodes(f, MapGatewayConns, "203.0.113.50"); !slices.Contains(got, gwNode2) {
+					t.Errorf("gateway-conns of web %v: the draining node must stay", got)
+				}
+				if got := conntableNodes(f, MapGatewayRoutes, "203.0.113.50"); slices.Contains(got, gwNode2) {
+					t.Errorf("gateway-routes of web %v: the draining node takes no new flows", got)
+				}
+			}
+		})
+	}
+}
+
+// Drain deadlines: counted from the first sync that saw the node draining; past it the node is gone
+// from the connection table, and in nodePort forwarding its flows' conntrack entries are stale (TCP
+// too). The deadline is reported so the caller syncs again then.
+func TestGatewayDrainDeadline(t *testing.T) {
+	for _, fwd := range []cluster.Forwarding{cluster.ForwardRoute, cluster.ForwardNodePort} {
+		t.Run(string(fwd), func(t *testing.T) {
+			now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+			p := NewGatewayProxier(hclog.NewNullLogger(), GatewayConfig{Forwarding: fwd, DrainTimeout: time.Minute, Families: []cluster.Family{cluster.IPv4}}, &mtProgrammer{})
+			p.now = func() time.Time { return now }
+			st := gwState()
+			if _, err := p.Sync(st, nil); err != nil {
+				t.Fatal(err)
+			}
+			st2 := gwState()
+			st2.Nodes["node2"].Labels = map[string]string{GatewayDrainLabel: "true"}
+			rep, err := p.Sync(st2, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !rep.NextDrainDeadline.Equal(now.Add(time.Minute)) || !slices.Equal(rep.Draining, []string{"node2"}) {
+				t.Errorf("draining %v until %v, want node2 until %v", rep.Draining, rep.NextDrainDeadline, now.Add(time.Minute))
+			}
+			if len(rep.StaleFlows) != 0 {
+				t.Errorf("stale flows while draining: %v", rep.StaleFlows)
+			}
+			if fwd == cluster.ForwardRoute && !slices.Contains(conntableNodes(p.Flatten(cluster.IPv4), MapGatewayConns, "203.0.113.50"), gwNode2) {
+				t.Errorf("draining node2 left gateway-conns before its deadline")
+			}
+			now = now.Add(30 * time.Second)
+			if rep, _ = p.Sync(st2, nil); !rep.NextDrainDeadline.Equal(now.Add(30 * time.Second)) {
+				t.Errorf("deadline moved to %v: it counts from the first sync that saw the drain", rep.NextDrainDeadline)
+			}
+			now = now.Add(31 * time.Second)
+			rep, err = p.Sync(st2, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !rep.NextDrainDeadline.IsZero() || len(rep.Draining) != 0 {
+				t.Errorf("after the deadline: draining %v until %v, want none", rep.Draining, rep.NextDrainDeadline)
+			}
+			if fwd == cluster.ForwardRoute {
+				if got := conntableNodes(p.Flatten(cluster.IPv4), MapGatewayConns, "203.0.113.50"); slices.Contains(got, gwNode2) {
+					t.Errorf("gateway-conns %v after the deadline: node2 must be gone", got)
+				}
+				return
+			}
+			want := StaleFlowFilter{Proto: ProtoTCP, ReplySrc: gwNode2, ReplySrcPort: 30080}
+			if !slices.Contains(rep.StaleFlows, want) {
+				t.Errorf("stale flows after the deadline %v: want %v", rep.StaleFlows, want)
+			}
+		})
+	}
+}
+
+// eTP=Local: a node whose local endpoints are all terminating (its healthCheckNodePort says 503)
+// drains instead of dropping its connections.
+func TestGatewayDrainTerminating(t *testing.T) {
+	st := gwState()
+	loc := st.Services[cluster.ServiceKey{Namespace: "gw", Name: "loc"}]
+	ep := gwEp("10.244.1.12", "node1")
+	ep.Ready, ep.Terminating = false, true
+	st.EndpointSlices[loc.Key] = []*cluster.EndpointSlice{gwSlice(loc, ep)}
+	grs, err := BuildGatewayRuleset(GatewayConfig{Forwarding: cluster.ForwardRoute}, cluster.IPv4, st, Health{{gwNode1, 32001}: false})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range grs.Entries {
+		if e.Service == loc.Key {
+			if len(e.Backends) != 0 || !slices.Equal(e.Draining, []netip.AddrPort{netip.AddrPortFrom(gwNode1, 80)}) {
+				t.Errorf("loc: backends %v draining %v; want node1 draining", e.Backends, e.Draining)
+			}
+		}
+	}
+}
+
+func TestGatewayNodeID(t *testing.T) {
+	for _, c := range []struct {
+		addr string
+		id   uint32
+		ok   bool
+	}{
+		{"192.0.2.11", 0xc000020b, true},
+		{"2001:db8::1:2", 0x00010002, true},
+		{"2001:db8:1::", 0, false},
+	} {
+		id, ok := GatewayNodeID(netip.MustParseAddr(c.addr))
+		if id != c.id || ok != c.ok {
+			t.Errorf("%s: id %#x %v, want %#x %v", c.addr, id, ok, c.id, c.ok)
+		}
+	}
+	ids := GatewayConnIDs([]netip.Addr{netip.MustParseAddr("2001:db8:1::5"), netip.MustParseAddr("2001:db8:2::5")})
+	if len(ids) != 1 {
+		t.Errorf("two nodes with one id: %v, want the first only", ids)
+	}
+}
+
+// Daisy chaining: after a node is added, gateway-route-prev sends the slots that moved (to node3,
+// and Maglev's few extra moves between the others) to their previous node (while it is still a node of the VIP port); a SYN is traced past it.
+func TestGatewayDaisyChain(t *testing.T) {
+	p := NewGatewayProxier(hclog.NewNullLogger(), GatewayConfig{Forwarding: cluster.ForwardRoute, Families: []cluster.Family{cluster.IPv4}}, &mtProgrammer{})
+	st := gwState()
+	if _, err := p.Sync(st, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(p.Flatten(cluster.IPv4).Elements[MapGatewayPrevIDs]); n != 0 {
+		t.Errorf("%d previous-table elements before any change", n)
+	}
+	node3 := netip.MustParseAddr("192.0.2.13")
+	st3 := gwState()
+	st3.Nodes["node3"] = &cluster.Node{Name: "node3", Addresses: []netip.Addr{node3}}
+	if _, err := p.Sync(st3, nil); err != nil {
+		t.Fatal(err)
+	}
+	f := p.Flatten(cluster.IPv4)
+	cur := map[Element]netip.Addr{}
+	for _, e := range f.Elements[MapGatewayRouteIDs] {
+		k := e.Key()
+		k.Set = ""
+		cur[k] = e.DataAddr
+	}
+	moved := 0
+	for _, e := range f.Elements[MapGatewayPrevIDs] {
+		if e.Addr != netip.MustParseAddr("203.0.113.50") {
+			continue
+		}
+		moved++
+		k := e.Key()
+		k.Set = ""
+		if cur[k] == e.DataAddr || e.DataAddr == node3 {
+			t.Errorf("slot %d: previous node %s, current %s: only slots that moved are chained", e.Index, e.DataAddr, cur[k])
+		}
+	}
+	if moved < 1021/3-30 || moved > 1021*2/5 {
+		t.Errorf("%d slots chained to their previous node, want about a third of 1021 (1.2/N)", moved)
+	}
+	// node1 leaves: its previous slots are no longer chained to it.
+	st4 := gwState()
+	st4.Nodes["node3"] = &cluster.Node{Name: "node3", Addresses: []netip.Addr{node3}}
+	delete(st4.Nodes, "node1")
+	if _, err := p.Sync(st4, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range p.Flatten(cluster.IPv4).Elements[MapGatewayPrevIDs] {
+		if e.DataAddr == gwNode1 {
+			t.Fatalf("slot %d chained to node1, which left", e.Index)
+		}
+	}
+	r := Trace(f, HostInfo{}, Packet{Src: gwClient, Dst: netip.MustParseAddr("203.0.113.50"), Proto: ProtoTCP, Port: 80})
+	if !strings.Contains(r.Explain(), "a new connection starts with a SYN") {
+		t.Errorf("trace does not pass the daisy-chain rule:\n%s", r.Explain())
+	}
+}
+
+func TestNodeDraining(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		node *cluster.Node
+		want bool
+	}{
+		{"nil", nil, false},
+		{"plain", &cluster.Node{Name: "n1"}, false},
+		{"cordoned", &cluster.Node{Name: "n1", Unschedulable: true}, true},
+		{"annotation", &cluster.Node{Name: "n1", Annotations: map[string]string{GatewayDrainLabel: ""}}, true},
+		{"annotation false", &cluster.Node{Name: "n1", Annotations: map[string]string{GatewayDrainLabel: "false"}}, false},
+		{"label", &cluster.Node{Name: "n1", Labels: map[string]string{GatewayDrainLabel: "true"}}, true},
+	} {
+		if got := NodeDraining(tc.node); got != tc.want {
+			t.Errorf("%s: NodeDraining = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

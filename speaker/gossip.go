@@ -1,0 +1,267 @@
+package speaker
+
+import (
+	"math"
+	"time"
+)
+
+// Gossip mode: the membership of a segment larger than MemberOptions.DirectMembersLimit. Instead of
+// every member heartbeating every other member each interval (N² datagrams), every member keeps an
+// age vector over the segment's sorted members and, every round, sends it to a few members picked
+// at random, who answer with theirs (push-pull; van Renesse, Minsky, Hayden 1998, with ages instead
+// of counters, so the members' clocks need no synchronisation). README.md ("Scale") has the design,
+// its safety argument and the measurements; gossipCore is its pure part (no I/O, no locks, no
+// clock of its own), which the simulation instantiates thousands of times on a virtual clock.
+
+// Entry encoding: one byte per member, bit 7 ready, bits 0-6 the age code, rounded up:
+// codes 0-63 are 0-63 units, codes 64-126 are 64 units plus 8 units per step above 64 (up to
+// 560 units), so young entries, the ones the decisions turn on, lose at most one unit to rounding
+// per hop, and an age up to Dead still fits; gossipUnknown = nothing known or too old to say.
+const (
+	gossipReady   = 0x80
+	gossipUnknown = 0x7f
+	// gossipFine is the first code of the coarse range, gossipCoarse its step in units.
+	gossipFine   = 64
+	gossipCoarse = 8
+	// gossipMaxUnits is the largest age an entry can carry, in units.
+	gossipMaxUnits = gossipFine + (gossipUnknown-1-gossipFine)*gossipCoarse
+)
+
+// ageCode encodes an age of units (rounded up by the caller) as a code, rounding up.
+func ageCode(units int64) byte {
+	if units < gossipFine {
+		return byte(units)
+	}
+	if units > gossipMaxUnits {
+		return gossipUnknown
+	}
+	return byte(gossipFine + (units-gossipFine+gossipCoarse-1)/gossipCoarse)
+}
+
+// codeUnits is the age a code stands for, in units (the upper bound of its bucket).
+func codeUnits(code byte) int64 {
+	if code < gossipFine {
+		return int64(code)
+	}
+	return gossipFine + int64(code-gossipFine)*gossipCoarse
+}
+
+// never is the freshness of a member nothing is known about.
+const never = math.MinInt64
+
+// gossipCore is one member's knowledge of a gossip segment: per member j, fresh[j] (this member's
+// local monotonic time, in ns since an arbitrary origin, of the freshest proof of life of j it
+// knows) and ready[j] (what that proof said). Everything is conservative: a merged entry is dated
+// (age+1) units before its arrival, so information only ages as it travels, and a stale entry can
+// never come back fresh.
+type gossipCore struct {
+	self  int
+	unit  int64 // ns per age unit
+	tStop int64 // quorum counts members with age <= tStop
+	tDead int64 // candidates are ready members with age < tDead
+	fresh []int64
+	ready []bool
+	// The state as of the last tick (or merge): live[j] = age <= tStop, cand[j] = ready and age <
+	// tDead. nLive counts live members, self included. changed says the view must be recomputed.
+	live, cand []bool
+	nLive      int
+	changed    bool
+	// maxAge is the largest age of a live member seen by tick since the last reset (for the
+	// simulation's report; cheap).
+	maxAge int64
+}
+
+// gossipParams are the timings of one gossip segment, derived from the options and its size.
+type gossipParams struct {
+	// Round is how often a member sends its vector; Fanout to how many members.
+	Round  time.Duration
+	Fanout int
+	// Unit is the age unit of the entries; Stop and Dead the thresholds (see gossipCore).
+	Unit, Stop, Dead time.Duration
+	// Spread is the estimated largest age of a live member under normal gossip (A_max).
+	Spread time.Duration
+}
+
+// gossipBudget is the traffic a member of a segment of n members may spend on gossip, in and out,
+// in bytes per second: 2 Mbit/s, and at most 5 Gbit/s for the whole segment (1 Mbit/s per member
+// at 5,000), less 10 % for the headers below UDP. The round is stretched until the vectors fit it.
+func gossipBudget(n int) float64 { return min(2e6, 5e9/float64(n)) / 8 * 0.9 }
+
+// deriveGossipParams picks the round, fanout, unit and thresholds of a segment of n members whose
+// vector goes in chunks of at most perChunk entries (see README.md "Scale" for the derivation):
+//
+//   - Fanout F (MemberOptions.GossipFanout, default 1) and round R: R is a quarter of the
+//     heartbeat interval (at least one tick), stretched (to a multiple of tick) until push-pull
+//     traffic, about 4·F vectors per round in and out, fits gossipBudget. At equal traffic a
+//     smaller fanout with shorter rounds spreads news faster (measured: README.md).
+//   - Spread A (the largest age of a live member): push-pull with fanout F multiplies the members
+//     that know a fresh entry by about 2F+1 per round, so it reaches everyone in about
+//     log_{2F+1}(n) rounds; A = R·(⌈log_{2F+1} n⌉ + gossipSpreadRounds) plus one tick. The
+//     simulation measures the real distribution against it (README.md).
+//   - Stop = max(DeadAfter, A + R): a member stops (loses its quorum) when a majority is older.
+//   - Dead = Stop + A + R + 2 ticks: a member cut off stops Stop after the last datagram it
+//     received; the others' freshest news of it is at most A old at the cut (and its last datagram
+//     out is at most one round older than its last one in), so they drop it after it stopped.
+//   - Unit: Dead fits in gossipMaxUnits-8 units (rounded up to 100 µs), so every entry that
+//     matters can be relayed.
+func deriveGossipParams(opts MemberOptions, tick time.Duration, n, perChunk, nameLen int) gossipParams {
+	f := opts.GossipFanout
+	if f <= 0 {
+		f = DefaultGossipFanout
+	}
+	f = min(f, max(1, n-1))
+	// gossipSpreadRounds is the rounds beyond ⌈log_{2F+1} n⌉ the slowest news takes (the tail of
+	// the epidemic plus the rounding of the ages), fitted with margin to the simulation.
+	const gossipSpreadRounds = 6
+	chunks := max(1, (n+perChunk-1)/perChunk)
+	vector := n + chunks*(gossipFixed+nameLen+28) // + IP and UDP headers
+	r := max(opts.HeartbeatInterval/4, tick)
+	need := time.Duration(float64(4*f*vector) / gossipBudget(n) * float64(time.Second))
+	if need > r {
+		r = (need + tick - 1) / tick * tick
+	}
+	rounds := 1
+	for k, g := 1, 2*f+1; k < n; k *= g {
+		rounds++
+	}
+	spread := time.Duration(rounds+gossipSpreadRounds)*r + tick
+	stop := max(opts.DeadAfter, spread+r)
+	dead := stop + spread + r + 2*tick
+	unit := (dead/(gossipMaxUnits-8) + 100*time.Microsecond - 1) / (100 * time.Microsecond) * (100 * time.Microsecond)
+	return gossipParams{Round: r, Fanout: f, Unit: unit, Stop: stop, Dead: dead, Spread: spread}
+}
+
+// newGossipCore makes the knowledge of member self of a segment of n members; nothing is known of
+// the others yet.
+func newGossipCore(n, self int, p gossipParams) *gossipCore {
+	c := &gossipCore{self: self, unit: int64(p.Unit), tStop: int64(p.Stop), tDead: int64(p.Dead),
+		fresh: make([]int64, n), ready: make([]bool, n), live: make([]bool, n), cand: make([]bool, n), changed: true}
+	for j := range c.fresh {
+		c.fresh[j] = never
+	}
+	return c
+}
+
+// setSelf records this member's own state (its entry always has age 0).
+func (c *gossipCore) setSelf(now int64, ready bool) {
+	c.fresh[c.self] = now
+	if c.ready[c.self] != ready {
+		c.ready[c.self] = ready
+		c.changed = true
+	}
+}
+
+// ageUnits is j's age in units, rounded up; gossipUnknown when unknown or too old to carry.
+func (c *gossipCore) ageUnits(now int64, j int) byte {
+	f := c.fresh[j]
+	if f == never {
+		return gossipUnknown
+	}
+	a := now - f
+	if a <= 0 {
+		return 0
+	}
+	return ageCode((a + c.unit - 1) / c.unit)
+}
+
+// encode appends the entries [off, off+count) as of now (the caller refreshed its own entry).
+func (c *gossipCore) encode(now int64, b []byte, off, count int) []byte {
+	for j := off; j < off+count; j++ {
+		e := c.ageUnits(now, j)
+		if c.ready[j] && e != gossipUnknown {
+			e |= gossipReady
+		}
+		b = append(b, e)
+	}
+	return b
+}
+
+// merge takes the entries [off, off+len(entries)) of a peer's vector, written with the given unit
+// (ns), received at now: fresh[j] = max(fresh[j], now - (age+1)·unit), and readiness comes with
+// the entry that wins. Our own entry is ours alone. It marks the view for recomputation only when
+// a member becomes live or a candidate, or its readiness changes (O(entries), no allocation).
+func (c *gossipCore) merge(now int64, unit int64, off int, entries []byte) {
+	for i, e := range entries {
+		j := off + i
+		code := e & gossipUnknown
+		if code == gossipUnknown || j == c.self {
+			continue
+		}
+		f := now - (codeUnits(code)+1)*unit
+		if f <= c.fresh[j] {
+			continue
+		}
+		c.fresh[j] = f
+		r := e&gossipReady != 0
+		if r != c.ready[j] {
+			c.ready[j] = r
+			c.changed = true
+		}
+		if !c.live[j] && now-f <= c.tStop || !c.cand[j] && r && now-f < c.tDead {
+			c.changed = true
+		}
+	}
+}
+
+// heard records a datagram of member j itself (authenticated): a proof of life at now - unit, as an
+// entry of age 0 would be.
+func (c *gossipCore) heard(now int64, j int, ready bool) {
+	var e byte
+	if ready {
+		e = gossipReady
+	}
+	c.merge(now, c.unit, j, []byte{e})
+}
+
+// tick recomputes live and cand, O(members); it reports whether the view changed since the last
+// call (a member crossed a threshold, a readiness changed, or a merge said so).
+func (c *gossipCore) tick(now int64) bool {
+	nLive := 0
+	for j, f := range c.fresh {
+		age := now - f
+		if f == never {
+			age = math.MaxInt64
+		}
+		live := age <= c.tStop || j == c.self
+		cand := c.ready[j] && age < c.tDead
+		if live {
+			nLive++
+			if age > c.maxAge && j != c.self {
+				c.maxAge = age
+			}
+		}
+		if live != c.live[j] || cand != c.cand[j] {
+			c.live[j], c.cand[j] = live, cand
+			c.changed = true
+		}
+	}
+	c.nLive = nLive
+	ch := c.changed
+	c.changed = false
+	return ch
+}
+
+// pick fills out with up to k distinct random members other than self (and other than skip, if
+// >= 0), with rnd a source of random numbers (a *rand.Rand in production, seeded per member).
+func (c *gossipCore) pick(out []int, k int, rnd func(n int) int) []int {
+	out = out[:0]
+	n := len(c.fresh)
+	if n <= 1 {
+		return out
+	}
+	k = min(k, n-1)
+	for len(out) < k {
+		j := rnd(n)
+		if j == c.self {
+			continue
+		}
+		dup := false
+		for _, o := range out {
+			dup = dup || o == j
+		}
+		if !dup {
+			out = append(out, j)
+		}
+	}
+	return out
+}

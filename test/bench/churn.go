@@ -1,0 +1,171 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
+)
+
+// churn is the rolling-update case: after a full sync of n Services, `rate` endpoint changes per
+// second for `dur` (an endpoint of a Service removed, or the removed one added back, spread over the
+// Services), produced on a clock of their own while one sync loop, as `vipgate node` has, takes
+// everything that is pending into each sync. Each change is timed from the moment it is produced to
+// the kernel's ack of the sync that carried it (its wait for the sync before included). The
+// process's CPU over the window is given in cores. At the end the kernel's table is read back with
+// dataplane's decoder and compared with the desired state: a fresh proxier adopting it
+// (SetTableReader) must find nothing to change; a lost change would show up as a difference.
+func churn(t *table, n, rate int, dur time.Duration) {
+	total := max(1, int(float64(rate)*dur.Seconds()))
+	what := fmt.Sprintf("churn: %s endpoint changes/s for %v at %s Services (%s changes), change produced -> kernel ack",
+		thousands(rate), dur, thousands(n), thousands(total))
+	ns, err := newNetns()
+	if err != nil {
+		t.fail(what, err)
+		return
+	}
+	defer ns.close()
+	st := synthState(n, 10)
+	prog := ns.programmer()
+	p := dataplane.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), prog)
+	if _, err := p.Sync(st); err != nil {
+		t.fail(what, err)
+		return
+	}
+	resetPeakRSS()
+
+	type change struct {
+		at  time.Time
+		key cluster.ServiceKey
+	}
+	changes := make(chan change, total) // never blocks the producer: its clock stays exact
+	start := time.Now()
+	go func() {
+		interval := time.Second / time.Duration(rate)
+		for i := range total {
+			if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+				time.Sleep(d)
+			}
+			// A stride coprime with n: every Service gets its turn, neighbours far apart.
+			changes <- change{at: time.Now(), key: serviceKey(i * 7919 % n)}
+		}
+		close(changes)
+	}()
+
+	tracing := os.Getenv("VIPGATE_BENCH_TRACE") != ""
+	cpu0 := cpuTime()
+	saved := map[cluster.ServiceKey][]*cluster.EndpointSlice{}
+	apply := func(k cluster.ServiceKey) {
+		if old, ok := saved[k]; ok {
+			st.EndpointSlices[k] = old
+			delete(saved, k)
+			return
+		}
+		saved[k] = st.EndpointSlices[k]
+		es := *st.EndpointSlices[k][0]
+		es.Endpoints = es.Endpoints[:len(es.Endpoints)-1]
+		st.EndpointSlices[k] = []*cluster.EndpointSlice{&es}
+	}
+	var (
+		lat     = make([]time.Duration, 0, total)
+		syncs   int
+		batch   []time.Time
+		maxSync time.Duration
+	)
+	for c := range changes {
+		batch = append(batch[:0], c.at)
+		apply(c.key)
+	drain:
+		for {
+			select {
+			case c, ok := <-changes:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, c.at)
+				apply(c.key)
+			default:
+				break drain
+			}
+		}
+		s0 := time.Now()
+		rep, err := p.Sync(st)
+		done := time.Now()
+		if err != nil {
+			t.fail(what, err)
+			return
+		}
+		if rep.Full {
+			t.fail(what, fmt.Errorf("sync %d was a full sync", syncs))
+			return
+		}
+		syncs++
+		maxSync = max(maxSync, done.Sub(s0))
+		if tracing && done.Sub(s0) > 50*time.Millisecond {
+			fmt.Fprintf(os.Stderr, "  churn: sync %d at %v took %v (%d changes; %s)\n", syncs, s0.Sub(start).Round(time.Millisecond), done.Sub(s0), len(batch), txSummary(rep))
+		}
+		for _, at := range batch {
+			lat = append(lat, done.Sub(at))
+		}
+	}
+	wall := time.Since(start)
+	cores := float64(cpuTime()-cpu0) / float64(wall)
+	rss, hwm := rssMiB()
+
+	// The kernel against the desired state: a fresh proxier reads the table back (decode.go) and
+	// adopts it; any element, chain or rule that differs would be in its transaction.
+	q := dataplane.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), discardProgrammer{})
+	q.SetTableReader(prog)
+	rep, err := q.Sync(st)
+	check := "kernel table read back = desired state"
+	switch {
+	case err != nil:
+		check = "reading the kernel table back: " + err.Error()
+		t.failed = true
+	case !rep.Adopted:
+		check = "the kernel table could not be adopted (differs in its structure)"
+		t.failed = true
+	case len(rep.Txs) > 0 && !onlyUnusedPickers(rep.Txs):
+		check = "kernel table DIFFERS from the desired state: " + rep.Txs[0].String()
+		t.failed = true
+	case len(rep.Txs) > 0:
+		// Pickers that fell out of use stay in the kernel on purpose until the next full sync
+		// (diff.go, finish); the desired state lists only the chains in use.
+		check += fmt.Sprintf(" (apart from %d shared picker chains out of use, kept on purpose)", len(rep.Txs[0].DelChains))
+	}
+	t.add(row{What: what,
+		Vipgate: fmt.Sprintf("p50 / p99 / max %s / %s / %s; CPU %.2f cores", fmtDuration(quantile(lat, 0.5)),
+			fmtDuration(quantile(lat, 0.99)), fmtDuration(quantile(lat, 1)), cores),
+		Ref: fmt.Sprintf("%s syncs (%.1f changes each), longest sync %s; %d of %d changes carried; %s; RSS at the end %.0f MiB, peak during the churn %.0f MiB",
+			thousands(syncs), float64(len(lat))/float64(max(syncs, 1)), fmtDuration(maxSync), len(lat), total, check, rss, hwm),
+		Ratio: "target p99 <= 50 ms, CPU <= 1 core"})
+}
+
+// onlyUnusedPickers says whether txs only delete shared picker chains.
+func onlyUnusedPickers(txs []*dataplane.Tx) bool {
+	for _, tx := range txs {
+		if len(tx.DelChains) == 0 || tx.Full || len(tx.AddSets) > 0 || len(tx.AddChains) > 0 || len(tx.FlushChains) > 0 ||
+			len(tx.DelElements) > 0 || len(tx.AddElements) > 0 || len(tx.DelSets) > 0 {
+			return false
+		}
+		for _, c := range tx.DelChains {
+			if dataplane.SharedChain(c) == nil {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func txSummary(rep *dataplane.SyncReport) string {
+	var out []string
+	for _, tx := range rep.Txs {
+		out = append(out, tx.String())
+	}
+	return strings.Join(out, "; ")
+}
