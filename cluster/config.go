@@ -37,6 +37,8 @@ const (
 	DefaultHealthCheckInterval = 5 * time.Second
 	// DefaultDrainTimeout is how long a draining node keeps its established flows on a gateway.
 	DefaultDrainTimeout = 5 * time.Minute
+	// DefaultFlowTimeout is how long an idle flow keeps its entry in a gateway's connection table.
+	DefaultFlowTimeout = time.Hour
 )
 
 // maxConfigSize bounds a configuration file; a config is a few hundred bytes.
@@ -230,6 +232,9 @@ type GatewayConfig struct {
 	// DrainTimeout is how long a draining node keeps its established flows on the gateways (label
 	// vipgate.io/drain; 0: DefaultDrainTimeout); after it the node leaves the connection table.
 	DrainTimeout time.Duration
+	// FlowTimeout is how long an idle flow keeps its entry in the gateways' connection table
+	// (forwarding: route; 0: DefaultFlowTimeout).
+	FlowTimeout time.Duration
 	// Name is this gateway's name among the gateways of its group (default: the host name). It is
 	// the member name of the speakers' membership and the node name MetalLB selectors see.
 	Name string
@@ -319,6 +324,7 @@ type gatewayConfigFile struct {
 	Nodes               []gatewayNodeFile  `json:"nodes"`
 	MaglevTableSize     int                `json:"maglevTableSize"`
 	DrainTimeout        string             `json:"drainTimeout"`
+	FlowTimeout         string             `json:"flowTimeout"`
 	Name                string             `json:"name"`
 	Labels              map[string]string  `json:"labels"`
 	Speaker             *speakerConfigFile `json:"speaker"`
@@ -807,6 +813,14 @@ func ParseGatewayConfig(data []byte) (*GatewayConfig, error) {
 			return nil, errors.New("drainTimeout: 0 is not allowed (leave it out for the default 5m; 1s for almost no grace)")
 		}
 	}
+	if f.FlowTimeout != "" {
+		if c.FlowTimeout, err = time.ParseDuration(f.FlowTimeout); err != nil {
+			return nil, fmt.Errorf("flowTimeout: %q is not a duration (like 1h or 10m)", f.FlowTimeout)
+		}
+		if c.FlowTimeout == 0 {
+			return nil, errors.New("flowTimeout: 0 is not allowed (leave it out for the default 1h)")
+		}
+	}
 	if c.GatewayIPs, err = parseAddrList("gatewayIPs", f.GatewayIPs); err != nil {
 		return nil, err
 	}
@@ -869,8 +883,12 @@ func (c *GatewayConfig) Validate() error {
 	if err := checkPrefixes("serviceCIDRs", c.ServiceCIDRs, families, "gatewayIPs"); err != nil {
 		return err
 	}
-	if c.DrainTimeout < 0 || c.DrainTimeout > 24*time.Hour {
+	// 0 is the default (DefaultDrainTimeout, DefaultFlowTimeout).
+	if c.DrainTimeout != 0 && (c.DrainTimeout < time.Second || c.DrainTimeout > 24*time.Hour) {
 		return fmt.Errorf("drainTimeout: %s is out of range 1s-24h", c.DrainTimeout)
+	}
+	if c.FlowTimeout != 0 && (c.FlowTimeout < time.Second || c.FlowTimeout > 24*time.Hour) {
+		return fmt.Errorf("flowTimeout: %s is out of range 1s-24h", c.FlowTimeout)
 	}
 	if c.MaglevTableSize != 0 && (c.MaglevTableSize < 251 || c.MaglevTableSize > 65537 || !isPrime(c.MaglevTableSize)) {
 		return fmt.Errorf("maglevTableSize: %d is not a prime between 251 and 65537 (e.g. 1021, 4093, 16381)", c.MaglevTableSize)

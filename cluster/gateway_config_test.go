@@ -3,6 +3,7 @@ package cluster
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestGatewayConfigNodesAndMaglevSize(t *testing.T) {
@@ -57,6 +58,35 @@ func TestGatewayConfigSpeaker(t *testing.T) {
 		{"name: gw1\nlabels: {rack: \"not a value!\"}\n", "labels: value"},
 		{"name: gw1\nspeaker: {heartbeatInterval: 1ms}\n", "heartbeatInterval"},
 		{"name: gw1\nforwarding: route\nsnat: always\n", "snat: always cannot be done with forwarding: route"},
+	} {
+		_, err := ParseGatewayConfig([]byte(base + bad.yaml))
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%q: error %v, want one containing %q", bad.yaml, err, bad.want)
+		}
+	}
+}
+
+func TestGatewayConfigTimeouts(t *testing.T) {
+	base := "apiVersion: vipgate.io/v1alpha1\nkind: GatewayConfig\ngatewayIPs: [192.0.2.100]\n"
+	c, err := ParseGatewayConfig([]byte(base + "flowTimeout: 2h\ndrainTimeout: 1s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.FlowTimeout != 2*time.Hour || c.DrainTimeout != time.Second {
+		t.Errorf("flowTimeout %s drainTimeout %s", c.FlowTimeout, c.DrainTimeout)
+	}
+	if c, err := ParseGatewayConfig([]byte(base)); err != nil || c.FlowTimeout != 0 || c.DrainTimeout != 0 {
+		t.Errorf("defaults: %v, flowTimeout %s drainTimeout %s (0: the dataplane's defaults)", err, c.FlowTimeout, c.DrainTimeout)
+	}
+	for _, bad := range []struct{ yaml, want string }{
+		{"drainTimeout: 500ms\n", "drainTimeout: 500ms is out of range 1s-24h"},
+		{"drainTimeout: 25h\n", "out of range"},
+		{"drainTimeout: 0s\n", "0 is not allowed"},
+		{"flowTimeout: 500ms\n", "flowTimeout: 500ms is out of range 1s-24h"},
+		{"flowTimeout: 25h\n", "flowTimeout"},
+		{"flowTimeout: -1m\n", "flowTimeout"},
+		{"flowTimeout: 0s\n", "0 is not allowed"},
+		{"flowTimeout: soon\n", "not a duration"},
 	} {
 		_, err := ParseGatewayConfig([]byte(base + bad.yaml))
 		if err == nil || !strings.Contains(err.Error(), bad.want) {

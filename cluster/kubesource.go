@@ -265,7 +265,7 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 	dynFactory.Start(ctx.Done())
 	synced = append(synced, mlb.synced()...)
 	// ServiceCIDR objects extend the service CIDRs (kubesource_servicecidr.go).
-	svcCIDRs, err := watchServiceCIDRs(nodeFactory, client.Discovery(), handler, k.logger)
+	svcCIDRs, err := watchServiceCIDRs(ctx, nodeFactory, client, handler, k.logger)
 	if err != nil {
 		return err
 	}

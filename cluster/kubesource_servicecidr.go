@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -10,8 +11,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -39,8 +40,9 @@ type serviceCIDRWatch struct {
 // watchServiceCIDRs registers a ServiceCIDR informer on factory (which the caller starts) if the API
 // server serves the resource; an older API server (before 1.31's beta, or with the API off) has none,
 // and then only the configured service CIDRs apply.
-func watchServiceCIDRs(factory informers.SharedInformerFactory, d discovery.DiscoveryInterface, h cache.ResourceEventHandler,
+func watchServiceCIDRs(ctx context.Context, factory informers.SharedInformerFactory, client kubernetes.Interface, h cache.ResourceEventHandler,
 	logger hclog.Logger) (*serviceCIDRWatch, error) {
+	d := client.Discovery()
 	w := &serviceCIDRWatch{logger: logger, logged: map[string]string{}}
 	list, err := d.ServerResourcesForGroupVersion(serviceCIDRGroupVersion)
 	switch {
@@ -56,6 +58,12 @@ func watchServiceCIDRs(factory informers.SharedInformerFactory, d discovery.Disc
 	}
 	if !slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == serviceCIDRResource }) {
 		logger.Info("the API server does not serve ServiceCIDRs; using the configured service CIDRs only")
+		return w, nil
+	}
+	// An informer the RBAC does not allow would never sync and hold up the first snapshot for good
+	// (an upgrade that kept an older ClusterRole): probe once, and do without if forbidden.
+	if _, err := client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{Limit: 1}); apierrors.IsForbidden(err) {
+		logger.Error("not allowed to list ServiceCIDRs (the ClusterRole lacks networking.k8s.io servicecidrs list, watch); using the configured service CIDRs only until restart", "err", err)
 		return w, nil
 	}
 	w.inf = factory.Networking().V1().ServiceCIDRs().Informer()

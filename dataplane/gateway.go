@@ -64,6 +64,10 @@ type GatewayConfig struct {
 	// DrainTimeout is how long a draining node keeps its established flows (default
 	// DefaultDrainTimeout); after it the node leaves the connection table.
 	DrainTimeout time.Duration
+	// FlowTimeout is how long an idle flow keeps its entry in the connection table (forwarding:
+	// route; default DefaultGatewayFlowTimeout), and how long after a Maglev table change the
+	// previous table's moved slots are daisy chained.
+	FlowTimeout time.Duration
 }
 
 func (c GatewayConfig) withDefaults() GatewayConfig {
@@ -72,6 +76,7 @@ func (c GatewayConfig) withDefaults() GatewayConfig {
 	c.SNAT = cmp.Or(c.SNAT, cluster.SNATAuto)
 	c.MasqueradeBit = cmp.Or(c.MasqueradeBit, cluster.DefaultMasqueradeBit)
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
+	c.FlowTimeout = cmp.Or(c.FlowTimeout, DefaultGatewayFlowTimeout)
 	if len(c.Families) == 0 {
 		c.Families = []cluster.Family{cluster.IPv4, cluster.IPv6}
 	}
@@ -319,12 +324,18 @@ func GatewayServiceEntries(cfg GatewayConfig, f cluster.Family, svc *cluster.Ser
 				}
 				backends = append(backends, b)
 			}
-			if len(backends) == 0 && len(draining) > 0 && slices.ContainsFunc(nodes, func(n gatewayNode) bool { return n.draining && !n.gone }) {
-				// Every usable node drains: they keep taking new flows rather than none.
+			if len(backends) == 0 && len(draining) > 0 {
+				// Every usable node drains: they keep taking new flows rather than none — the nodes
+				// marked draining if any, else the nodes whose local endpoints all terminate (still
+				// serving: without them the VIP port would have no node and its established flows
+				// would be cut at once).
 				for _, b := range draining {
 					if i := slices.IndexFunc(nodes, func(n gatewayNode) bool { return n.addr == b.Addr() }); i >= 0 && nodes[i].draining {
 						backends = append(backends, b)
 					}
+				}
+				if len(backends) == 0 {
+					backends = slices.Clone(draining)
 				}
 				draining = slices.DeleteFunc(draining, func(b netip.AddrPort) bool { return slices.Contains(backends, b) })
 			}
@@ -367,8 +378,9 @@ func gatewayAlgorithm(cfg GatewayConfig, svc *cluster.Service) (cluster.LBAlgori
 
 // gatewayPart turns a Service's entries into its part: a service-ips element and a Maglev table of
 // size slots in gateway-backends per entry with backends.
-func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int, ids map[netip.Addr]uint32, hist gatewayHistory) (*Part, error) {
-	p := &Part{}
+// daisyEnd is when the part's daisy chaining elements expire (zero: it has none).
+func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int, ids map[netip.Addr]uint32, hist gatewayHistory, now time.Time) (p *Part, daisyEnd time.Time, err error) {
+	p = &Part{}
 	for _, e := range entries {
 		for _, b := range e.Draining {
 			// Draining backends are kept: their established flows are not stale.
@@ -385,7 +397,7 @@ func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int, ids map[ne
 		}
 		table, err := MaglevTable(names, size)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", e, err)
+			return nil, time.Time{}, fmt.Errorf("%s: %w", e, err)
 		}
 		sh := e.Algorithm == cluster.LBSourceHash
 		if cfg.Forwarding == cluster.ForwardRoute {
@@ -399,7 +411,14 @@ func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int, ids map[ne
 			}
 			if !sh {
 				p.Elements = append(p.Elements, gatewayConnElements(e, table, ids)...)
-				p.Elements = append(p.Elements, gatewayDaisyElements(e, table, hist.advance(e, table, size), ids)...)
+				prev, changed := hist.advance(e, table, size, now)
+				prev, end := daisyWindow(prev, changed, now, cfg.FlowTimeout)
+				if daisy := gatewayDaisyElements(e, table, prev, ids); len(daisy) > 0 {
+					p.Elements = append(p.Elements, daisy...)
+					if daisyEnd.IsZero() || end.Before(daisyEnd) {
+						daisyEnd = end
+					}
+				}
 			}
 			continue
 		}
@@ -410,7 +429,7 @@ func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int, ids map[ne
 			p.Elements = append(p.Elements, Element{Set: [2]string{MapGatewayBackends, MapGatewayBackendsSH}[boolInt(sh)], Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: b.Addr(), DataPort: b.Port()})
 		}
 	}
-	return p, nil
+	return p, daisyEnd, nil
 }
 
 // BuildGatewayBase builds the fixed part of a gateway table, with the set of every VIP it owns (with
@@ -497,6 +516,10 @@ type GatewayRuleset struct {
 	// parts of unchanged Services (a Maglev table is M elements to build and to diff).
 	inputs map[cluster.ServiceKey]gwInput
 	kept   map[cluster.ServiceKey][]GatewayEntry
+	// daisyEnd is when each part's daisy chaining elements expire: the part is rebuilt then.
+	daisyEnd map[cluster.ServiceKey]time.Time
+	// NextDaisyEnd is the first of them (zero: none), when the caller must sync again.
+	NextDaisyEnd time.Time
 }
 
 // gwInput is everything a Service's gateway part depends on besides the configuration.
@@ -515,8 +538,9 @@ func (a gwInput) equal(b gwInput) bool {
 // BuildGatewayRuleset builds one family's complete gateway table for st and health.
 func BuildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State, health Health) (*GatewayRuleset, error) {
 	var d GatewayDrainState
-	keep, expired, _ := d.update(drainingNodes(cfg, st), time.Now(), cfg.withDefaults().DrainTimeout)
-	return buildGatewayRuleset(cfg, f, st, health, nil, gatewayDrain{keep, expired, nil})
+	now := time.Now()
+	keep, expired, _ := d.update(drainingNodes(cfg, st), now, cfg.withDefaults().DrainTimeout)
+	return buildGatewayRuleset(cfg, f, st, health, nil, gatewayDrain{keep, expired, nil, now})
 }
 
 // buildGatewayRuleset is BuildGatewayRuleset reusing the parts of prev (may be nil) whose inputs did
@@ -524,7 +548,7 @@ func BuildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State, health Health, prev *GatewayRuleset, drain gatewayDrain) (*GatewayRuleset, error) {
 	cfg = cfg.withDefaults()
 	out := &GatewayRuleset{Ruleset: &Ruleset{Family: f, Table: cfg.Table, Services: map[cluster.ServiceKey]*Part{}, Shared: map[string]*Chain{}},
-		inputs: map[cluster.ServiceKey]gwInput{}, kept: map[cluster.ServiceKey][]GatewayEntry{}}
+		inputs: map[cluster.ServiceKey]gwInput{}, kept: map[cluster.ServiceKey][]GatewayEntry{}, daisyEnd: map[cluster.ServiceKey]time.Time{}}
 	nodes := gatewayNodes(cfg, st, f)
 	var nodesKey strings.Builder
 	addrs := make([]netip.Addr, 0, len(nodes))
@@ -609,18 +633,30 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 		}
 		sh = sh || slices.ContainsFunc(kept, func(e GatewayEntry) bool { return e.Algorithm == cluster.LBSourceHash && len(e.Backends) > 0 })
 		if prev != nil && prev.MaglevSize == size {
-			if old, ok := prev.inputs[k]; ok && old.equal(out.inputs[k]) && slices.EqualFunc(prev.kept[k], kept, gatewayEntryEqual) {
+			end, daisy := prev.daisyEnd[k]
+			if old, ok := prev.inputs[k]; ok && old.equal(out.inputs[k]) && slices.EqualFunc(prev.kept[k], kept, gatewayEntryEqual) && (!daisy || drain.now.Before(end)) {
 				if part := prev.Ruleset.Services[k]; part != nil {
 					out.Ruleset.Services[k] = part
+					if daisy {
+						out.daisyEnd[k] = end
+					}
 					continue
 				}
 			}
 		}
-		part, err := gatewayPart(cfg, kept, size, ids, drain.hist)
+		part, end, err := gatewayPart(cfg, kept, size, ids, drain.hist, drain.now)
 		if err != nil {
 			return nil, fmt.Errorf("Service %s: %w", k, err)
 		}
 		out.Ruleset.Services[k] = part
+		if !end.IsZero() {
+			out.daisyEnd[k] = end
+		}
+	}
+	for _, end := range out.daisyEnd {
+		if out.NextDaisyEnd.IsZero() || end.Before(out.NextDaisyEnd) {
+			out.NextDaisyEnd = end
+		}
 	}
 	slices.SortFunc(vips, netip.Addr.Compare)
 	out.Ruleset.Base = buildGatewayBase(cfg, f, vips, size, sh)
@@ -649,6 +685,9 @@ type GatewaySyncReport struct {
 	// their deadlines (zero: none), when the caller must sync again to end that node's flows.
 	Draining          []string
 	NextDrainDeadline time.Time
+	// NextDaisyEnd is when the first daisy chaining window (forwarding: route, FlowTimeout after a
+	// VIP port's Maglev table changed) ends (zero: none): the caller must sync again to end it.
+	NextDaisyEnd time.Time
 }
 
 // GatewayProxier owns the gateway's dataplane state, as Proxier does the node's: one goroutine calls
@@ -685,12 +724,13 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 	rep := &GatewaySyncReport{Full: p.needFull}
 	// The drain clock runs across failed syncs: a deadline counts from when a node was first seen
 	// draining.
-	keep, expired, next := p.drain.update(drainingNodes(p.cfg, st), p.now(), p.cfg.DrainTimeout)
+	now := p.now()
+	keep, expired, next := p.drain.update(drainingNodes(p.cfg, st), now, p.cfg.DrainTimeout)
 	rep.NextDrainDeadline, rep.Draining = next, slices.Sorted(maps.Keys(keep))
 	if p.hist == nil {
 		p.hist = gatewayHistory{}
 	}
-	drain := gatewayDrain{keep, expired, p.hist}
+	drain := gatewayDrain{keep, expired, p.hist, now}
 	newFams := map[cluster.Family]*GatewayRuleset{}
 	newSets := map[cluster.Family]map[string]*Set{}
 	for _, f := range p.cfg.Families {
@@ -740,6 +780,9 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 			rep.Txs = append(rep.Txs, tx)
 		}
 		newFams[f], newSets[f] = grs, sets
+		if !grs.NextDaisyEnd.IsZero() && (rep.NextDaisyEnd.IsZero() || grs.NextDaisyEnd.Before(rep.NextDaisyEnd)) {
+			rep.NextDaisyEnd = grs.NextDaisyEnd
+		}
 		rep.Entries = append(rep.Entries, grs.Entries...)
 		rep.Conflicts = append(rep.Conflicts, grs.Conflicts...)
 		for _, e := range grs.Entries {
@@ -763,6 +806,7 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 		}
 	}
 	p.fams, p.sets, p.needFull = newFams, newSets, false
+	p.hist.prune(rep.Entries)
 	rep.Duration = time.Since(start)
 	return rep, nil
 }

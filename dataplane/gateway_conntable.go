@@ -21,18 +21,27 @@ import (
 // (filter prerouting at raw priority, before conntrack: the gateway still keeps no conntrack state):
 //
 //	chain gateway-route
-//	    meta mark set <flow> map @gateway-flows update @gateway-flows { <flow> : meta mark }
-//	        dup to ip daddr . meta l4proto . th dport . meta mark map @gateway-conns drop      # a known flow
+//	    meta mark set <flow> map @gateway-flows
+//	        dup to ip daddr . meta l4proto . th dport . meta mark map @gateway-conns
+//	        update @gateway-flows { <flow> : meta mark } drop                                 # a known flow
 //	    meta mark set ip daddr . meta l4proto . th dport . jhash ... map @gateway-route-ids
-//	        update @gateway-flows { <flow> : meta mark }
-//	        dup to ip daddr . meta l4proto . th dport . meta mark map @gateway-conns drop      # Maglev
+//	        dup to ip daddr . meta l4proto . th dport . meta mark map @gateway-conns
+//	        add @gateway-flows { <flow> : meta mark } drop                                    # Maglev
 //	    dup to <VIP port> . jhash ... map @gateway-routes drop                                # the map is full
 //
-// <flow> is `ip saddr . th sport . ip daddr . th dport` (IPv4) and `jhash ip6 saddr . th sport mod
-// 4294967291 seed GatewayFlowSeed` (IPv6): nft 1.0.6 aborts on a dynamic map update with a key longer
-// than 16 bytes (netlink_linearize.c: `dreg < ctx->reg_low`), so the protocol is not in the key and
-// an IPv6 flow is known by a 32-bit hash of its client address and port (two IPv6 flows with the same
-// hash share an entry: the second follows the first one's node, a node of its VIP port anyway).
+// Only a known flow whose node is still in gateway-conns refreshes its entry: the dup's map lookup
+// ends the rule on a miss, before the update. A stale entry (its node left) is not refreshed, so it
+// expires; meanwhile its packets are re-dealt by Maglev (or daisy chained), whose rules `add` the
+// entry: add neither overwrites an existing element's data nor restarts its timeout (nor does
+// update overwrite the data; it only restarts the timeout: nft_dynset_eval), so the stale entry
+// ages out and the flow's next packet after that is remembered with its new node.
+//
+// <flow> is `ip saddr . th sport . ip daddr . th dport` (IPv4) and `jhash ip6 saddr . th sport . ip6
+// daddr . th dport mod 4294967291 seed GatewayFlowSeed` (IPv6): nft 1.0.6 aborts on a dynamic map
+// update with a key longer than 16 bytes (netlink_linearize.c: `dreg < ctx->reg_low`), so the
+// protocol is not in the key and an IPv6 flow is known by a 32-bit hash of its 4-tuple (two IPv6
+// flows with the same hash share an entry: the second follows the first one's node, a node of its
+// VIP port anyway).
 //
 // Why not the kernel's conntrack with the node in the ct mark: in route forwarding the original packet
 // is dropped after its copy went to the node, and conntrack only keeps ("confirms") a connection when
@@ -42,8 +51,8 @@ import (
 //
 // gateway-conns maps (VIP port, node id) to the node for every node a VIP port may still send to: its
 // Maglev backends and the nodes draining from it. A flow whose node left (unhealthy, removed, drained
-// past the deadline) misses it and is re-dealt by Maglev (the update keeps the element's old data, so
-// each of its packets is re-dealt the same way until the entry expires). gateway-route-ids is the
+// past the deadline) misses it and is re-dealt by Maglev (the add keeps the element's old data, so
+// each of its packets is re-dealt the same way until the unrefreshed entry expires). gateway-route-ids is the
 // Maglev table again with node ids as data: nft cannot store an address in a mark. The packet mark
 // is used as the register between the statements; the copy `dup` sends leaves with it (a mark does
 // not leave the host).
@@ -59,11 +68,12 @@ const (
 	MapGatewayPrevIDs  = "gateway-route-prev"
 )
 
-// GatewayFlowTimeout is how long an idle flow keeps its entry in gateway-flows (each packet restarts
-// it); GatewayFlowsMax bounds the map (a full map sends new flows by Maglev alone, statelessly).
+// DefaultGatewayFlowTimeout is how long an idle flow keeps its entry in gateway-flows by default
+// (each packet restarts it; GatewayConfig.FlowTimeout); GatewayFlowsMax bounds the map (a full map
+// sends new flows by Maglev alone, statelessly).
 const (
-	GatewayFlowTimeout = 5 * time.Minute
-	GatewayFlowsMax    = 1 << 20
+	DefaultGatewayFlowTimeout = time.Hour
+	GatewayFlowsMax           = 1 << 20
 )
 
 // GatewayFlowSeed is the seed of the IPv6 flow key's hash (any fixed value; the key is local).
@@ -82,8 +92,9 @@ const (
 	ActFlowPick ActionKind = 137
 	// ActFlowDaisy: a TCP packet without SYN that no entry knows (a connection another gateway
 	// carried until it died) goes to the node the previous Maglev table gave its slot
-	// (gateway-route-prev, only slots whose node changed and is still a node of the VIP port),
-	// remembered as by ActFlowPick: daisy chaining.
+	// (gateway-route-prev, only slots whose node changed and is still a node of the VIP port, and
+	// only for the flow timeout after the change: daisyWindow), remembered as by ActFlowPick: daisy
+	// chaining.
 	ActFlowDaisy ActionKind = 138
 )
 
@@ -171,45 +182,47 @@ func gatewayConntableRules(size int) []Rule {
 }
 
 // gatewayConntableSets are the route mode's maps of the connection table.
-func gatewayConntableSets() []*Set {
+func gatewayConntableSets(timeout time.Duration) []*Set {
 	return []*Set{
 		{Name: MapGatewayRouteIDs, Kind: KindTupleMark, Comment: "VIP . proto . port . Maglev slot -> node id"},
 		{Name: MapGatewayPrevIDs, Kind: KindTupleMark, Comment: "VIP . proto . port . Maglev slot -> the slot's node before the last change"},
 		{Name: MapGatewayConns, Kind: KindTupleAddr, Comment: "VIP . proto . port . node id -> node (backends and draining nodes)"},
-		{Name: MapGatewayFlows, Kind: KindGatewayFlows, Timeout: GatewayFlowTimeout, Comment: "flow -> node id (the connection table)"},
+		{Name: MapGatewayFlows, Kind: KindGatewayFlows, Timeout: timeout, Comment: "flow -> node id (the connection table)"},
 	}
 }
 
-// flowKey loads the gateway-flows key of the packet into reg32 on (4 registers for IPv4, 1 for IPv6).
+// flowKey loads the gateway-flows key of the packet into reg32 on (4 registers for IPv4, 1 for IPv6:
+// the 4-tuple, 40 bytes in reg32 0..9, hashed into reg32 0; jhash reads its input before it writes).
 func (e *encoder) flowKey() []expr.Any {
 	if e.f != cluster.IPv6 {
 		return []expr.Any{e.loadSaddr(reg32), loadSport(reg32 + 1), e.loadDaddr(reg32 + 2), loadDport(reg32 + 3)}
 	}
-	in := uint32(reg32 + 8)
-	return []expr.Any{e.loadSaddr(in), loadSport(in + 4),
-		&expr.Hash{SourceRegister: in, DestRegister: reg32, Length: 20, Modulus: gatewayFlowModulus, Seed: GatewayFlowSeed, Type: expr.HashTypeJenkins}}
+	in := uint32(reg32)
+	return []expr.Any{e.loadSaddr(in), loadSport(in + 4), e.loadDaddr(in + 5), loadDport(in + 9),
+		&expr.Hash{SourceRegister: in, DestRegister: reg32, Length: 40, Modulus: gatewayFlowModulus, Seed: GatewayFlowSeed, Type: expr.HashTypeJenkins}}
 }
 
-// connDup sends the packet to the node of its VIP port whose id is the packet mark, and drops the
-// original; no match when the VIP port has no such node.
+// connDup sends a copy of the packet to the node of its VIP port whose id is the packet mark; no
+// match (the rule ends) when the VIP port has no such node.
 func (e *encoder) connDup() ([]expr.Any, error) {
 	l, err := e.mapLookup(MapGatewayConns, reg32, reg1)
 	if err != nil {
 		return nil, err
 	}
 	key, next := e.tupleKey()
-	return append(key, &expr.Meta{Key: expr.MetaKeyMARK, Register: next}, l, &expr.Dup{RegAddr: reg1}, &expr.Verdict{Kind: expr.VerdictDrop}), nil
+	return append(key, &expr.Meta{Key: expr.MetaKeyMARK, Register: next}, l, &expr.Dup{RegAddr: reg1}), nil
 }
 
-// flowUpdate writes (or refreshes) the packet's gateway-flows entry with the packet mark as data.
-func (e *encoder) flowUpdate() ([]expr.Any, error) {
+// flowUpdate writes the packet's gateway-flows entry with the packet mark as data: op update also
+// restarts an existing entry's timeout, op add leaves an existing entry as it is.
+func (e *encoder) flowUpdate(op uint32) ([]expr.Any, error) {
 	s, err := e.setRef(MapGatewayFlows)
 	if err != nil {
 		return nil, err
 	}
 	data := uint32(reg32 + 4)
 	return append(e.flowKey(), &expr.Meta{Key: expr.MetaKeyMARK, Register: data},
-		&expr.Dynset{SrcRegKey: reg32, SrcRegData: data, SetName: s.Name, SetID: s.ID, Operation: uint32(unix.NFT_DYNSET_OP_UPDATE)}), nil
+		&expr.Dynset{SrcRegKey: reg32, SrcRegData: data, SetName: s.Name, SetID: s.ID, Operation: op}), nil
 }
 
 // conntableAction encodes the connection table's action kinds; ok is false for other kinds.
@@ -242,21 +255,25 @@ func (e *encoder) conntableAction(a Action) (xs []expr.Any, ok bool, err error) 
 	default:
 		return nil, false, nil
 	}
-	up, err := e.flowUpdate()
-	if err != nil {
-		return nil, true, err
-	}
 	dup, err := e.connDup()
 	if err != nil {
 		return nil, true, err
 	}
-	return append(append(first, up...), dup...), true, nil
+	op := uint32(unix.NFT_DYNSET_OP_ADD)
+	if a.Kind == ActFlowRecall {
+		op = unix.NFT_DYNSET_OP_UPDATE // reached only when the node is still valid (connDup matched)
+	}
+	up, err := e.flowUpdate(op)
+	if err != nil {
+		return nil, true, err
+	}
+	return append(append(append(first, dup...), up...), &expr.Verdict{Kind: expr.VerdictDrop}), true, nil
 }
 
 // flowKeyText is the nft spelling of the gateway-flows key.
 func flowKeyText(ip string) string {
 	if ip == "ip6" {
-		return fmt.Sprintf("jhash ip6 saddr . th sport mod %d seed %#x", gatewayFlowModulus, GatewayFlowSeed)
+		return fmt.Sprintf("jhash ip6 saddr . th sport . ip6 daddr . th dport mod %d seed %#x", gatewayFlowModulus, GatewayFlowSeed)
 	}
 	return "ip saddr . th sport . ip daddr . th dport"
 }
@@ -266,7 +283,7 @@ func conntableActionText(f *Flat, fam nftFamily, a Action) (string, bool, error)
 	ip := fam.table
 	key := ip + " daddr . meta l4proto . th dport"
 	flow := flowKeyText(ip)
-	tail := fmt.Sprintf("update @%[1]s { %[2]s : meta mark } dup to %[3]s . meta mark map @%[4]s drop", MapGatewayFlows, flow, key, MapGatewayConns)
+	tail := fmt.Sprintf("dup to %[3]s . meta mark map @%[4]s add @%[1]s { %[2]s : meta mark } drop", MapGatewayFlows, flow, key, MapGatewayConns)
 	var err error
 	for _, c := range []struct {
 		name string
@@ -278,7 +295,8 @@ func conntableActionText(f *Flat, fam nftFamily, a Action) (string, bool, error)
 	}
 	switch a.Kind {
 	case ActFlowRecall:
-		return fmt.Sprintf("meta mark set %s map @%s %s", flow, MapGatewayFlows, tail), true, err
+		recall := fmt.Sprintf("dup to %s . meta mark map @%s update @%s { %s : meta mark } drop", key, MapGatewayConns, MapGatewayFlows, flow)
+		return fmt.Sprintf("meta mark set %s map @%s %s", flow, MapGatewayFlows, recall), true, err
 	case ActFlowPick:
 		if a.Value == 0 {
 			return "", true, fmt.Errorf("jhash modulus 0")
@@ -517,8 +535,9 @@ func (d *GatewayDrainState) update(draining []string, now time.Time, timeout tim
 // deadline, expired are past it.
 type gatewayDrain struct {
 	keep, expired map[string]bool
-	// hist is the proxier's table history (nil: none, as for render).
+	// hist is the proxier's table history (nil: none, as for render); now is the sync's clock.
 	hist gatewayHistory
+	now  time.Time
 }
 
 // drainingNodes lists the names of the nodes marked draining (NodeDraining), sorted.
@@ -621,13 +640,16 @@ type gwTableKey struct {
 type gwTableHist struct {
 	size      int
 	cur, prev []netip.Addr
+	// changed is when cur replaced prev.
+	changed time.Time
 }
 
-// advance records table (indexes into e.Backends, size slots) as e's current table and returns the
-// previous one (nil: none, or of another size, whose slots mean something else).
-func (h gatewayHistory) advance(e GatewayEntry, table []int, size int) []netip.Addr {
+// advance records table (indexes into e.Backends, size slots) as e's current table at now and
+// returns the previous one (nil: none, or of another size, whose slots mean something else) and
+// when it was replaced.
+func (h gatewayHistory) advance(e GatewayEntry, table []int, size int, now time.Time) ([]netip.Addr, time.Time) {
 	if h == nil {
-		return nil
+		return nil, time.Time{}
 	}
 	cur := make([]netip.Addr, len(table))
 	for i, bi := range table {
@@ -639,9 +661,37 @@ func (h gatewayHistory) advance(e GatewayEntry, table []int, size int) []netip.A
 	case old == nil || old.size != size:
 		h[k] = &gwTableHist{size: size, cur: cur}
 	case !slices.Equal(old.cur, cur):
-		h[k] = &gwTableHist{size: size, cur: cur, prev: old.cur}
+		h[k] = &gwTableHist{size: size, cur: cur, prev: old.cur, changed: now}
 	}
-	return h[k].prev
+	return h[k].prev, h[k].changed
+}
+
+// daisyWindow is the previous table to daisy chain to at now, and until when (nil, zero: none):
+// only for window after the change. A flow that started before the change was idle at most the
+// flow timeout when it comes back; a flow that starts after it is remembered by the current table
+// and must not be chained to the previous one later (when its gateway dies or its entry expires).
+func daisyWindow(prev []netip.Addr, changed, now time.Time, window time.Duration) ([]netip.Addr, time.Time) {
+	if prev == nil || changed.IsZero() {
+		return nil, time.Time{}
+	}
+	end := changed.Add(window)
+	if !now.Before(end) {
+		return nil, time.Time{}
+	}
+	return prev, end
+}
+
+// prune forgets the VIP ports that are not in keep: a VIP port that comes back starts afresh.
+func (h gatewayHistory) prune(keep []GatewayEntry) {
+	live := map[gwTableKey]bool{}
+	for _, e := range keep {
+		live[gwTableKey{e.VIP, e.Proto, e.Port}] = true
+	}
+	for k := range h {
+		if !live[k] {
+			delete(h, k)
+		}
+	}
 }
 
 // gatewayDaisyElements are a VIP port's gateway-route-prev elements: the slots whose node changed

@@ -92,8 +92,11 @@ func TestGatewayConnTableTrace(t *testing.T) {
 	}
 	text := RenderString(f)
 	for _, want := range []string{
-		"meta mark set ip saddr . th sport . ip daddr . th dport map @gateway-flows update @gateway-flows { ip saddr . th sport . ip daddr . th dport : meta mark } dup to ip daddr . meta l4proto . th dport . meta mark map @gateway-conns drop",
-		"meta mark set ip daddr . meta l4proto . th dport . jhash ip saddr . th sport . ip daddr . th dport mod 1021 seed 0x76697067 map @gateway-route-ids update @gateway-flows",
+		// Refreshed only after the lookup of its node succeeded (the dup): a stale entry expires.
+		"meta mark set ip saddr . th sport . ip daddr . th dport map @gateway-flows dup to ip daddr . meta l4proto . th dport . meta mark map @gateway-conns update @gateway-flows { ip saddr . th sport . ip daddr . th dport : meta mark } drop",
+		// A pick adds: it neither overwrites nor refreshes a stale entry.
+		"meta mark set ip daddr . meta l4proto . th dport . jhash ip saddr . th sport . ip daddr . th dport mod 1021 seed 0x76697067 map @gateway-route-ids dup to ip daddr . meta l4proto . th dport . meta mark map @gateway-conns add @gateway-flows { ip saddr . th sport . ip daddr . th dport : meta mark } drop",
+		"timeout 3600s",
 		"flags dynamic,timeout",
 	} {
 		if !strings.Contains(text, want) {
@@ -193,22 +196,42 @@ func TestGatewayDrainDeadline(t *testing.T) {
 }
 
 // eTP=Local: a node whose local endpoints are all terminating (its healthCheckNodePort says 503)
-// drains instead of dropping its connections.
+// drains instead of dropping its connections; when every node with endpoints terminates, they keep
+// taking flows (else the VIP port would have no node and its established flows would be cut).
 func TestGatewayDrainTerminating(t *testing.T) {
 	st := gwState()
 	loc := st.Services[cluster.ServiceKey{Namespace: "gw", Name: "loc"}]
 	ep := gwEp("10.244.1.12", "node1")
 	ep.Ready, ep.Terminating = false, true
-	st.EndpointSlices[loc.Key] = []*cluster.EndpointSlice{gwSlice(loc, ep)}
-	grs, err := BuildGatewayRuleset(GatewayConfig{Forwarding: cluster.ForwardRoute}, cluster.IPv4, st, Health{{gwNode1, 32001}: false})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range grs.Entries {
-		if e.Service == loc.Key {
-			if len(e.Backends) != 0 || !slices.Equal(e.Draining, []netip.AddrPort{netip.AddrPortFrom(gwNode1, 80)}) {
-				t.Errorf("loc: backends %v draining %v; want node1 draining", e.Backends, e.Draining)
+	ep2 := gwEp("10.244.2.12", "node2")
+	st.EndpointSlices[loc.Key] = []*cluster.EndpointSlice{gwSlice(loc, ep, ep2)}
+	n1, n2 := netip.AddrPortFrom(gwNode1, 80), netip.AddrPortFrom(gwNode2, 80)
+	for _, c := range []struct {
+		name              string
+		health            Health
+		backends, drainin []netip.AddrPort
+	}{
+		{"node2 ready", Health{{gwNode1, 32001}: false, {gwNode2, 32001}: true}, []netip.AddrPort{n2}, []netip.AddrPort{n1}},
+		{"every node terminating", Health{{gwNode1, 32001}: false}, []netip.AddrPort{n1}, nil},
+	} {
+		if c.name == "every node terminating" {
+			st.EndpointSlices[loc.Key] = []*cluster.EndpointSlice{gwSlice(loc, ep)}
+		}
+		grs, err := BuildGatewayRuleset(GatewayConfig{Forwarding: cluster.ForwardRoute}, cluster.IPv4, st, c.health)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, e := range grs.Entries {
+			if e.Service == loc.Key {
+				found = true
+				if !slices.Equal(e.Backends, c.backends) || !slices.Equal(e.Draining, c.drainin) {
+					t.Errorf("%s: backends %v draining %v; want %v, %v", c.name, e.Backends, e.Draining, c.backends, c.drainin)
+				}
 			}
+		}
+		if !found {
+			t.Errorf("%s: no entry of loc", c.name)
 		}
 	}
 }
@@ -288,6 +311,106 @@ func TestGatewayDaisyChain(t *testing.T) {
 	r := Trace(f, HostInfo{}, Packet{Src: gwClient, Dst: netip.MustParseAddr("203.0.113.50"), Proto: ProtoTCP, Port: 80})
 	if !strings.Contains(r.Explain(), "a new connection starts with a SYN") {
 		t.Errorf("trace does not pass the daisy-chain rule:\n%s", r.Explain())
+	}
+}
+
+// The previous table is chained to only for the flow timeout after the change: a flow that starts
+// later is remembered by the current table and must never be chained to the old node. The sync
+// report says when to sync again; that sync (an unchanged State) removes the elements.
+func TestGatewayDaisyWindow(t *testing.T) {
+	p := NewGatewayProxier(hclog.NewNullLogger(), GatewayConfig{Forwarding: cluster.ForwardRoute, Families: []cluster.Family{cluster.IPv4}, FlowTimeout: time.Hour}, &mtProgrammer{})
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	p.now = func() time.Time { return now }
+	if _, err := p.Sync(gwState(), nil); err != nil {
+		t.Fatal(err)
+	}
+	st3 := gwState()
+	st3.Nodes["node3"] = &cluster.Node{Name: "node3", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.13")}}
+	now = now.Add(time.Minute)
+	changed := now
+	rep, err := p.Sync(st3, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := changed.Add(time.Hour); !rep.NextDaisyEnd.Equal(want) {
+		t.Errorf("NextDaisyEnd %v, want %v", rep.NextDaisyEnd, want)
+	}
+	if len(p.Flatten(cluster.IPv4).Elements[MapGatewayPrevIDs]) == 0 {
+		t.Fatal("no previous-table elements right after the change")
+	}
+	now = changed.Add(time.Hour - time.Second)
+	if rep, err = p.Sync(st3, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Flatten(cluster.IPv4).Elements[MapGatewayPrevIDs]) == 0 || rep.NextDaisyEnd.IsZero() {
+		t.Error("previous-table elements gone before the window ended")
+	}
+	now = changed.Add(time.Hour)
+	if rep, err = p.Sync(st3, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(p.Flatten(cluster.IPv4).Elements[MapGatewayPrevIDs]); n != 0 || !rep.NextDaisyEnd.IsZero() {
+		t.Errorf("%d previous-table elements (next end %v) after the window", n, rep.NextDaisyEnd)
+	}
+	if len(rep.Txs) == 0 {
+		t.Error("the sync at the window's end sent nothing")
+	}
+}
+
+// The table history forgets VIP ports the build no longer has: a Service deleted and created again
+// does not inherit its old previous table.
+func TestGatewayHistoryPrune(t *testing.T) {
+	p := NewGatewayProxier(hclog.NewNullLogger(), GatewayConfig{Forwarding: cluster.ForwardRoute, Families: []cluster.Family{cluster.IPv4}}, &mtProgrammer{})
+	st := gwState()
+	if _, err := p.Sync(st, nil); err != nil {
+		t.Fatal(err)
+	}
+	before := len(p.hist)
+	if before == 0 {
+		t.Fatal("no history after a sync")
+	}
+	st2 := gwState()
+	web := cluster.ServiceKey{Namespace: "gw", Name: "web"}
+	delete(st2.Services, web)
+	delete(st2.EndpointSlices, web)
+	if _, err := p.Sync(st2, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.hist) >= before {
+		t.Errorf("history of %d VIP ports after a Service left, had %d", len(p.hist), before)
+	}
+	for k := range p.hist {
+		found := false
+		for _, f := range p.cfg.Families {
+			for _, e := range p.fams[f].Entries {
+				found = found || (gwTableKey{e.VIP, e.Proto, e.Port} == k)
+			}
+		}
+		if !found {
+			t.Errorf("history keeps %v, which the table no longer has", k)
+		}
+	}
+}
+
+func TestDaisyWindow(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	prev := []netip.Addr{gwNode1}
+	for _, c := range []struct {
+		name    string
+		prev    []netip.Addr
+		changed time.Time
+		now     time.Time
+		ok      bool
+	}{
+		{"no previous table", nil, t0, t0, false},
+		{"never changed", prev, time.Time{}, t0, false},
+		{"within", prev, t0, t0.Add(59 * time.Minute), true},
+		{"at the end", prev, t0, t0.Add(time.Hour), false},
+	} {
+		got, end := daisyWindow(c.prev, c.changed, c.now, time.Hour)
+		if (got != nil) != c.ok || (c.ok && !end.Equal(t0.Add(time.Hour))) || (!c.ok && !end.IsZero()) {
+			t.Errorf("%s: %v until %v", c.name, got, end)
+		}
 	}
 }
 

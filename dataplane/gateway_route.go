@@ -85,7 +85,7 @@ func buildGatewayRouteBase(cfg GatewayConfig, f cluster.Family, vips []netip.Add
 		{Name: MapServiceIPs, Kind: KindTupleVmap, Comment: "VIP ports with nodes"},
 		{Name: MapGatewayRoutes, Kind: KindTupleAddr, Comment: "VIP . proto . port . Maglev slot -> node"},
 	}
-	p.Sets = append(p.Sets, gatewayConntableSets()...)
+	p.Sets = append(p.Sets, gatewayConntableSets(cfg.FlowTimeout)...)
 	if sh {
 		p.Sets = append(p.Sets, &Set{Name: MapGatewayRoutesSH, Kind: KindTupleAddr, Comment: "source-hash VIP . proto . port . Maglev slot -> node"})
 	}

@@ -285,7 +285,8 @@ func (n *NetlinkProgrammer) takeConn() (*netlink.Conn, error) {
 func (n *NetlinkProgrammer) keepConn(c *netlink.Conn) {
 	n.batchMu.Lock()
 	defer n.batchMu.Unlock()
-	if n.batchConn == nil {
+	if n.batchConn == nil && c.SetReadDeadline(time.Time{}) == nil {
+		// No deadline carried over from this batch's ack wait into the next use.
 		n.batchConn = c
 		return
 	}

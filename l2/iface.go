@@ -1,6 +1,7 @@
 package l2
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -83,9 +84,19 @@ type Interface struct {
 // Interfaces lists this host's interfaces that are up and not loopback (nothing is answered on
 // the others), with their prefixes, in the network namespace of the calling thread.
 func Interfaces() ([]Interface, error) {
-	links, err := netlink.LinkList()
+	links, err := dumpRetry(netlink.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("listing interfaces: %w", err)
+	}
+	// One dump of every address, grouped by link (a dump per link would be one more chance per link
+	// to be interrupted by pod churn).
+	all, err := dumpRetry(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_ALL) })
+	if err != nil {
+		return nil, fmt.Errorf("listing addresses: %w", err)
+	}
+	byLink := map[int][]netlink.Addr{}
+	for _, ad := range all {
+		byLink[ad.LinkIndex] = append(byLink[ad.LinkIndex], ad)
 	}
 	names := make(map[int]string, len(links))
 	for _, l := range links {
@@ -104,11 +115,7 @@ func Interfaces() ([]Interface, error) {
 				ifc.Master = fmt.Sprintf("ifindex %d", a.MasterIndex)
 			}
 		}
-		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
-		if err != nil {
-			return nil, fmt.Errorf("listing addresses of %s: %w", a.Name, err)
-		}
-		for _, ad := range addrs {
+		for _, ad := range byLink[a.Index] {
 			if ad.IPNet == nil {
 				continue
 			}
@@ -117,6 +124,20 @@ func Interfaces() ([]Interface, error) {
 			}
 		}
 		out = append(out, ifc)
+	}
+	return out, nil
+}
+
+// dumpRetry runs a netlink dump again when the kernel says it was interrupted by a change (routine
+// while pods come and go: netlink.ErrDumpInterrupted), and after three tries takes the last, partial
+// but consistent-enough answer rather than none (the next recompute lists again).
+func dumpRetry[T any](dump func() ([]T, error)) ([]T, error) {
+	var out []T
+	var err error
+	for range 3 {
+		if out, err = dump(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return out, err
+		}
 	}
 	return out, nil
 }

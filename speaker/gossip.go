@@ -182,24 +182,28 @@ func (c *gossipCore) encode(now int64, b []byte, off, count int) []byte {
 // a member becomes live or a candidate, or its readiness changes (O(entries), no allocation).
 func (c *gossipCore) merge(now int64, unit int64, off int, entries []byte) {
 	for i, e := range entries {
-		j := off + i
-		code := e & gossipUnknown
-		if code == gossipUnknown || j == c.self {
-			continue
-		}
-		f := now - (codeUnits(code)+1)*unit
-		if f <= c.fresh[j] {
-			continue
-		}
-		c.fresh[j] = f
-		r := e&gossipReady != 0
-		if r != c.ready[j] {
-			c.ready[j] = r
-			c.changed = true
-		}
-		if !c.live[j] && now-f <= c.tStop || !c.cand[j] && r && now-f < c.tDead {
-			c.changed = true
-		}
+		c.mergeOne(now, unit, off+i, e)
+	}
+}
+
+// mergeOne merges one received entry into member j's (see merge).
+func (c *gossipCore) mergeOne(now int64, unit int64, j int, e byte) {
+	code := e & gossipUnknown
+	if code == gossipUnknown || j == c.self || j < 0 || j >= len(c.fresh) {
+		return
+	}
+	f := now - (codeUnits(code)+1)*unit
+	if f <= c.fresh[j] {
+		return
+	}
+	c.fresh[j] = f
+	r := e&gossipReady != 0
+	if r != c.ready[j] {
+		c.ready[j] = r
+		c.changed = true
+	}
+	if !c.live[j] && now-f <= c.tStop || !c.cand[j] && r && now-f < c.tDead {
+		c.changed = true
 	}
 }
 

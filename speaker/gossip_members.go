@@ -51,13 +51,24 @@ func (m *Members) gossipLimit() int {
 // knew is carried over by name (a changed member list must not make every member look silent and
 // drop the quorum until the vectors have gone round again): O(members · log members).
 func (m *Members) setupGossipLocked(next []*segment, now time.Time) {
+	for _, o := range m.segs {
+		if o.gossip != nil && !slices.ContainsFunc(next, func(g *segment) bool { return g.key == o.key }) {
+			m.rememberListLocked(o.key, o.sorted)
+		}
+	}
 	limit := m.gossipLimit()
 	t := m.nanos(now)
 	for _, g := range next {
 		if len(g.members) == 0 || (limit >= 0 && len(g.sorted) <= limit) {
 			continue
 		}
-		p := deriveGossipParams(m.opts, m.tick(), len(g.sorted), gossipPerChunk(len(m.self)), len(m.self))
+		// The timings must be the same on every member (the safety argument compares one member's
+		// Stop with another's Dead): derived from the segment, never from this member's own name.
+		longest := 0
+		for _, n := range g.sorted {
+			longest = max(longest, len(n))
+		}
+		p := deriveGossipParams(m.opts, m.tick(), len(g.sorted), gossipPerChunk(longest), longest)
 		gs := &gossipState{core: newGossipCore(len(g.sorted), g.selfIdx, p), p: p,
 			byIdx: make([]*segMember, len(g.sorted)), sentIn: make([]uint32, len(g.sorted))}
 		for _, sm := range g.members {
@@ -77,7 +88,22 @@ func (m *Members) setupGossipLocked(next []*segment, now time.Time) {
 				}
 			}
 		}
+		// A segment that just crossed into gossip mode starts from what the heartbeats said: each
+		// member's last direct proof of life and readiness (else every member would look silent and
+		// the quorum would drop until the vectors had gone round).
+		// (Only where no gossip segment said anything: a gossiping segment's ready flags are in
+		// its core, not in the heartbeat state, which then is stale.)
+		for _, sm := range g.members {
+			if !sm.p.lastSeen.IsZero() && gs.core.fresh[sm.idx] == never {
+				gs.core.fresh[sm.idx], gs.core.ready[sm.idx] = m.nanos(sm.p.lastSeen), sm.ready
+			}
+		}
 		gs.core.setSelf(t, false)
+		// Live flags and the live count from the seeded ages now, not at the next tick: the first
+		// view of the new segment must not be computed from an empty count (that would drop our
+		// own readiness, and with it our candidacy everywhere, until something else changed).
+		gs.core.tick(t)
+		g.dirty = true
 		g.gossip = gs
 		if !slices.ContainsFunc(m.segs, func(o *segment) bool { return o.key == g.key && o.gossip != nil }) {
 			m.log.Info("L2 segment gossips", "members", len(g.sorted), "limit", limit, "round", p.Round,
@@ -126,14 +152,35 @@ func (m *Members) handleGossip(b []byte, from netip.Addr, now time.Time) dropRea
 	m.touchLocked(p, now)
 	var reply *segment
 	replyTo := -1
+	// Right after a stall, queued datagrams are read as new: their relayed entries could bring a
+	// member that died meanwhile back to life everywhere, so only the sender's own life counts then.
+	relayed := !now.Before(m.graceUntil)
 	for _, sm := range p.in {
 		gs := sm.seg.gossip
-		if sm.seg.key != gc.digest || gs == nil || gc.total != len(sm.seg.sorted) {
+		if gs == nil {
 			continue
 		}
 		t := m.nanos(now)
+		if sm.seg.key != gc.digest || gc.total != len(sm.seg.sorted) {
+			// Written against another member list (the informers disagree for a moment): the
+			// sender's own proof of life still counts, and a list we had is read by name.
+			gs.core.heard(t, sm.idx, gc.ready)
+			if old := m.prevLists[gc.digest]; relayed && old != nil && gc.total == len(old) && gc.offset+len(gc.entries) <= len(old) {
+				for i, e := range gc.entries {
+					if k, ok := slices.BinarySearch(sm.seg.sorted, old[gc.offset+i]); ok {
+						gs.core.mergeOne(t, int64(gc.unit), k, e)
+					}
+				}
+			}
+			if gs.core.changed {
+				sm.seg.dirty, m.dirty = true, true
+			}
+			continue
+		}
 		gs.core.heard(t, sm.idx, gc.ready)
-		gs.core.merge(t, int64(gc.unit), gc.offset, gc.entries)
+		if relayed {
+			gs.core.merge(t, int64(gc.unit), gc.offset, gc.entries)
+		}
 		if gs.core.changed {
 			sm.seg.dirty, m.dirty = true, true
 		}
@@ -334,5 +381,25 @@ func DirectMembersLimitOption(limit *int) int {
 		return -1
 	default:
 		return *limit
+	}
+}
+
+// gossipPrevKeep is how many left-behind member lists a member still reads vectors against.
+const gossipPrevKeep = 4
+
+// rememberListLocked keeps a left-behind segment's member list by digest (the newest
+// gossipPrevKeep).
+func (m *Members) rememberListLocked(digest uint64, sorted []string) {
+	if m.prevLists == nil {
+		m.prevLists = map[uint64][]string{}
+	}
+	if _, ok := m.prevLists[digest]; ok {
+		return
+	}
+	m.prevLists[digest] = sorted
+	m.prevOrder = append(m.prevOrder, digest)
+	if len(m.prevOrder) > gossipPrevKeep {
+		delete(m.prevLists, m.prevOrder[0])
+		m.prevOrder = m.prevOrder[1:]
 	}
 }

@@ -261,3 +261,42 @@ func TestGossipSegmentsOverUDP(t *testing.T) {
 	f.isolate("n3", false, "n1", "n2", "n4")
 	wait(map[string]string{"n1/A": "true n1,n2,n3", "n3/A": "true n1,n2,n3", "n3/B": "true n3,n4", "n4/B": "true n3,n4"})
 }
+
+// TestGossipMemberListSkew: a speaker added to the segment reaches two of five members first (their
+// informers are faster). For a while the two gossip against a 6-member list, the three against the
+// old 5-member one: the two read the three's vectors by name (a list they had), the three count the
+// two's own proofs of life, and nobody loses its quorum or a candidate (before: each side dropped
+// the other's datagrams whole and the quorum could go).
+func TestGossipMemberListSkew(t *testing.T) {
+	f := &fabric{}
+	names := []string{"n1", "n2", "n3", "n4", "n5"}
+	ms, _, _ := startGossipMembers(t, f, names...)
+	all := "true n1,n2,n3,n4,n5"
+	want := map[string]string{}
+	for _, n := range names {
+		want[n] = all
+	}
+	waitViews(t, ms, want)
+	time.Sleep(DefaultDeadAfter) // past the start-up grace (until then n6, never heard, would count)
+	grown := map[string][]netip.Addr{"n6": {netip.AddrFrom4([4]byte{127, 0, 0, 6})}}
+	for i, n := range names {
+		grown[n] = []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, byte(i + 1)})}
+	}
+	ms["n1"].SetPeers(grown)
+	ms["n2"].SetPeers(grown)
+	lost := 0
+	for end := time.Now().Add(4 * DefaultDeadAfter); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		for _, n := range names {
+			if v := ms[n].View(); !v.Ready || len(v.Candidates) != 5 {
+				lost++
+				t.Logf("%s: %s (heard %d of %d)", n, describe(v), v.Heard, v.Total)
+			}
+		}
+	}
+	if lost > 0 {
+		t.Fatalf("%d samples with a member that lost its quorum or a candidate while the lists differed", lost)
+	}
+	if d1, d2 := ms["n1"].segs[0].key, ms["n3"].segs[0].key; d1 == d2 {
+		t.Fatal("the lists do not differ: the test tests nothing")
+	}
+}

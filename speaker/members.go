@@ -79,6 +79,11 @@ type Members struct {
 	sendMu sync.Mutex
 	// origin is the zero of the gossip cores' monotonic clock.
 	origin time.Time
+	// prevLists are the member lists of gossip segments this member left behind (by digest, the
+	// newest few): while the informers of a large segment disagree about its members for a moment,
+	// a vector written against a list we had is still read, member by member (gossipPrevKeep).
+	prevLists map[uint64][]string
+	prevOrder []uint64
 	// rnd picks gossip peers (only under mu).
 	rnd func(n int) int
 	mu  sync.Mutex

@@ -33,8 +33,8 @@ const (
 	// OwnerReasonNoInterface: released although this node is still the owner: none of the
 	// interfaces asked for can announce it (see VIPDecision.Reason).
 	OwnerReasonNoInterface = "no_interface"
-	// OwnerReasonRemoved: released because the VIP is no longer any Service's LoadBalancer IP, or
-	// its L2 segment no longer holds this node.
+	// OwnerReasonRemoved: released because the VIP is no longer any Service's LoadBalancer IP. (A
+	// VIP whose L2 segment no longer holds this node is no_owner: this node then sees no owner.)
 	OwnerReasonRemoved = "removed"
 )
 

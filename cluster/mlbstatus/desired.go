@@ -21,6 +21,7 @@
 package mlbstatus
 
 import (
+	"fmt"
 	"maps"
 	"math"
 	"slices"
@@ -63,6 +64,10 @@ const (
 type ServiceStatus struct {
 	Interfaces []string
 	Peers      []string
+	// L2Owners are the nodes that announce some of the Service's IPs by L2 (a dual-stack Service's
+	// two IPs may have two owners: vipgate picks an owner per IP, MetalLB one per Service). The
+	// announcing node removes other nodes' ServiceL2Status of the Service, except these owners'.
+	L2Owners []string
 }
 
 // L2Status is the status of the ServiceL2Status node reports for svc (MetalLB's buildDesiredStatus;
@@ -121,7 +126,7 @@ func ConfigState(c Component, problems []string, prev *metallbv1beta1.Configurat
 	}
 	out := metallbv1beta1.ConfigurationStateStatus{Result: metallbv1beta1.ConfigurationResultValid}
 	if len(p) > 0 {
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ReasonConfiguration, strings.Join(p, "\n")
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ReasonConfiguration, joinCapped(p, maxMessage)
 		out.Result = metallbv1beta1.ConfigurationResultInvalid
 		out.ErrorSummary = cond.Message
 	}
@@ -164,4 +169,29 @@ func PoolStatus(c PoolCounts) metallbv1beta1.IPAddressPoolStatus {
 // sortedKeys returns m's keys in a stable order.
 func sortedKeys[V any](m map[types.NamespacedName]V) []types.NamespacedName {
 	return slices.SortedFunc(maps.Keys(m), func(a, b types.NamespacedName) int { return strings.Compare(a.String(), b.String()) })
+}
+
+// maxMessage bounds the condition message and errorSummary: the CRD allows 32768 characters in a
+// condition message, and a status the API server refuses would never be written.
+const maxMessage = 32000
+
+// joinCapped joins lines with newlines, keeping whole lines up to max bytes and saying how many were
+// left out.
+func joinCapped(lines []string, max int) string {
+	var b strings.Builder
+	for i, l := range lines {
+		more := fmt.Sprintf("\n... and %d more", len(lines)-i)
+		if b.Len()+1+len(l) > max-len(more) {
+			if i == 0 {
+				return fmt.Sprintf("%d problems; the first: %s", len(lines), strings.ToValidUTF8(l[:min(len(l), max/2)], ""))
+			}
+			b.WriteString(more)
+			break
+		}
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(l)
+	}
+	return b.String()
 }

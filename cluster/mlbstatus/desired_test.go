@@ -1,9 +1,12 @@
 package mlbstatus
 
 import (
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 	metallbv1beta1 "go.universe.tf/metallb/api/v1beta1"
@@ -81,5 +84,20 @@ func TestPoolStatus(t *testing.T) {
 		if d := cmp.Diff(tc.want, PoolStatus(tc.in)); d != "" {
 			t.Errorf("PoolStatus(%+v) (-want +got):\n%s", tc.in, d)
 		}
+	}
+}
+
+func TestConfigStateMessageCapped(t *testing.T) {
+	var problems []string
+	for i := range 2000 {
+		problems = append(problems, fmt.Sprintf("Service default/svc-%04d IP 192.0.2.1: L2Advertisement interface(s) bond7 not found on this node", i))
+	}
+	st := ConfigState(Speaker, problems, nil, metav1.Now())
+	msg := st.Conditions[0].Message
+	if len(msg) > maxMessage || !strings.HasSuffix(msg, "more") || st.ErrorSummary != msg {
+		t.Fatalf("message of %d bytes (max %d), ends %q", len(msg), maxMessage, msg[max(0, len(msg)-40):])
+	}
+	if one := joinCapped([]string{strings.Repeat("é", maxMessage)}, maxMessage); len(one) > maxMessage || !utf8.ValidString(one) {
+		t.Fatalf("one long line: %d bytes, valid UTF-8 %v", len(one), utf8.ValidString(one))
 	}
 }

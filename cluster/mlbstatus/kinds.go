@@ -24,6 +24,7 @@ type kindAPI struct {
 	resource     string
 	list         func(context.Context, metav1.ListOptions) (*unstructured.UnstructuredList, error)
 	create       func(context.Context, *unstructured.Unstructured) (*unstructured.Unstructured, error)
+	update       func(context.Context, *unstructured.Unstructured) (*unstructured.Unstructured, error)
 	updateStatus func(context.Context, *unstructured.Unstructured) (*unstructured.Unstructured, error)
 	delete       func(context.Context, string) error
 }
@@ -37,6 +38,9 @@ func l2API(dyn dynamic.Interface, ns string) kindAPI {
 		},
 		create: func(ctx context.Context, u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
 			return dyn.Resource(gvrServiceL2Statuses).Namespace(ns).Create(ctx, u, metav1.CreateOptions{})
+		},
+		update: func(ctx context.Context, u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+			return dyn.Resource(gvrServiceL2Statuses).Namespace(ns).Update(ctx, u, metav1.UpdateOptions{})
 		},
 		updateStatus: func(ctx context.Context, u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
 			return dyn.Resource(gvrServiceL2Statuses).Namespace(ns).UpdateStatus(ctx, u, metav1.UpdateOptions{})
@@ -56,6 +60,9 @@ func bgpAPI(dyn dynamic.Interface, ns string) kindAPI {
 		},
 		create: func(ctx context.Context, u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
 			return dyn.Resource(gvrServiceBGPStatuses).Namespace(ns).Create(ctx, u, metav1.CreateOptions{})
+		},
+		update: func(ctx context.Context, u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+			return dyn.Resource(gvrServiceBGPStatuses).Namespace(ns).Update(ctx, u, metav1.UpdateOptions{})
 		},
 		updateStatus: func(ctx context.Context, u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
 			return dyn.Resource(gvrServiceBGPStatuses).Namespace(ns).UpdateStatus(ctx, u, metav1.UpdateOptions{})

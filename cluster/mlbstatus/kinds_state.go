@@ -21,6 +21,9 @@ func configStateAPI(dyn dynamic.Interface, ns string) kindAPI {
 		create: func(ctx context.Context, u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
 			return dyn.Resource(gvrConfigurationStates).Namespace(ns).Create(ctx, u, metav1.CreateOptions{})
 		},
+		update: func(ctx context.Context, u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+			return dyn.Resource(gvrConfigurationStates).Namespace(ns).Update(ctx, u, metav1.UpdateOptions{})
+		},
 		updateStatus: func(ctx context.Context, u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
 			return dyn.Resource(gvrConfigurationStates).Namespace(ns).UpdateStatus(ctx, u, metav1.UpdateOptions{})
 		},

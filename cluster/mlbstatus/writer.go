@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -38,8 +39,8 @@ type Options struct {
 	// (Controller, POD_NAME). They find the owner of the objects; without one, none is set.
 	PodSelector, PodName string
 	// MinInterval is the least time between two passes (default 500ms); Resync how often the
-	// objects are compared again without a change (default 30s, also the retry after an error is
-	// at most this).
+	// objects are compared again without a change (default 2m: every node lists its objects then,
+	// from the API server's watch cache; also the retry after an error is at most this).
 	MinInterval, Resync time.Duration
 }
 
@@ -93,7 +94,7 @@ func New(cfg *rest.Config, opts Options, log hclog.Logger) (*Writer, error) {
 		opts.MinInterval = 500 * time.Millisecond
 	}
 	if opts.Resync <= 0 {
-		opts.Resync = 30 * time.Second
+		opts.Resync = 2 * time.Minute
 	}
 	w := &Writer{opts: opts, log: log, dyn: dyn, disc: client.Discovery(), wake: make(chan struct{}, 1),
 		missing: map[string]bool{}, lastErrs: map[string]string{}, poolWritten: map[string]poolWrite{}}
@@ -166,7 +167,8 @@ func (w *Writer) Run(ctx context.Context) {
 			return
 		case <-w.wake:
 		case <-resync.C:
-			clear(w.missing) // a CRD installed later is picked up
+			// A CRD installed later is picked up; installed ones are not asked about again.
+			maps.DeleteFunc(w.missing, func(_ string, missing bool) bool { return missing })
 		case <-after:
 		}
 		if err := w.pass(ctx); err != nil {
@@ -192,6 +194,11 @@ func (w *Writer) pass(ctx context.Context) error {
 	}
 	services, problems, pools, counts := w.services, w.problems, w.pools, w.counts
 	w.mu.Unlock()
+	if w.pods != nil && !w.pods.HasSynced() {
+		// The owner must be known before anything is created: an object without one is never
+		// garbage-collected with the pod.
+		return errors.New("waiting for the pod watch to sync")
+	}
 	owner := w.owner()
 	var errs []error
 	report := func(what string, err error) {
@@ -216,7 +223,9 @@ func (w *Writer) pass(ctx context.Context) error {
 	case Speaker:
 		l2 := map[types.NamespacedName]any{}
 		bgp := map[types.NamespacedName]any{}
+		l2Owners := map[types.NamespacedName][]string{}
 		for k, s := range services {
+			l2Owners[k] = s.L2Owners
 			if len(s.Interfaces) > 0 {
 				st := L2Status(w.opts.Node, k, s.Interfaces)
 				l2[k] = &st
@@ -229,10 +238,10 @@ func (w *Writer) pass(ctx context.Context) error {
 		if w.installed(w.l2.resource) {
 			// The announcing node removes other nodes' objects for the Service: the old owner
 			// may be dead and cannot remove its own.
-			report(w.l2.resource, w.syncServices(ctx, w.l2, "l2-", "", true, l2, owner))
+			report(w.l2.resource, w.syncServices(ctx, w.l2, "l2-", "", l2Owners, l2, owner))
 		}
 		if w.installed(w.bgp.resource) {
-			report(w.bgp.resource, w.syncServices(ctx, w.bgp, "bgp-", LabelAnnounceNode+"="+w.opts.Node, false, bgp, owner))
+			report(w.bgp.resource, w.syncServices(ctx, w.bgp, "bgp-", LabelAnnounceNode+"="+w.opts.Node, nil, bgp, owner))
 		}
 	case Controller:
 		if w.installed("ipaddresspools") {
@@ -304,10 +313,13 @@ func (w *Writer) owner() []metav1.OwnerReference {
 // syncServices makes the objects of one per-Service kind equal to desired (status values keyed by
 // Service), MetalLB's Layer2StatusReconciler / ServiceBGPStatusReconciler: this node's object for
 // each desired Service (created with generateName, then its status written), no object of this
-// node for other Services, and with deleteOthers no other node's object for a desired Service.
-func (w *Writer) syncServices(ctx context.Context, api kindAPI, generateName, selector string, deleteOthers bool,
+// node for other Services, and with keep (L2) no other node's object for a desired Service unless
+// keep names that node too (it owns another IP of the Service). An object of this node without the
+// current owner reference (created before the pod was known, or by the pod before a rollout) gets it.
+func (w *Writer) syncServices(ctx context.Context, api kindAPI, generateName, selector string, keep map[types.NamespacedName][]string,
 	desired map[types.NamespacedName]any, owner []metav1.OwnerReference) error {
-	list, err := api.list(ctx, metav1.ListOptions{LabelSelector: selector})
+	// From the API server's watch cache (resourceVersion 0): every node lists at each resync.
+	list, err := api.list(ctx, metav1.ListOptions{LabelSelector: selector, ResourceVersion: "0"})
 	if err != nil {
 		return fmt.Errorf("listing %s: %w", api.resource, err)
 	}
@@ -328,7 +340,7 @@ func (w *Writer) syncServices(ctx context.Context, api kindAPI, generateName, se
 		_, want := desired[key]
 		switch {
 		case l[LabelAnnounceNode] != w.opts.Node:
-			if want && deleteOthers {
+			if want && keep != nil && !slices.Contains(keep[key], l[LabelAnnounceNode]) {
 				del(u)
 			}
 		case !want || mine[key] != nil:
@@ -356,6 +368,10 @@ func (w *Writer) syncServices(ctx context.Context, api kindAPI, generateName, se
 				continue
 			}
 		} else {
+			if u, err = w.adopt(ctx, api, u, owner); err != nil {
+				errs = append(errs, fmt.Errorf("setting the owner of %s for Service %s: %w", api.resource, key, err))
+				continue
+			}
 			cur, _, _ := unstructured.NestedMap(u.Object, "status")
 			if equality.Semantic.DeepEqual(cur, status) {
 				continue
@@ -368,6 +384,18 @@ func (w *Writer) syncServices(ctx context.Context, api kindAPI, generateName, se
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// adopt makes owner (this component's pod) the owner of u if it is not already, as MetalLB's
+// SetOwnerReference on every reconcile: after a rollout the objects belong to the new pod, not to
+// the old one whose deletion would take them along. Without a known owner it changes nothing.
+func (w *Writer) adopt(ctx context.Context, api kindAPI, u *unstructured.Unstructured, owner []metav1.OwnerReference) (*unstructured.Unstructured, error) {
+	if len(owner) == 0 || slices.ContainsFunc(u.GetOwnerReferences(), func(o metav1.OwnerReference) bool { return o.UID == owner[0].UID }) {
+		return u, nil
+	}
+	u = u.DeepCopy()
+	u.SetOwnerReferences(owner)
+	return api.update(ctx, u)
 }
 
 func kindOf(resource string) string {
@@ -383,7 +411,7 @@ func kindOf(resource string) string {
 // syncConfigState keeps this component's ConfigurationState.
 func (w *Writer) syncConfigState(ctx context.Context, owner []metav1.OwnerReference, problems []string, now metav1.Time) error {
 	name := ConfigStateName(w.opts.Component, w.opts.Node)
-	list, err := w.state.list(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+	list, err := w.state.list(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name, ResourceVersion: "0"})
 	if err != nil {
 		return fmt.Errorf("listing configurationstates: %w", err)
 	}
@@ -413,6 +441,9 @@ func (w *Writer) syncConfigState(ctx context.Context, owner []metav1.OwnerRefere
 			return fmt.Errorf("creating configurationstate %s: %w", name, err)
 		}
 	} else {
+		if u, err = w.adopt(ctx, w.state, u, owner); err != nil {
+			return fmt.Errorf("setting the owner of configurationstate %s: %w", name, err)
+		}
 		cur, _, _ := unstructured.NestedMap(u.Object, "status")
 		if equality.Semantic.DeepEqual(cur, status) {
 			return nil
@@ -436,7 +467,13 @@ func (w *Writer) syncPools(ctx context.Context, pools []*metallbv1beta1.IPAddres
 	var errs []error
 	for _, p := range pools {
 		key := p.Namespace + "/" + p.Name
-		want := PoolStatus(counts[key])
+		c, ok := counts[key]
+		if !ok {
+			// A pool the controller rejected: its Services keep their IPs, and MetalLB leaves the
+			// status of an invalid configuration alone; zeros would be wrong.
+			continue
+		}
+		want := PoolStatus(c)
 		if p.Status == want || w.poolWritten[key] == (poolWrite{p.ResourceVersion, want}) {
 			continue
 		}

@@ -76,7 +76,16 @@ func gatewayDataplaneConfig(cfg *cluster.GatewayConfig) dataplane.GatewayConfig 
 		Nodes:        cfg.Nodes,
 		MaglevSize:   cfg.MaglevTableSize,
 		DrainTimeout: cfg.DrainTimeout, // 0: the dataplane's default (5m)
+		FlowTimeout:  cfg.FlowTimeout,  // 0: the dataplane's default (1h)
 	}
+}
+
+// earliest is the earlier of two times, zero meaning none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
 }
 
 func runGateway(args []string) error {
@@ -205,8 +214,10 @@ func runGateway(args []string) error {
 			continue
 		}
 		dirty = false
-		if !rep.NextDrainDeadline.IsZero() {
-			drainEnd.Reset(time.Until(rep.NextDrainDeadline) + 10*time.Millisecond)
+		// The next drain deadline or end of a daisy chaining window (route forwarding), whichever
+		// comes first: that sync takes the node or the previous table's slots out.
+		if wake := earliest(rep.NextDrainDeadline, rep.NextDaisyEnd); !wake.IsZero() {
+			drainEnd.Reset(time.Until(wake) + 10*time.Millisecond)
 		}
 		if len(rep.Draining) > 0 {
 			log.Info("nodes draining: no new flows, established ones keep them until the deadline", "nodes", strings.Join(rep.Draining, ","), "until", rep.NextDrainDeadline.Format(time.RFC3339))

@@ -346,6 +346,16 @@ func (s *l2Speaker) publishStatus() {
 		key := types.NamespacedName{Namespace: k.Namespace, Name: k.Name}
 		svcs[key] = mlbstatus.ServiceStatus{Interfaces: svcs[key].Interfaces, Peers: peers}
 	}
+	// The L2 owners of each Service's IPs (a dual-stack Service may have two): the node announcing
+	// it removes the others' ServiceL2Status, but not theirs.
+	for _, d := range s.decisions {
+		key := types.NamespacedName{Namespace: d.Service.Namespace, Name: d.Service.Name}
+		if st, ok := svcs[key]; ok && d.Owner != "" && !slices.Contains(st.L2Owners, d.Owner) {
+			st.L2Owners = append(st.L2Owners, d.Owner)
+			slices.Sort(st.L2Owners)
+			svcs[key] = st
+		}
+	}
 	problems := map[string]string{}
 	for _, r := range s.st.Rejected {
 		problems[r.Kind+" "+r.Object] = r.Reason

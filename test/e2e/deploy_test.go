@@ -99,7 +99,7 @@ var groupOfClient = map[string]string{
 	"Discovery": "discovery.k8s.io", "DiscoveryV1": "discovery.k8s.io",
 	"Coordination": "coordination.k8s.io", "CoordinationV1": "coordination.k8s.io",
 	"Events": "events.k8s.io", "EventsV1": "events.k8s.io",
-	"Networking": "networking.k8s.io",
+	"Networking": "networking.k8s.io", "NetworkingV1": "networking.k8s.io",
 }
 
 // verbOfMethod maps a typed client method to the RBAC verb and the subresource it touches.
@@ -134,7 +134,7 @@ var deployAPIPatterns = []deployAPIPattern{
 	{
 		// client.CoreV1().Services(ns).UpdateStatus(...): one typed call.
 		what: "typed client call",
-		re:   regexp.MustCompile(`\.(CoreV1|DiscoveryV1|CoordinationV1|EventsV1)\(\)\.(\w+)\([^()]*\)\.(\w+)\(`),
+		re:   regexp.MustCompile(`\.(CoreV1|DiscoveryV1|CoordinationV1|EventsV1|NetworkingV1)\(\)\.(\w+)\([^()]*\)\.(\w+)\(`),
 		access: func(m []string, _ string) []apiAccess {
 			vm, ok := verbOfMethod[m[3]]
 			if !ok {

@@ -159,43 +159,16 @@ func testGatewayConntrackSync(t *testing.T, sc ctsyncScenario) {
 			}
 		}
 	})
-	l := lab.NewForTest(t, lab.Spec{IPv4Only: true, Nodes: []lab.NodeSpec{
-		{Name: "gw1"}, {Name: "gw2"},
+	// An L2 pool too: the gateways' membership (which decides who answers for a dead gateway's SNAT
+	// address) runs for the segments of the L2 pools. BFD at 300 ms: at 100 ms the survivor's
+	// session flapped under load (see below).
+	x := newGatewayPairLab(t, gwPairOpts{BFDMs: 300, L2: true, Nodes: []lab.NodeSpec{
 		{Name: "node1", Pods: []string{"a1", "a2"}},
 		{Name: "node2", Pods: []string{"b1"}},
 	}})
-	bin := gwBinary(t)
-	dir := t.TempDir()
-	manifests := filepath.Join(dir, "manifests")
-	if err := os.Mkdir(manifests, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	gws := []*lab.Node{l.Node("gw1"), l.Node("gw2")}
+	l, bin, dir, gws, bird, w := x.l, x.bin, x.dir, x.gws, x.bird, x.w
 	node1, node2 := l.Node("node1"), l.Node("node2")
 	a1, a2, b1 := l.Pod("a1"), l.Pod("a2"), l.Pod("b1")
-
-	gwSh(t, l, lab.RoleRouter, "sysctl", "-qw", "net.ipv4.fib_multipath_hash_policy=1")
-	var conf strings.Builder
-	conf.WriteString("router id 192.0.2.1;\nlog stderr all;\nprotocol device {}\n" +
-		"protocol kernel { ipv4 { export all; }; merge paths on; }\n" +
-		"protocol bfd { interface \"*\" { min rx interval 300 ms; min tx interval 300 ms; multiplier 3; }; }\n")
-	for _, g := range gws {
-		fmt.Fprintf(&conf, "protocol bgp %s {\n  local 192.0.2.1 as 64512;\n  neighbor %s as 64512;\n  direct;\n  hold time 9;\n  connect retry time 1;\n  bfd on;\n  ipv4 { import all; export none; };\n}\n", g.Name, g.IPv4)
-	}
-	bird := routers.StartBIRD(t, l.NS(lab.RoleRouter), conf.String())
-
-	w := &gwWriter{t: t, dir: manifests}
-	// An L2 pool too: the gateways' membership (which decides who answers for a dead gateway's SNAT
-	// address) runs for the segments of the L2 pools.
-	w.write("metallb.yaml", metallbDoc("IPAddressPool", "gw-bgp", `addresses: [203.0.113.0/26]`), metallbDoc("IPAddressPool", "gw-l2", `addresses: [192.0.2.200-192.0.2.210]`), metallbDoc("BGPAdvertisement", "gw-bgp", `ipAddressPools: [gw-bgp]
-nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]`), metallbDoc("L2Advertisement", "gw-l2", `ipAddressPools: [gw-l2]
-nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]`), metallbDoc("BFDProfile", "fast", `{receiveInterval: 300, transmitInterval: 300, detectMultiplier: 3}`), metallbDoc("BGPPeer", "tor", `myASN: 64512
-peerASN: 64512
-peerAddress: 192.0.2.1
-holdTime: 9s
-connectTime: 1s
-bfdProfile: fast
-nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]`))
 	eps := []string{gwEp(a1, "node1"), gwEp(a2, "node1"), gwEp(b1, "node2")}
 	w.write("svc.yaml",
 		gwService("web", "LoadBalancer", "10.96.7.1", "Cluster", []gwPort{{"http", "TCP", 80, 30080, "http"}}, gwStatus("203.0.113.10")),
@@ -205,15 +178,7 @@ nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]`))
 
 	procs := map[string]*lab.Proc{}
 	for _, n := range []*lab.Node{node1, node2} {
-		cfg := filepath.Join(dir, n.Name+".yaml")
-		if err := os.WriteFile(cfg, []byte(gwNodeConfig(n)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		p, err := l.Start(n.Name, filepath.Join(dir, n.Name+".log"), append([]string{bin, "node", "--config", cfg, "--manifests", manifests}, memberKeyArgs(t)...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		procs[n.Name] = p
+		procs[n.Name] = x.start(t, n, "node", gwNodeConfig(n), filepath.Join(dir, n.Name+".log"))
 	}
 	startGateway := func(name string) {
 		i := 0
@@ -230,14 +195,7 @@ conntrackSync:
   interface: eth0
   stateDir: %s
 `, ctsyncSNAT[0], ctsyncSNAT[1], peer.IPv4, stateDirs[g.Name])
-		cfg := filepath.Join(dir, g.Name+".yaml")
-		if err := os.WriteFile(cfg, []byte(cfgText), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		p, err := l.Start(g.Name, filepath.Join(dir, fmt.Sprintf("%s-%d.log", g.Name, time.Now().UnixNano())), append([]string{bin, "gateway", "--config", cfg, "--manifests", manifests}, memberKeyArgs(t)...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := x.start(t, g, "gateway", cfgText, filepath.Join(dir, fmt.Sprintf("%s-%d.log", g.Name, time.Now().UnixNano())))
 		procs[g.Name] = p
 	}
 	for _, g := range gws {

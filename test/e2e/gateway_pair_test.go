@@ -40,44 +40,13 @@ func TestGatewayPair(t *testing.T) {
 }
 
 func testGatewayPair(t *testing.T, forwarding string) {
-	routers.RequireRoot(t, "bird", "birdc", "iperf3")
-	l := lab.NewForTest(t, lab.Spec{IPv4Only: true, Nodes: []lab.NodeSpec{
-		{Name: "gw1"}, {Name: "gw2"},
+	x := newGatewayPairLab(t, gwPairOpts{BFDMs: 100, L2: true, Nodes: []lab.NodeSpec{
 		{Name: "node1", Pods: []string{"a1", "a2"}},
 		{Name: "node2", Pods: []string{"b1"}},
 	}})
-	bin := gwBinary(t)
-	dir := t.TempDir()
-	manifests := filepath.Join(dir, "manifests")
-	if err := os.Mkdir(manifests, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	gws := []*lab.Node{l.Node("gw1"), l.Node("gw2")}
+	l, bin, dir, gws, bird, w := x.l, x.bin, x.dir, x.gws, x.bird, x.w
 	node1, node2 := l.Node("node1"), l.Node("node2")
 	a1, a2, b1 := l.Pod("a1"), l.Pod("a2"), l.Pod("b1")
-
-	// The router spreads flows over its ECMP next hops by their ports too (the default hashes
-	// addresses only, which would send one client's connections all one way).
-	gwSh(t, l, lab.RoleRouter, "sysctl", "-qw", "net.ipv4.fib_multipath_hash_policy=1")
-	var conf strings.Builder
-	conf.WriteString("router id 192.0.2.1;\nlog stderr all;\nprotocol device {}\n" +
-		"protocol kernel { ipv4 { export all; }; merge paths on; }\n" +
-		"protocol bfd { interface \"*\" { min rx interval 100 ms; min tx interval 100 ms; multiplier 3; }; }\n")
-	for _, g := range gws {
-		fmt.Fprintf(&conf, "protocol bgp %s {\n  local 192.0.2.1 as 64512;\n  neighbor %s as 64512;\n  direct;\n  hold time 9;\n  connect retry time 1;\n  bfd on;\n  ipv4 { import all; export none; };\n}\n", g.Name, g.IPv4)
-	}
-	bird := routers.StartBIRD(t, l.NS(lab.RoleRouter), conf.String())
-
-	w := &gwWriter{t: t, dir: manifests}
-	w.write("metallb.yaml", metallbDoc("IPAddressPool", "gw-bgp", `addresses: [203.0.113.0/26]`), metallbDoc("IPAddressPool", "gw-l2", `addresses: [192.0.2.200-192.0.2.210]`), metallbDoc("BGPAdvertisement", "gw-bgp", `ipAddressPools: [gw-bgp]
-nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]`), metallbDoc("L2Advertisement", "gw-l2", `ipAddressPools: [gw-l2]
-nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]`), metallbDoc("BFDProfile", "fast", `{receiveInterval: 100, transmitInterval: 100, detectMultiplier: 3}`), metallbDoc("BGPPeer", "tor", `myASN: 64512
-peerASN: 64512
-peerAddress: 192.0.2.1
-holdTime: 9s
-connectTime: 1s
-bfdProfile: fast
-nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]`))
 	eps := []string{gwEp(a1, "node1"), gwEp(a2, "node1"), gwEp(b1, "node2")}
 	w.write("svc.yaml",
 		gwService("web", "LoadBalancer", "10.96.7.1", "Cluster", []gwPort{{"http", "TCP", 80, 30080, "http"}}, gwStatus("203.0.113.10")),
@@ -89,25 +58,10 @@ nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]`))
 
 	procs := map[string]*lab.Proc{}
 	for _, n := range []*lab.Node{node1, node2} {
-		cfg := filepath.Join(dir, n.Name+".yaml")
-		if err := os.WriteFile(cfg, []byte(gwNodeConfig(n)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		p, err := l.Start(n.Name, filepath.Join(dir, n.Name+".log"), append([]string{bin, "node", "--config", cfg, "--manifests", manifests}, memberKeyArgs(t)...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		procs[n.Name] = p
+		procs[n.Name] = x.start(t, n, "node", gwNodeConfig(n), filepath.Join(dir, n.Name+".log"))
 	}
 	for _, g := range gws {
-		cfg := filepath.Join(dir, g.Name+".yaml")
-		if err := os.WriteFile(cfg, []byte(gwPairConfig(forwarding, g, gws, node1, node2)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		p, err := l.Start(g.Name, filepath.Join(dir, g.Name+".log"), append([]string{bin, "gateway", "--config", cfg, "--manifests", manifests}, memberKeyArgs(t)...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := x.start(t, g, "gateway", gwPairConfig(forwarding, g, gws, node1, node2), filepath.Join(dir, g.Name+".log"))
 		procs[g.Name] = p
 	}
 	t.Cleanup(func() {
@@ -351,4 +305,80 @@ func median(xs []float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// gwPairLab is the lab of the two-gateway tests: client -> router (BIRD, ECMP over gw1 and gw2 with
+// BFD, flows hashed by their ports too) -> gw1|gw2 -> the nodes. The gateways announce the BGP pool
+// gw-bgp (203.0.113.0/26) and, with gwPairOpts.L2, the L2 pool gw-l2 (192.0.2.200-192.0.2.210):
+// MetalLB nodeSelectors pick them by the label vipgate.io/role: gateway, so the nodes announce nothing.
+type gwPairLab struct {
+	l                   *lab.Lab
+	bin, dir, manifests string
+	gws                 []*lab.Node
+	bird                *routers.BIRD
+	w                   *gwWriter
+}
+
+type gwPairOpts struct {
+	// Nodes are the lab's nodes behind the gateways, with their pods.
+	Nodes []lab.NodeSpec
+	// BFDMs is the BFD interval (ms) at the router and in the gateways' BFDProfile (multiplier 3).
+	BFDMs int
+	// L2 adds the L2 pool and its advertisement.
+	L2 bool
+}
+
+func newGatewayPairLab(t *testing.T, o gwPairOpts) *gwPairLab {
+	t.Helper()
+	routers.RequireRoot(t, "bird", "birdc", "iperf3")
+	x := &gwPairLab{l: lab.NewForTest(t, lab.Spec{IPv4Only: true, Nodes: append([]lab.NodeSpec{{Name: "gw1"}, {Name: "gw2"}}, o.Nodes...)})}
+	x.bin = gwBinary(t)
+	x.dir = t.TempDir()
+	x.manifests = filepath.Join(x.dir, "manifests")
+	if err := os.Mkdir(x.manifests, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	x.gws = []*lab.Node{x.l.Node("gw1"), x.l.Node("gw2")}
+
+	// The router spreads flows over its ECMP next hops by their ports too (the default hashes
+	// addresses only, which would send one client's connections all one way).
+	gwSh(t, x.l, lab.RoleRouter, "sysctl", "-qw", "net.ipv4.fib_multipath_hash_policy=1")
+	var conf strings.Builder
+	fmt.Fprintf(&conf, "router id 192.0.2.1;\nlog stderr all;\nprotocol device {}\n"+
+		"protocol kernel { ipv4 { export all; }; merge paths on; }\n"+
+		"protocol bfd { interface \"*\" { min rx interval %[1]d ms; min tx interval %[1]d ms; multiplier 3; }; }\n", o.BFDMs)
+	for _, g := range x.gws {
+		fmt.Fprintf(&conf, "protocol bgp %s {\n  local 192.0.2.1 as 64512;\n  neighbor %s as 64512;\n  direct;\n  hold time 9;\n  connect retry time 1;\n  bfd on;\n  ipv4 { import all; export none; };\n}\n", g.Name, g.IPv4)
+	}
+	x.bird = routers.StartBIRD(t, x.l.NS(lab.RoleRouter), conf.String())
+
+	x.w = &gwWriter{t: t, dir: x.manifests}
+	gateways := `nodeSelectors: [{matchLabels: {vipgate.io/role: gateway}}]`
+	docs := []string{metallbDoc("IPAddressPool", "gw-bgp", `addresses: [203.0.113.0/26]`)}
+	if o.L2 {
+		docs = append(docs, metallbDoc("IPAddressPool", "gw-l2", `addresses: [192.0.2.200-192.0.2.210]`))
+	}
+	docs = append(docs, metallbDoc("BGPAdvertisement", "gw-bgp", "ipAddressPools: [gw-bgp]\n"+gateways))
+	if o.L2 {
+		docs = append(docs, metallbDoc("L2Advertisement", "gw-l2", "ipAddressPools: [gw-l2]\n"+gateways))
+	}
+	docs = append(docs, metallbDoc("BFDProfile", "fast", fmt.Sprintf(`{receiveInterval: %[1]d, transmitInterval: %[1]d, detectMultiplier: 3}`, o.BFDMs)),
+		metallbDoc("BGPPeer", "tor", "myASN: 64512\npeerASN: 64512\npeerAddress: 192.0.2.1\nholdTime: 9s\nconnectTime: 1s\nbfdProfile: fast\n"+gateways))
+	x.w.write("metallb.yaml", docs...)
+	return x
+}
+
+// start writes config to <dir>/<node>.yaml and runs `vipgate role` (node or gateway) on n with the
+// lab's manifests and member key, logging to log.
+func (x *gwPairLab) start(t *testing.T, n *lab.Node, role, config, log string) *lab.Proc {
+	t.Helper()
+	cfg := filepath.Join(x.dir, n.Name+".yaml")
+	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := x.l.Start(n.Name, log, append([]string{x.bin, role, "--config", cfg, "--manifests", x.manifests}, memberKeyArgs(t)...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

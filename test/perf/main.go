@@ -169,7 +169,9 @@ func fullSync(n int, add func(k, v string)) {
 	ns := newNetns()
 	defer ns.close()
 	st := dataplane.SyntheticState(n, 10)
-	p := dataplane.NewProxier(hclog.NewNullLogger(), perfConfig(), &dataplane.NetlinkProgrammer{NetNSFd: int(ns.f.Fd())})
+	prog := &dataplane.NetlinkProgrammer{NetNSFd: int(ns.f.Fd())}
+	defer prog.Close() // its kept socket holds the netns
+	p := dataplane.NewProxier(hclog.NewNullLogger(), perfConfig(), prog)
 	start := time.Now()
 	if _, err := p.Sync(st); err != nil {
 		fatal(err)
@@ -204,7 +206,9 @@ func incremental(n, changes int, add func(k, v string)) {
 	ns := newNetns()
 	defer ns.close()
 	st := dataplane.SyntheticState(n, 10)
-	p := dataplane.NewProxier(hclog.NewNullLogger(), perfConfig(), &dataplane.NetlinkProgrammer{NetNSFd: int(ns.f.Fd())})
+	prog := &dataplane.NetlinkProgrammer{NetNSFd: int(ns.f.Fd())}
+	defer prog.Close() // its kept socket holds the netns
+	p := dataplane.NewProxier(hclog.NewNullLogger(), perfConfig(), prog)
 	if _, err := p.Sync(st); err != nil {
 		fatal(err)
 	}
@@ -272,6 +276,7 @@ func packets(quick bool, add func(k, v string)) error {
 	cfg := perfConfig()
 	cfg.NodeIPs, cfg.NodePortIPs = []netipAddr{node.IPv4}, []netipAddr{node.IPv4}
 	prog := &dataplane.NetlinkProgrammer{NetNSFd: int(fd.Fd())}
+	defer prog.Close() // its kept socket holds the netns
 	for _, p := range []string{"10.96.0.0/16", "203.0.113.0/24"} {
 		if err := l.AddRoute(mustPrefix(p), "node1"); err != nil {
 			return err
