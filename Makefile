@@ -61,18 +61,22 @@ demo: deps build
 
 # bench: one table of dataplane figures (full and incremental syncs vs the real kube-proxy and nft -f,
 # both measured in the same run; rule counts, memory, churn of 1,000 endpoint changes/s for 60 s
-# (--churn-time to shorten), per-packet cost, throughput, control-plane latency), measured in throwaway network namespaces; appended to BENCH.md, the scaling curves drawn as
+# (--churn-time to shorten; kube-proxy under the same churn), per-packet cost, throughput, control-plane latency,
+# the gateway's small-packet rate per forwarding mode vs plain routing), measured in throwaway network namespaces; appended to BENCH.md, the scaling curves drawn as
 # SVG into docs/bench/. kube-proxy's nftables proxier v1.37.2 is measured by default (the driver
 # test/bench/kubeproxy, built into bin/ when its sources change); BENCH_KUBEPROXY=0 skips it,
-# BENCH_KUBEPROXY=v1.37.2,v1.36.3 adds v1.36.3. `go run ./test/bench --quick --no-kube-proxy` takes
+# BENCH_KUBEPROXY=v1.37.2,v1.36.3 adds v1.36.3. BENCH_ARGS goes to the bench as it is, e.g.
+# BENCH_ARGS="--sizes 1000,3000,10000,30000,100000" for the 100,000-Service full sync, or
+# "--no-kube-proxy-churn". `go run ./test/bench --quick --no-kube-proxy` takes
 # about a minute. Go benchmarks of the pure parts: `go test -run '^$$' -bench . -benchmem ./dataplane/`.
 BENCH_KUBEPROXY ?= v1.37.2
+BENCH_ARGS ?=
 bench_comma := ,
 KUBEPROXY_BENCH_BINS := $(addprefix $(BIN)/kube-proxy-bench-,$(filter-out 0,$(subst $(bench_comma), ,$(BENCH_KUBEPROXY))))
 KUBEPROXY_BENCH_SRC  := $(wildcard test/bench/kubeproxy/*.go test/bench/kubeproxy/go.*)
 bench: deps build apiserver $(KUBEPROXY_BENCH_BINS)
 	VIPGATE_LABSERVER=$(CURDIR)/$(BIN)/labserver VIPGATE_BIN=$(CURDIR)/$(BIN)/vipgate VIPGATE_KUBE_APISERVER=$(CURDIR)/$(BIN)/kube-apiserver \
-		$(GO) run ./test/bench --out BENCH.md --plots docs/bench --kube-proxy "$(BENCH_KUBEPROXY)" --kube-proxy-bin $(CURDIR)/$(BIN)
+		$(GO) run ./test/bench --out BENCH.md --plots docs/bench --kube-proxy "$(BENCH_KUBEPROXY)" --kube-proxy-bin $(CURDIR)/$(BIN) $(BENCH_ARGS)
 
 # The kube-proxy drivers of `make bench`: one module, the real nftables proxier of k8s.io/kubernetes
 # v1.37.2 (go.mod) or v1.36.3 (go.136.mod, tag kubeproxy136). Seconds with a warm build cache.

@@ -20,7 +20,12 @@ import (
 // process's CPU over the window is given in cores. At the end the kernel's table is read back with
 // dataplane's decoder and compared with the desired state: a fresh proxier adopting it
 // (SetTableReader) must find nothing to change; a lost change would show up as a difference.
-func churn(t *table, n, rate int, dur time.Duration) {
+//
+// kube-proxy (each version of the run, unless --no-kube-proxy-churn) then gets the same changes at
+// the same rate in its driver, against its real sync loop with its default minSyncPeriod (1 s): each
+// change timed from OnEndpointSliceUpdate to the end of the first sync that started after it, the
+// driver's CPU (its nft children included) over the window.
+func churn(t *table, n, rate int, dur time.Duration, kp *kubeProxyBench) {
 	total := max(1, int(float64(rate)*dur.Seconds()))
 	what := fmt.Sprintf("churn: %s endpoint changes/s for %v at %s Services (%s changes), change produced -> kernel ack",
 		thousands(rate), dur, thousands(n), thousands(total))
@@ -144,6 +149,21 @@ func churn(t *table, n, rate int, dur time.Duration) {
 		Ref: fmt.Sprintf("%s syncs (%.1f changes each), longest sync %s; %d of %d changes carried; %s; RSS at the end %.0f MiB, peak during the churn %.0f MiB",
 			thousands(syncs), float64(len(lat))/float64(max(syncs, 1)), fmtDuration(maxSync), len(lat), total, check, rss, hwm),
 		Ratio: "target p99 <= 50 ms, CPU <= 1 core"})
+	// Free the namespace and the state before kube-proxy's run: the machine has two cores.
+	ns.close()
+	p50, p99 := quantile(lat, 0.5), quantile(lat, 0.99)
+	lat, st = nil, nil
+	kps := kp.churnAt(t, n, rate, dur)
+	for _, v := range kp.versionsOf(kps) {
+		c := kps[v].Churn
+		ms := func(x float64) time.Duration { return time.Duration(x * float64(time.Millisecond)) }
+		t.add(row{Sub: true, What: fmt.Sprintf("the same churn, kube-proxy %s (OnEndpointSliceUpdate -> end of the first sync started after it; minSyncPeriod 1 s)", v),
+			Vipgate: fmt.Sprintf("vipgate p50 / p99 %s / %s", fmtDuration(p50), fmtDuration(p99)),
+			Ref: fmt.Sprintf("kube-proxy %s: p50 / p99 / max %s / %s / %s; CPU %.2f cores (with its nft processes); %s syncs (%d full), longest %s; %d of %d changes carried; %v sync failures; RSS at the end %.0f MiB, peak during the churn %.0f MiB (+ nft child %.0f MiB)",
+				v, fmtDuration(ms(c.P50Ms)), fmtDuration(ms(c.P99Ms)), fmtDuration(ms(c.MaxMs)), c.Cores, thousands(c.Syncs), c.FullSyncs,
+				fmtDuration(ms(c.LongestMs)), c.Carried, c.Changes, c.SyncFailed, float64(c.RSSKiB)/1024, float64(c.PeakKiB)/1024, float64(c.NftChildKiB)/1024),
+			Ratio: fmt.Sprintf("p50 %s, p99 %s than kube-proxy %s", faster(p50, ms(c.P50Ms)), faster(p99, ms(c.P99Ms)), v)})
+	}
 }
 
 // onlyUnusedPickers says whether txs only delete shared picker chains.

@@ -45,6 +45,7 @@ type kubeProxyOptions struct {
 	changes     int      // endpoints added one at a time after each full sync
 	maxServices int      // larger sizes are vipgate only
 	reps        int      // full syncs per size (the median is reported)
+	churn       bool     // run the churn row for kube-proxy too (--no-kube-proxy-churn: not)
 }
 
 // kubeProxyResult is the driver's JSON line (test/bench/kubeproxy/main.go, type result).
@@ -64,6 +65,21 @@ type kubeProxyResult struct {
 	NftChildKiB      int       `json:"nft_child_kib"`
 	RulesetLines     int       `json:"ruleset_lines"`
 	ServiceChains    int       `json:"service_chains"`
+	Churn            *struct {
+		Changes     int     `json:"changes"`
+		Carried     int     `json:"carried"`
+		Syncs       int     `json:"syncs"`
+		FullSyncs   int     `json:"full_syncs"`
+		P50Ms       float64 `json:"p50_ms"`
+		P99Ms       float64 `json:"p99_ms"`
+		MaxMs       float64 `json:"max_ms"`
+		LongestMs   float64 `json:"longest_ms"`
+		Cores       float64 `json:"cores"`
+		SyncFailed  float64 `json:"sync_failed"`
+		PeakKiB     int     `json:"peak_kib"`
+		RSSKiB      int     `json:"rss_kib"`
+		NftChildKiB int     `json:"nft_child_kib"`
+	} `json:"churn"`
 }
 
 // kubeProxyFigures summarizes the runs of one version at one size.
@@ -171,7 +187,7 @@ func (k *kubeProxyBench) measure(version string, n int) (*kubeProxyFigures, erro
 	}
 	var rs []kubeProxyResult
 	for r := 0; r < k.o.reps; r++ {
-		res, err := runKubeProxy(bin, objects, filepath.Join(dir, fmt.Sprintf("stderr-%d", r)), k.o.changes)
+		res, err := runKubeProxy(bin, objects, filepath.Join(dir, fmt.Sprintf("stderr-%d", r)), "--changes", fmt.Sprint(k.o.changes))
 		if err != nil {
 			return nil, err
 		}
@@ -190,7 +206,7 @@ func (k *kubeProxyBench) measure(version string, n int) (*kubeProxyFigures, erro
 
 // runKubeProxy runs the driver once in a fresh namespace: lo up, a stub NIC (an empty bridge: this
 // kernel has no dummy module) with the bench node's IP.
-func runKubeProxy(bin, objects, stderrFile string, changes int) (*kubeProxyResult, error) {
+func runKubeProxy(bin, objects, stderrFile string, extra ...string) (*kubeProxyResult, error) {
 	ns, err := newNetns()
 	if err != nil {
 		return nil, err
@@ -213,8 +229,8 @@ func runKubeProxy(bin, objects, stderrFile string, changes int) (*kubeProxyResul
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	var stdout bytes.Buffer
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns.name, bin, "--netns", ns.name, "--objects", objects,
-		"--changes", fmt.Sprint(changes), "--node-name", thisNode, "--node-ip", benchNodeIP.String())
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns.name, bin, "--netns", ns.name, "--objects", objects,
+		"--node-name", thisNode, "--node-ip", benchNodeIP.String()}, extra...)...)
 	cmd.Stdout, cmd.Stderr = &stdout, stderr
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", bin, err)
@@ -229,6 +245,56 @@ func runKubeProxy(bin, objects, stderrFile string, changes int) (*kubeProxyResul
 		return nil, fmt.Errorf("%s printed %q: %w", filepath.Base(bin), firstLines(stdout.String(), 2), err)
 	}
 	return &res, nil
+}
+
+// churnAt runs the churn row's changes (rate per second for dur, at n Services) against each
+// version's sync loop, one run each after its full sync, and returns the results by version; a
+// version that fails adds a failed row. Nil when kube-proxy or its churn is off, or n is beyond
+// --kube-proxy-max.
+func (k *kubeProxyBench) churnAt(t *table, n, rate int, dur time.Duration) map[string]*kubeProxyResult {
+	if k == nil || !k.o.churn || n > k.o.maxServices {
+		return nil
+	}
+	out := map[string]*kubeProxyResult{}
+	for _, v := range k.o.versions {
+		what := fmt.Sprintf("churn: kube-proxy %s nftables proxier, %s Services (same run)", v, thousands(n))
+		fmt.Fprintf(os.Stderr, "  (%s: full sync, then %d changes/s for %v)\n", what, rate, dur)
+		res, err := k.churnRun(v, n, rate, dur)
+		if err != nil {
+			t.fail(what, err)
+			continue
+		}
+		out[v] = res
+	}
+	return out
+}
+
+func (k *kubeProxyBench) churnRun(version string, n, rate int, dur time.Duration) (*kubeProxyResult, error) {
+	bin, err := k.binary(version)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", fmt.Sprintf("vg%d-bench-kp-", os.Getpid()))
+	if err != nil {
+		return nil, err
+	}
+	defer atExit(func() { os.RemoveAll(dir) })()
+	objects := filepath.Join(dir, "objects.json")
+	if err := writeKubeObjects(objects, n, 10); err != nil {
+		return nil, err
+	}
+	res, err := runKubeProxy(bin, objects, filepath.Join(dir, "stderr-churn"), "--changes", "0",
+		"--churn-rate", fmt.Sprint(rate), "--churn-time", dur.String())
+	if err != nil {
+		return nil, err
+	}
+	if res.Churn == nil {
+		return nil, fmt.Errorf("the %s driver printed no churn result (an older binary? rebuild bin/kube-proxy-bench-%s)", version, version)
+	}
+	if res.ServiceChains < n {
+		return nil, fmt.Errorf("kube-proxy programmed %d Service chains for %d Services (objects ignored? see its log)", res.ServiceChains, n)
+	}
+	return res, nil
 }
 
 func tailFile(file string, n int) string {
@@ -372,4 +438,18 @@ func kubeServiceOf(svc *cluster.Service) *corev1.Service {
 		out.Status.LoadBalancer.Ingress = append(out.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip.String()})
 	}
 	return out
+}
+
+// versionsOf lists the versions of m in the run's order.
+func (k *kubeProxyBench) versionsOf(m map[string]*kubeProxyResult) []string {
+	if k == nil {
+		return nil
+	}
+	var vs []string
+	for _, v := range k.o.versions {
+		if m[v] != nil {
+			vs = append(vs, v)
+		}
+	}
+	return vs
 }

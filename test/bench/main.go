@@ -17,7 +17,9 @@
 //     Services programmed (netns lab: client -> router -> node1 -> pod1);
 //  5. iperf3 throughput and connection rate through the ClusterIP vs to the pod directly;
 //  6. control plane to data plane: `vipgate node --manifests DIR`, EndpointSlice file written ->
-//     first connection through the new ClusterIP.
+//     first connection through the new ClusterIP;
+//  7. the gateway's small-packet rate (64-byte UDP) in each forwarding mode against the same hop
+//     plainly routed (gateway.go).
 //
 // Results are printed and appended to BENCH.md with the date and the machine; --plots draws the
 // scaling curves (full sync time and peak memory against the number of Services) as SVG. --quick
@@ -57,10 +59,11 @@ type options struct {
 	cpCompare    string
 	churnRate    int
 	churnTime    time.Duration
+	gwPPS        gwPPSOptions
 	timeout      time.Duration
 }
 
-var allSections = []string{"sync", "incremental", "churn", "packets", "throughput", "controlplane"}
+var allSections = []string{"sync", "incremental", "churn", "packets", "throughput", "controlplane", "gateway-pps"}
 
 // extraSections are valid for --only but not run by default: parts of a default section.
 var extraSections = []string{"controlplane-kube"} // the kube-apiserver row of controlplane alone
@@ -75,6 +78,7 @@ func parseFlags(args []string) (*options, error) {
 	noKubeProxy := fs.Bool("no-kube-proxy", false, "do not measure kube-proxy (quick runs)")
 	kubeProxyBin := fs.String("kube-proxy-bin", "bin", "directory with kube-proxy-bench-<version> (`make bench` builds them; missing ones are built)")
 	kubeProxyMax := fs.Int("kube-proxy-max", 10000, "largest size kube-proxy is measured at (10,000: ~30 s per run for v1.37.2)")
+	noKubeProxyChurn := fs.Bool("no-kube-proxy-churn", false, "do not run the churn row for kube-proxy (it adds a full sync and --churn-time per version)")
 	kubeProxyChanges := fs.Int("kube-proxy-changes", 5, "endpoints added one at a time after each kube-proxy full sync (each waits out its 1 s minSyncPeriod)")
 	only := fs.String("only", strings.Join(allSections, ","), "sections to run")
 	reps := fs.Int("reps", 3, "full syncs per size (the median is reported)")
@@ -91,6 +95,10 @@ func parseFlags(args []string) (*options, error) {
 	vipgate := fs.String("vipgate", os.Getenv("VIPGATE_BIN"), "vipgate binary (default: $VIPGATE_BIN, else built)")
 	churnRate := fs.Int("churn-rate", 1000, "endpoint changes per second of the churn row")
 	churnTime := fs.Duration("churn-time", time.Minute, "duration of the churn row (shorter for a quick run)")
+	gwRounds := fs.Int("gw-rounds", 5, "alternating rounds of the gateway packet-rate row")
+	gwTime := fs.Duration("gw-time", 2*time.Second, "duration of one gateway packet-rate sample (the generator's time bound)")
+	gwCount := fs.Int("gw-count", 20_000_000, "packets at most per gateway packet-rate sample (the generator's count bound)")
+	gwModes := fs.String("gw-modes", "route,nodePort,direct", "forwarding modes of `vipgate gateway` in the packet-rate row")
 	cpCompare := fs.String("cp-compare", "", "a second vipgate binary measured in the kube-apiserver control-plane row of the same run, in ABBA turns (before / after a change)")
 	timeout := fs.Duration("timeout", 45*time.Minute, "give up (and clean up) after this long")
 	if err := fs.Parse(args); err != nil {
@@ -116,12 +124,22 @@ func parseFlags(args []string) (*options, error) {
 			"cp-services":        func() { o.cpBackground = 1000 },
 			"timeout":            func() { o.timeout = 5 * time.Minute },
 			"kube-proxy-changes": func() { *kubeProxyChanges = 3 },
+			"gw-rounds":          func() { *gwRounds = 2 },
+			"gw-time":            func() { *gwTime = time.Second },
 		}
 		for name, f := range quickDefaults {
 			if !set[name] {
 				f()
 			}
 		}
+	}
+	o.gwPPS = gwPPSOptions{rounds: *gwRounds, sampleTime: *gwTime, maxCount: *gwCount}
+	for _, m := range strings.Split(*gwModes, ",") {
+		m = strings.TrimSpace(m)
+		if m != "route" && m != "nodePort" && m != "direct" {
+			return nil, fmt.Errorf("--gw-modes: %q is not route, nodePort or direct", m)
+		}
+		o.gwPPS.modes = append(o.gwPPS.modes, m)
 	}
 	for _, s := range strings.Split(*sizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -140,6 +158,7 @@ func parseFlags(args []string) (*options, error) {
 		}
 	}
 	o.kubeProxy.binDir, o.kubeProxy.maxServices, o.kubeProxy.changes, o.kubeProxy.reps = *kubeProxyBin, *kubeProxyMax, *kubeProxyChanges, o.reps
+	o.kubeProxy.churn = !*noKubeProxyChurn
 	for _, s := range strings.Split(*only, ",") {
 		s = strings.TrimSpace(s)
 		if !slices.Contains(allSections, s) && !slices.Contains(extraSections, s) {
@@ -168,6 +187,12 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--churn-rate must be 1-100000")
 	case o.churnTime <= 0 || o.churnTime > 30*time.Minute:
 		return nil, fmt.Errorf("--churn-time must be positive and at most 30m")
+	case o.gwPPS.rounds < 1 || o.gwPPS.rounds > 20:
+		return nil, fmt.Errorf("--gw-rounds must be 1-20")
+	case o.gwPPS.sampleTime <= 0 || o.gwPPS.sampleTime > maxGeneratorTime:
+		return nil, fmt.Errorf("--gw-time must be positive and at most %s", maxGeneratorTime)
+	case o.gwPPS.maxCount < 1 || o.gwPPS.maxCount > 100_000_000:
+		return nil, fmt.Errorf("--gw-count must be 1-100000000")
 	case o.cpChanges < 1 || o.cpChanges > 200:
 		return nil, fmt.Errorf("--cp-changes must be 1-200")
 	case o.cpBackground < 0 || o.cpBackground > 17000:
@@ -192,6 +217,10 @@ func main() {
 			os.Exit(connRateMain(os.Args[2:]))
 		case "waitconn":
 			os.Exit(waitConnMain(os.Args[2:]))
+		case "udpsend":
+			os.Exit(udpSendMain(os.Args[2:]))
+		case "udpsink":
+			os.Exit(udpSinkMain(os.Args[2:]))
 		}
 	}
 	o, err := parseFlags(os.Args[1:])
@@ -239,10 +268,14 @@ func run(o *options) int {
 		incremental(t, o.packets.many, o.changes, kp.at(t, o.packets.many))
 	}
 	if o.sections["churn"] {
-		churn(t, o.packets.many, o.churnRate, o.churnTime)
+		churn(t, o.packets.many, o.churnRate, o.churnTime, kp)
 	}
 	if o.sections["packets"] || o.sections["throughput"] || o.sections["controlplane"] || o.sections["controlplane-kube"] {
 		labRows(t, o)
+	}
+
+	if o.sections["gateway-pps"] {
+		gatewayPPS(t, o.vipgate, o.gwPPS)
 	}
 
 	md := t.markdown()

@@ -26,10 +26,20 @@ import (
 // 203.0.113.0/24 shared by port (MetalLB's allow-shared-ip), 250 Services per port. An entry claimed
 // twice would be refused and retried on every sync, which would measure conflict handling instead of
 // syncing.
+//
+// Beyond clusterIPServices (60,000) the service CIDR of the lab (10.96.0.0/16) has no addresses left:
+// Service i >= 60,000 shares the cluster IP of Service i-60,000 on another port (1080 instead of 80;
+// LoadBalancer ports likewise +1000), as a LoadBalancer IP is shared by port. Every (IP, protocol,
+// port) entry, chain, rule and endpoint element is still its own, so the rules and set elements per
+// Service are as before; anything kept per address (not per entry) counts 60,000 addresses instead
+// of 100,000. A real cluster of 100,000 Services has a wider service CIDR
+// (kubeadm's default is a /12).
 const (
-	// maxServices is what the address plan holds: cluster IPs 10.96.0.16-10.96.255.255 minus the
-	// addresses the bench reserves at the top.
-	maxServices = 60000
+	// maxServices is the largest size the generator makes.
+	maxServices = 100000
+	// clusterIPServices is what the address plan holds of cluster IPs: 10.96.0.16-10.96.255.255 minus
+	// the addresses the bench reserves at the top.
+	clusterIPServices = 60000
 	// firstNodePort is the NodePort of the first NodePort/LoadBalancer Service; 30000 is the
 	// measured Service's (measuredNodePort).
 	firstNodePort = 30001
@@ -42,9 +52,9 @@ const (
 	thisNode = "node1"
 )
 
-// clusterIPOf is Service i's cluster IP: 10.96.0.16 onwards.
+// clusterIPOf is Service i's cluster IP: 10.96.0.16 onwards (shared by port beyond 60,000).
 func clusterIPOf(i int) netip.Addr {
-	k := 16 + i
+	k := 16 + i%clusterIPServices
 	return netip.AddrFrom4([4]byte{10, 96, byte(k >> 8), byte(k)})
 }
 
@@ -66,7 +76,7 @@ func synthService(i, m int) (*cluster.Service, *cluster.EndpointSlice) {
 	key := serviceKey(i)
 	svc := &cluster.Service{Key: key, Type: cluster.TypeClusterIP, IPFamilies: []cluster.Family{cluster.IPv4},
 		ClusterIPs: []netip.Addr{clusterIPOf(i)},
-		Ports:      []cluster.ServicePort{{Protocol: cluster.TCP, Port: 80}}}
+		Ports:      []cluster.ServicePort{{Protocol: cluster.TCP, Port: uint16(portBase(i))}}}
 	// The node-port index counts the NodePort and LoadBalancer Services before i: 3 in every 20.
 	npIndex := i / 20 * 3
 	switch i % 20 {
@@ -79,7 +89,7 @@ func synthService(i, m int) (*cluster.Service, *cluster.EndpointSlice) {
 	case i%20 == 10:
 		lb := i / 20 // the LoadBalancer Service's own index
 		svc.Type = cluster.TypeLoadBalancer
-		svc.Ports[0].Port = uint16(80 + lb/250)
+		svc.Ports[0].Port = uint16(portBase(i) + lb/250)
 		svc.Ports[0].NodePort = uint16(firstNodePort + npIndex)
 		svc.LoadBalancerIPs = []netip.Addr{netip.AddrFrom4([4]byte{203, 0, 113, byte(1 + lb%250)})}
 		if i%100 == 10 {
@@ -106,6 +116,9 @@ func synthService(i, m int) (*cluster.Service, *cluster.EndpointSlice) {
 	}
 	return svc, es
 }
+
+// portBase is Service i's port: 80, or 1080 where it shares its cluster IP (i >= 60,000).
+func portBase(i int) int { return 80 + 1000*(i/clusterIPServices) }
 
 // synthState is a cluster of n synthetic Services with m endpoints each.
 func synthState(n, m int) *cluster.State {

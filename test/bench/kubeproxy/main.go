@@ -9,13 +9,17 @@
 //   - the first (full) sync: OnEndpointSlicesSynced runs syncProxyRules on the calling goroutine;
 //   - one endpoint added to a Service, a few times, with the real sync loop running (each change waits
 //     out minSyncPeriod first, so the sync's cost is measured, not the rate limit);
-//   - the process's peak RSS during the full sync (VmHWM, reset before it) and its RSS after a GC.
+//   - the process's peak RSS during the full sync (VmHWM, reset before it) and its RSS after a GC;
+//   - with --churn-rate: test/bench's churn row (churn.go), endpoint changes at a fixed rate against the
+//     running sync loop, each timed to the end of the first sync that started after it.
 //
 // It prints one JSON line (result). test/bench runs it with `ip netns exec` in a namespace it
 // created; the program refuses to run anywhere else (checkNetns), so it never programs the root
 // namespace.
 //
-//	kubeproxy-bench --netns NAME --objects FILE [--changes 5] [--node-ip 192.0.2.11]
+// Usage:
+//
+//	kubeproxy-bench --netns NAME --objects FILE [--changes 5] [--node-ip 192.0.2.11] [--churn-rate 1000 --churn-time 60s]
 package main
 
 import (
@@ -71,6 +75,8 @@ type result struct {
 	// chains in it (service-…): one for each Service with endpoints, if kube-proxy took them all.
 	RulesetLines  int `json:"ruleset_lines"`
 	ServiceChains int `json:"service_chains"`
+	// Churn is test/bench's churn row for kube-proxy (--churn-rate, after the changes above).
+	Churn *churnResult `json:"churn,omitempty"`
 }
 
 // options of one run.
@@ -81,6 +87,8 @@ type options struct {
 	nodeIP             net.IP
 	podCIDR, svcCIDR   string
 	minSync, syncEvery time.Duration
+	churnRate          int
+	churnTime          time.Duration
 }
 
 func main() {
@@ -95,6 +103,8 @@ func main() {
 	flag.StringVar(&o.svcCIDR, "service-cidr", "10.96.0.0/16", "the ServiceCIDR the informer would report")
 	flag.DurationVar(&o.minSync, "min-sync-period", time.Second, "--nftables-min-sync-period (kube-proxy's default: 1s)")
 	flag.DurationVar(&o.syncEvery, "sync-period", 30*time.Second, "--nftables-sync-period (kube-proxy's default: 30s)")
+	flag.IntVar(&o.churnRate, "churn-rate", 0, "after the changes: endpoint changes per second for --churn-time against the running sync loop (0: none)")
+	flag.DurationVar(&o.churnTime, "churn-time", time.Minute, "duration of the churn")
 	klog.InitFlags(nil)
 	flag.Parse()
 	if o.nodeIP = net.ParseIP(nodeIP); o.nodeIP == nil || o.nodeIP.To4() == nil {
@@ -102,6 +112,9 @@ func main() {
 	}
 	if o.objects == "" || o.changes < 0 {
 		fatalf("--objects is required and --changes must not be negative")
+	}
+	if o.churnRate < 0 || o.churnRate > 100000 || o.churnTime <= 0 || o.churnTime > 30*time.Minute {
+		fatalf("--churn-rate must be 0-100000 and --churn-time positive, at most 30m")
 	}
 	if err := checkNetns(o.netns); err != nil {
 		fatalf("%v", err)
@@ -189,6 +202,11 @@ func run(o options) (*result, error) {
 			res.ChangesPartial++
 		}
 		slices[i] = grown
+	}
+	if o.churnRate > 0 {
+		if res.Churn, err = churn(p, slices, o.churnRate, o.churnTime); err != nil {
+			return nil, fmt.Errorf("churn: %w", err)
+		}
 	}
 	res.SyncFailures = counter(metricFailures)
 
