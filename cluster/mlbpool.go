@@ -98,8 +98,6 @@ func avoidedIP(a netip.Addr) bool {
 // parsedPool is one IPAddressPool as parsePools read it.
 type parsedPool struct {
 	obj *metallbv1beta1.IPAddressPool
-	// addrs is a copy of spec.addresses as read (PoolIndex.Current compares it).
-	addrs []string
 	// ranges are the entries of spec.addresses that parse, in order (all of them when the pool is
 	// accepted).
 	ranges []AddressRange
@@ -116,7 +114,7 @@ func parsePools(objs []*metallbv1beta1.IPAddressPool) []parsedPool {
 	var accepted []*parsedPool
 	for i, o := range objs {
 		p := &out[i]
-		p.obj, p.addrs = o, slices.Clone(o.Spec.Addresses)
+		p.obj = o
 		if len(o.Spec.Addresses) == 0 {
 			p.errs = append(p.errs, "spec.addresses is empty")
 		}
@@ -154,7 +152,7 @@ type PoolIndex struct {
 }
 
 // NewPoolIndex indexes pools (in the order the allocator sees them: MetalLBConfig's, by
-// namespace/name). It reads the addresses once: Current says whether it still describes a pool list.
+// namespace/name). It reads the addresses once; a decision over many IPs builds one and asks it.
 func NewPoolIndex(pools []*metallbv1beta1.IPAddressPool) *PoolIndex {
 	x := &PoolIndex{pools: parsePools(pools)}
 	for i := range x.pools {
@@ -180,21 +178,6 @@ func (x *PoolIndex) PoolOf(ip netip.Addr) *metallbv1beta1.IPAddressPool {
 		}
 	}
 	return nil
-}
-
-// Current reports whether x was built from exactly these pool objects with these addresses, so that
-// a caller may keep one index across look-ups without parsing the pools again. It costs one
-// comparison per pool and address entry (equal strings sharing their bytes compare at once).
-func (x *PoolIndex) Current(pools []*metallbv1beta1.IPAddressPool) bool {
-	if x == nil || len(pools) != len(x.pools) {
-		return false
-	}
-	for i, p := range pools {
-		if p != x.pools[i].obj || !slices.Equal(p.Spec.Addresses, x.pools[i].addrs) {
-			return false
-		}
-	}
-	return true
 }
 
 // MatchesAny reports whether one of a list of label selectors (ORed, as everywhere in MetalLB)

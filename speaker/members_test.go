@@ -1,10 +1,8 @@
 package speaker
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -13,7 +11,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/hashicorp/go-hclog"
 )
 
 func TestHasQuorum(t *testing.T) {
@@ -67,32 +64,12 @@ func (f *fabric) drops(to string) func(string) bool {
 	}
 }
 
-// startMembers runs members on loopback addresses 127.0.0.1.. with real UDP heartbeats.
-// It returns the members and a function that kills one.
+// startMembers runs members on loopback addresses 127.0.0.1.. with real UDP heartbeats (the default
+// direct-members limit: all-to-all). It returns the members and a function that kills one.
 func startMembers(t *testing.T, f *fabric, names ...string) (map[string]*Members, func(string)) {
 	t.Helper()
-	port := 20000 + (os.Getpid()+int(portSeq.Add(1)))%20000
-	addrs := map[string][]netip.Addr{}
-	for i, n := range names {
-		addrs[n] = []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, byte(i + 1)})}
-	}
-	out := map[string]*Members{}
-	cancels := map[string]context.CancelFunc{}
-	for _, n := range names {
-		m, err := NewMembers(hclog.NewNullLogger(), n, MemberOptions{Port: port, Bind: addrs[n][0], Keys: testKeys})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m.drop = f.drops(n)
-		m.SetPeers(addrs)
-		m.SetWilling(true)
-		ctx, cancel := context.WithCancel(context.Background())
-		t.Cleanup(func() { cancel(); m.Close() })
-		go m.Run(ctx)
-		out[n] = m
-		cancels[n] = cancel
-	}
-	return out, func(n string) { cancels[n](); out[n].Close() }
+	ms, kill, _ := startMembersLimit(t, f, 0, names...)
+	return ms, kill
 }
 
 var portSeq atomic.Int32
