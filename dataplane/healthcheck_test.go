@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -47,17 +48,36 @@ func hcTestLogger(t *testing.T) (hclog.Logger, *hcSyncBuffer) {
 
 // hcFreePort returns a TCP port that is free on 127.0.0.1 right now (SyncServices refuses port 0, as a
 // Service's healthCheckNodePort is never 0).
+var (
+	hcPortsMu    sync.Mutex
+	hcPortsGiven = map[int]bool{}
+)
+
 func hcFreePort(t *testing.T) uint16 {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("finding a free port: %v", err)
+	// A port from the NodePort range (30000-32767), where real healthCheckNodePorts live. It lies below
+	// the kernel's ephemeral range (32768-60999), so no other process binding port 0 or connecting out
+	// can take it between the moment a health check closes it and the probe that expects "refused"
+	// (CI saw exactly that with a port from the ephemeral range).
+	hcPortsMu.Lock()
+	defer hcPortsMu.Unlock()
+	for range 200 {
+		port := 30000 + rand.IntN(2768)
+		if hcPortsGiven[port] {
+			continue // every call returns a port no earlier call returned
+		}
+		ln, err := net.Listen("tcp", netip.AddrPortFrom(hcLoopback, uint16(port)).String())
+		if err != nil {
+			continue // in use: try another
+		}
+		if err := ln.Close(); err != nil {
+			t.Fatalf("closing probe listener: %v", err)
+		}
+		hcPortsGiven[port] = true
+		return uint16(port)
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	if err := ln.Close(); err != nil {
-		t.Fatalf("closing probe listener: %v", err)
-	}
-	return uint16(port)
+	t.Fatalf("no free port in 30000-32767 after 200 tries")
+	return 0
 }
 
 // hcResponse is what a probe saw.
