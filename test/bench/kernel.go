@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -222,6 +223,7 @@ func fullSync(t *table, n, reps int, withNft bool, kps []*kubeProxyFigures) {
 
 	runtime.GC()
 	debug.FreeOSMemory()
+	writeHeapProfile(n)
 	rss, _ := rssMiB()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
@@ -375,4 +377,23 @@ func incremental(t *table, n, changes int, kps []*kubeProxyFigures) {
 		delete(st.Services, k)
 		delete(st.EndpointSlices, k)
 	})
+}
+
+// writeHeapProfile writes the heap profile of the process holding n Services to
+// $VIPGATE_BENCH_HEAP_PROFILE.<n> when that variable is set: where the memory of the row above goes
+// (`go tool pprof -sample_index=inuse_space FILE`).
+func writeHeapProfile(n int) {
+	base := os.Getenv("VIPGATE_BENCH_HEAP_PROFILE")
+	if base == "" {
+		return
+	}
+	f, err := os.Create(fmt.Sprintf("%s.%d", base, n))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "heap profile: %v\n", err)
+		return
+	}
+	defer f.Close()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		fmt.Fprintf(os.Stderr, "heap profile: %v\n", err)
+	}
 }

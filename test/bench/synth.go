@@ -105,7 +105,9 @@ func synthService(i, m int) (*cluster.Service, *cluster.EndpointSlice) {
 		svc.AffinityTimeout = 10800 * time.Second
 	}
 	es := &cluster.EndpointSlice{Namespace: benchNamespace, Name: key.Name + "-abcde", Service: key, Family: cluster.IPv4,
-		Ports: []cluster.EndpointPort{{Protocol: cluster.TCP, Port: 8080}}}
+		Ports: []cluster.EndpointPort{{Protocol: cluster.TCP, Port: 8080}},
+		// Exact capacity, as cluster's conversion of an EndpointSlice allocates it.
+		Endpoints: make([]cluster.Endpoint, 0, m)}
 	for j := 0; j < m; j++ {
 		node := "node2"
 		if j == 0 {
