@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -55,7 +56,13 @@ const EventReasonRejected = "Rejected"
 //
 // Objects that fail conversion are left out of the snapshot, listed in State.Rejected, logged, and
 // get a Warning Event with reason "Rejected", once per resourceVersion. Unchanged objects (same UID
-// and resourceVersion) keep their pointers across snapshots.
+// and resourceVersion) keep their pointers across snapshots. MetalLB objects are read without their
+// status and count as changed only when their generation (spec), labels or annotations change: a
+// status write (MetalLB's controller updates pool counters on every allocation) builds no new State
+// (KeepMetalLBStatus turns this off).
+//
+// ServiceCIDRs extend the service CIDRs when the API server serves them; if that cannot be found
+// out at start, the source asks again in the background and takes them in once it can.
 //
 // While the API server cannot be reached the informers keep their caches, so the source simply
 // emits nothing new and the consumers keep their last State. When it comes back, client-go's watch
@@ -84,8 +91,23 @@ type KubeSource struct {
 	// (WatchSpeakerPods): State.SpeakerNodes.
 	podsNamespace, podsSelector string
 
+	// keepMetalLBStatus makes status-only changes of MetalLB objects count (KeepMetalLBStatus).
+	keepMetalLBStatus bool
+
 	recMu    sync.Mutex
 	recorder record.EventRecorder
+
+	// stats counts what Run does, for tests and figures.
+	stats kubeSourceStats
+}
+
+// kubeSourceStats are counters of a KubeSource's work.
+type kubeSourceStats struct {
+	// snapshots counts the States built (each a full listing of the caches), emitted or not.
+	snapshots atomic.Int64
+	// metallbIgnored counts the MetalLB updates dropped for changing nothing the node reads
+	// (status writes: see metallbSpecUnchanged).
+	metallbIgnored atomic.Int64
 }
 
 // Event records an Event on the object ref points at, through the source's recorder (a no-op before
@@ -108,6 +130,14 @@ func NewKubeSource(cfg *rest.Config, nodeName string, logger hclog.Logger) *Kube
 	}
 	return &KubeSource{cfg: rest.CopyConfig(cfg), nodeName: nodeName, logger: logger}
 }
+
+// KeepMetalLBStatus makes the source deliver every change of a MetalLB object, its status included,
+// as the LoadBalancer controller's IPAddressPool status writer needs (it compares and writes the
+// status at the resourceVersion it read). By default the MetalLB objects are read without their
+// status, and a change of nothing but the status (MetalLB's controller updates every pool's
+// counters on each allocation) neither builds a new State nor emits one: on a cluster of thousands
+// of nodes, each status write would otherwise cost every node a rebuild. Call it before Run.
+func (k *KubeSource) KeepMetalLBStatus() { k.keepMetalLBStatus = true }
 
 // SetServiceProxyName makes the source list only the Services and EndpointSlices labelled
 // service.kubernetes.io/service-proxy-name=name (NodeConfig serviceProxyName), as Cilium's
@@ -238,6 +268,12 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 	nodeFactory.Start(ctx.Done())
 
 	mlb := newMetalLBInformers(dynFactory, client.Discovery(), handler, k.logger)
+	if !k.keepMetalLBStatus {
+		// Status writes change nothing a node reads: keep them out of the caches, and drop the
+		// updates that carry nothing else before they cost a snapshot.
+		mlb.handler = metallbSpecHandler(handler, &k.stats.metallbIgnored)
+		mlb.transform = metallbStripStatus
+	}
 	k.logger.Info("waiting for the Kubernetes API caches to sync", "server", k.cfg.Host)
 	start := time.Now()
 	// Discovery needs the API server; until it answers, keep retrying (the informers retry on their
@@ -265,7 +301,7 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 	dynFactory.Start(ctx.Done())
 	synced = append(synced, mlb.synced()...)
 	// ServiceCIDR objects extend the service CIDRs (kubesource_servicecidr.go).
-	svcCIDRs, err := watchServiceCIDRs(ctx, nodeFactory, client, handler, k.logger)
+	svcCIDRs, err := watchServiceCIDRs(ctx, nodeFactory, client, handler, notify, &wg, k.logger)
 	if err != nil {
 		return err
 	}
@@ -278,7 +314,9 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 
 	b := newKubeBuilder(k.logger, recorder)
 	b.proxyFilter = k.proxyFilter
+	b.bySpec = !k.keepMetalLBStatus
 	snapshot := func() *State {
+		k.stats.snapshots.Add(1)
 		st := b.build(kubeObjects{
 			services: listAll[*corev1.Service](svcInf.Informer()),
 			slices:   listAll[*discoveryv1.EndpointSlice](sliceInf.Informer()),

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 
 	"github.com/hashicorp/go-hclog"
@@ -26,24 +27,57 @@ type kubeObjects struct {
 	secrets  []*corev1.Secret
 }
 
-// converted is the conversion of one API object at one resourceVersion: the model object, or why it
-// was refused.
+// converted is the conversion of one API object at one version (see objectVersion): the model
+// object, or why it was refused.
 type converted[T any] struct {
+	version objectVersion
+	val     T
+	err     error
+}
+
+// objectVersion is what says whether an object changed since it was last converted. Most kinds are
+// read whole (a Service's status holds its LoadBalancer IPs), so any write counts: the
+// resourceVersion. The MetalLB kinds are read for their spec and labels only (see kubeBuilder.bySpec).
+type objectVersion struct {
 	resourceVersion string
-	val             T
-	err             error
+	// generation, when not 0, replaces resourceVersion: the API server bumps it on every change
+	// but those of metadata and (for kinds with a status subresource, as all of MetalLB's are) of
+	// the status, and on the start of a deletion. The metadata vipgate reads (labels: pool
+	// selectors; annotations, kept for safety) is compared beside it.
+	generation          int64
+	labels, annotations map[string]string
+}
+
+// versionOf is obj's objectVersion: by generation when bySpec and the object has one (an object
+// from an API server always has; hand-made test objects may not), else by resourceVersion.
+func versionOf(obj metav1.Object, bySpec bool) objectVersion {
+	if g := obj.GetGeneration(); bySpec && g != 0 {
+		return objectVersion{generation: g, labels: obj.GetLabels(), annotations: obj.GetAnnotations()}
+	}
+	return objectVersion{resourceVersion: obj.GetResourceVersion()}
+}
+
+func (v objectVersion) equal(o objectVersion) bool {
+	return v.resourceVersion == o.resourceVersion && v.generation == o.generation &&
+		maps.Equal(v.labels, o.labels) && maps.Equal(v.annotations, o.annotations)
 }
 
 // convCache maps an object's UID to its last conversion.
 type convCache[T any] map[types.UID]converted[T]
 
 // kubeBuilder turns informer listings into States. It remembers the conversion of every object by
-// UID and resourceVersion, so an object that did not change is neither converted nor reported again,
-// and keeps its pointer. Used by Run's goroutine only.
+// UID and version (objectVersion), so an object that did not change is neither converted nor
+// reported again, and keeps its pointer. Used by Run's goroutine only.
 type kubeBuilder struct {
 	logger      hclog.Logger
 	recorder    record.EventRecorder
 	proxyFilter ServiceProxyFilter
+	// bySpec makes the MetalLB objects versioned by generation, labels and annotations rather than
+	// resourceVersion: a write of their status alone (MetalLB's controller updates every
+	// IPAddressPool's counters on allocations) then keeps the converted object and the State. For
+	// the node agents, which never read a MetalLB status (their informers drop it, see
+	// metallbStripStatus); the controller's pool status writer reads status and resourceVersion.
+	bySpec bool
 
 	services convCache[*Service]
 	slices   convCache[*EndpointSlice]
@@ -62,8 +96,16 @@ func convertCached[O interface {
 	metav1.Object
 	runtime.Object
 }, T any](prev, next convCache[T], obj O, conv func(O) (T, error), reject func(runtime.Object, error)) (T, error) {
-	uid, rv := obj.GetUID(), obj.GetResourceVersion()
-	if c, ok := prev[uid]; ok && c.resourceVersion == rv {
+	return convertCachedBy(prev, next, obj, false, conv, reject)
+}
+
+// convertCachedBy is convertCached, with the version by generation when bySpec (versionOf).
+func convertCachedBy[O interface {
+	metav1.Object
+	runtime.Object
+}, T any](prev, next convCache[T], obj O, bySpec bool, conv func(O) (T, error), reject func(runtime.Object, error)) (T, error) {
+	uid, ver := obj.GetUID(), versionOf(obj, bySpec)
+	if c, ok := prev[uid]; ok && c.version.equal(ver) {
 		next[uid] = c
 		return c.val, c.err
 	}
@@ -71,11 +113,12 @@ func convertCached[O interface {
 	if err != nil {
 		reject(obj, err)
 	}
-	next[uid] = converted[T]{resourceVersion: rv, val: v, err: err}
+	next[uid] = converted[T]{version: ver, val: v, err: err}
 	return v, err
 }
 
-// reject logs a refused object and records a Warning Event on it. It runs once per resourceVersion.
+// reject logs a refused object and records a Warning Event on it. It runs once per version of the
+// object (objectVersion).
 func (b *kubeBuilder) reject(kind string) func(runtime.Object, error) {
 	return func(obj runtime.Object, err error) {
 		m, _ := obj.(metav1.Object)
@@ -163,7 +206,7 @@ func (b *kubeBuilder) build(objs kubeObjects) *State {
 	var mlb MetalLBConfig
 	for _, it := range objs.metallb {
 		conv := func(u *unstructured.Unstructured) (metav1.Object, error) { return metallbFromUnstructured(it.kind, u) }
-		obj, err := convertCached(b.metallb, mlbCache, it.obj, conv, b.reject(it.kind.kind))
+		obj, err := convertCachedBy(b.metallb, mlbCache, it.obj, b.bySpec, conv, b.reject(it.kind.kind))
 		if err != nil {
 			addRejection(it.kind.kind, it.obj, err)
 			continue

@@ -2,7 +2,9 @@ package cluster
 
 import (
 	"fmt"
+	"maps"
 	"slices"
+	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
 	metallbv1beta1 "go.universe.tf/metallb/api/v1beta1"
@@ -49,13 +51,16 @@ type metalLBInformers struct {
 	discovery discovery.DiscoveryInterface
 	handler   cache.ResourceEventHandler
 	logger    hclog.Logger
+	// transform is the informers' transform: stripManagedFields, or metallbStripStatus on the node
+	// agents.
+	transform cache.TransformFunc
 	// informers holds the started informer of each kind, by index into metallbKinds.
 	informers []cache.SharedIndexInformer
 }
 
 func newMetalLBInformers(f dynamicinformer.DynamicSharedInformerFactory, d discovery.DiscoveryInterface,
 	h cache.ResourceEventHandler, logger hclog.Logger) *metalLBInformers {
-	return &metalLBInformers{factory: f, discovery: d, handler: h, logger: logger,
+	return &metalLBInformers{factory: f, discovery: d, handler: h, logger: logger, transform: stripManagedFields,
 		informers: make([]cache.SharedIndexInformer, len(metallbKinds))}
 }
 
@@ -128,7 +133,7 @@ func (m *metalLBInformers) recheck() []cache.InformerSynced {
 func (m *metalLBInformers) start(i int) cache.SharedIndexInformer {
 	inf := m.factory.ForResource(metallbKinds[i].gvr).Informer()
 	// SetTransform only fails once the informer runs; these are fresh.
-	_ = inf.SetTransform(stripManagedFields)
+	_ = inf.SetTransform(m.transform)
 	if _, err := inf.AddEventHandler(m.handler); err != nil {
 		m.logger.Error("adding MetalLB informer event handler", "kind", metallbKinds[i].kind, "err", err)
 	}
@@ -173,4 +178,44 @@ func metallbFromUnstructured(k *metallbKind, u *unstructured.Unstructured) (meta
 		return nil, err
 	}
 	return obj, nil
+}
+
+// metallbStripStatus is the MetalLB informers' transform on the node agents: the managed fields go,
+// and so does the status, which they never read. MetalLB's controller rewrites an IPAddressPool's
+// status on every allocation; without it in the cache, the objects a node holds are what it reads.
+func metallbStripStatus(obj any) (any, error) {
+	if u, ok := obj.(*unstructured.Unstructured); ok {
+		delete(u.Object, "status")
+	}
+	return stripManagedFields(obj)
+}
+
+// metallbSpecUnchanged reports whether an update of a MetalLB object leaves what the node agents
+// read as it was: same UID and generation (the API server bumps the generation on every change of
+// the spec, and when a deletion starts; not on status writes, all MetalLB kinds having a status
+// subresource, nor on metadata changes), same labels (BGPAdvertisements and L2Advertisements
+// select pools by label) and annotations. Such an update (typically a status write) does not call
+// for a new State. An object without a generation counts as changed.
+func metallbSpecUnchanged(oldObj, newObj any) bool {
+	o, ok1 := oldObj.(metav1.Object)
+	n, ok2 := newObj.(metav1.Object)
+	if !ok1 || !ok2 {
+		return false
+	}
+	return n.GetGeneration() != 0 && o.GetUID() == n.GetUID() && o.GetGeneration() == n.GetGeneration() &&
+		maps.Equal(o.GetLabels(), n.GetLabels()) && maps.Equal(o.GetAnnotations(), n.GetAnnotations())
+}
+
+// metallbSpecHandler is h for the node agents' MetalLB informers: updates that change nothing they
+// read (metallbSpecUnchanged) are dropped and counted in ignored.
+func metallbSpecHandler(h cache.ResourceEventHandlerFuncs, ignored *atomic.Int64) cache.ResourceEventHandlerFuncs {
+	update := h.UpdateFunc
+	h.UpdateFunc = func(oldObj, newObj any) {
+		if metallbSpecUnchanged(oldObj, newObj) {
+			ignored.Add(1)
+			return
+		}
+		update(oldObj, newObj)
+	}
+	return h
 }

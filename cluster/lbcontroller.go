@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -135,6 +136,9 @@ func (c *LBController) lead(ctx context.Context) {
 		}
 	}
 	src := NewKubeSource(c.cfg, ControllerComponent, c.log.Named("source"))
+	// The pool status writer (mlbstatus) reads each pool's status and writes at its resourceVersion:
+	// the controller must see status-only changes, which the nodes' sources skip.
+	src.KeepMetalLBStatus()
 	if err := src.Run(ctx, func(st *State) { c.reconcile(ctx, st) }); err != nil && ctx.Err() == nil {
 		c.log.Error("watching the cluster", "err", err)
 	}
@@ -203,7 +207,7 @@ func (c *LBController) reconcile(ctx context.Context, st *State) {
 		}
 		ips, pool, err := c.alloc.Assign(LBRequest{Service: svc, NamespaceLabels: nsLabels[k.Namespace], Current: svc.LoadBalancerIPs})
 		if err != nil {
-			reason := strings.TrimPrefix(err.Error(), ErrPending.Error()+": ")
+			reason := allocationFailureReason(err)
 			if c.failed[k] != reason {
 				c.failed[k] = reason
 				c.log.Warn("allocation failed", "service", k.String(), "reason", reason)
@@ -227,6 +231,15 @@ func (c *LBController) reconcile(ctx context.Context, st *State) {
 		c.log.Info("allocated", "service", k.String(), "ips", strings.Join(strs, ","), "pool", pool)
 		c.event(ctx, k, corev1.EventTypeNormal, EventIPAllocated, fmt.Sprintf("Assigned IP %s from pool %s", strings.Join(strs, ","), pool))
 	}
+}
+
+// allocationFailureReason is the reason an Assign error gives for the Service's events and log.
+func allocationFailureReason(err error) string {
+	var pe *PendingError
+	if errors.As(err, &pe) {
+		return pe.Reason
+	}
+	return err.Error()
 }
 
 func (c *LBController) writeStatus(ctx context.Context, k ServiceKey, ips []netip.Addr) error {

@@ -96,8 +96,20 @@ type LBRequest struct {
 	Current []netip.Addr
 }
 
-// ErrPending marks allocation failures that leave the Service pending (with the reason).
+// ErrPending marks allocation failures that leave the Service pending (with the reason): Assign
+// returns them as a *PendingError.
 var ErrPending = errors.New("pending")
+
+// PendingError is an allocation failure that leaves a Service pending: Reason says why, in words
+// for the Service's events. It is ErrPending (errors.Is) and reads as "pending: <reason>".
+type PendingError struct {
+	Reason string
+}
+
+func (e *PendingError) Error() string { return ErrPending.Error() + ": " + e.Reason }
+
+// Is makes a PendingError match ErrPending.
+func (e *PendingError) Is(target error) bool { return target == ErrPending }
 
 // lbUse records who uses an IP.
 type lbUse struct {
@@ -218,13 +230,13 @@ func wantFamilies(svc *Service) (required, wanted []Family) {
 	return fams[:1], fams[:1]
 }
 
-// Assign decides the IPs of a LoadBalancer Service and records them. A failure (ErrPending wrapped
-// with the reason) changes nothing.
+// Assign decides the IPs of a LoadBalancer Service and records them. A failure (a *PendingError,
+// which is ErrPending, with the reason) changes nothing.
 func (a *Allocator) Assign(req LBRequest) ([]netip.Addr, string, error) {
 	svc := req.Service
 	required, wanted := wantFamilies(svc)
 	pending := func(format string, args ...any) ([]netip.Addr, string, error) {
-		return nil, "", fmt.Errorf("%w: %s", ErrPending, fmt.Sprintf(format, args...))
+		return nil, "", &PendingError{Reason: fmt.Sprintf(format, args...)}
 	}
 	poolName := annotation(svc, annAddressPool)
 	var requested []netip.Addr

@@ -82,6 +82,12 @@ func TestAllocator(t *testing.T) {
 		if !errors.Is(err, ErrPending) || !strings.Contains(err.Error(), tc.want) || ips != nil {
 			t.Errorf("%s: %v %v, want pending with %q", name, ips, err, tc.want)
 		}
+		// The reason is a value (what the controller's events say), and the text is "pending: <reason>".
+		var pe *PendingError
+		if !errors.As(err, &pe) || !strings.Contains(pe.Reason, tc.want) || err.Error() != "pending: "+pe.Reason ||
+			allocationFailureReason(err) != pe.Reason {
+			t.Errorf("%s: %#v, want a *PendingError with %q", name, err, tc.want)
+		}
 		if len(a.Assigned(tc.svc.Key)) != 0 {
 			t.Errorf("%s: a failed request took IPs", name)
 		}

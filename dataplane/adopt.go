@@ -68,7 +68,8 @@ func adoptTx(live, desired *Flat, sets map[string]*Set) (*Tx, error) {
 	slices.Sort(tx.DelChains)
 	slices.Sort(tx.DelSets)
 	for name, ds := range desired.Sets {
-		if ds.Kind == KindAffinity {
+		if setKindDynamic(ds.Kind) {
+			// State, not configuration (kinds.go): the live elements stay.
 			continue
 		}
 		if ls, ok := live.Sets[name]; ok && ls.Timeout != ds.Timeout {

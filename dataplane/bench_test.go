@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -37,7 +39,9 @@ func BenchmarkBuild(b *testing.B) {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			b.ReportAllocs()
 			for i := 0; i < b.N; i++ {
-				BuildRuleset(testConfig(), cluster.IPv4, st)
+				if _, _, err := BuildRuleset(testConfig(), cluster.IPv4, st); err != nil {
+					b.Fatal(err)
+				}
 			}
 		})
 	}
@@ -156,4 +160,94 @@ func BenchmarkEncode(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// commentsProgrammer applies transactions through a NetlinkProgrammer, with the rule comments
+// removed when strip is set (the batch vipgate sent before comments went into the rules' userdata).
+// Both arms copy the transaction's chains, so they pay the same Go work besides the comments.
+type commentsProgrammer struct {
+	prog  *NetlinkProgrammer
+	strip bool
+}
+
+func (c commentsProgrammer) Apply(tx *Tx) error { return c.prog.Apply(txComments(tx, c.strip)) }
+
+// txComments copies tx's chains and rules, without comments when strip is set.
+func txComments(tx *Tx, strip bool) *Tx {
+	cp := *tx
+	clone := func(chains []*Chain) []*Chain {
+		out := make([]*Chain, len(chains))
+		for i, ch := range chains {
+			c := *ch
+			c.Rules = slices.Clone(ch.Rules)
+			if strip {
+				for j := range c.Rules {
+					c.Rules[j].Comment = ""
+				}
+			}
+			out[i] = &c
+		}
+		return out
+	}
+	cp.AddChains, cp.FlushChains = clone(tx.AddChains), clone(tx.FlushChains)
+	return &cp
+}
+
+// batchBytes encodes tx and returns the size of its batch and its number of commented rules.
+func batchBytes(tb testing.TB, tx *Tx) (int, int) {
+	bt, err := newBatch(tx.Family, tx.Table)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := newEncoder(tx, bt).encode(tx); err != nil {
+		tb.Fatal(err)
+	}
+	buf, _ := marshalBatch(bt.msgs)
+	comments := 0
+	for _, ch := range append(slices.Clone(tx.AddChains), tx.FlushChains...) {
+		for _, r := range ch.Rules {
+			if r.Comment != "" {
+				comments++
+			}
+		}
+	}
+	return len(buf), comments
+}
+
+// BenchmarkKernelFullSyncComments: a full sync of 10,000 Services with the rule comments in the
+// rules' userdata and without them (as before), alternating within one run so both arms see the
+// same machine. Reports both times and both batch sizes.
+func BenchmarkKernelFullSyncComments(b *testing.B) {
+	_, fd := testNetns(b)
+	st := SyntheticState(10000, 10)
+	cfg := testConfig()
+	cfg.Families = []cluster.Family{cluster.IPv4}
+	capture := &txCapture{}
+	if _, err := NewProxier(hclog.NewNullLogger(), cfg, capture).Sync(st); err != nil {
+		b.Fatal(err)
+	}
+	with, comments := batchBytes(b, txComments(capture.txs[0], false))
+	without, _ := batchBytes(b, txComments(capture.txs[0], true))
+	prog := &NetlinkProgrammer{NetNSFd: fd}
+	defer prog.Close()
+	var spent [2]time.Duration // [with, without]
+	runtime.GC()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for k := 0; k < 2; k++ {
+			arm := (i + k) % 2 // alternate which arm goes first
+			p := NewProxier(hclog.NewNullLogger(), cfg, commentsProgrammer{prog: prog, strip: arm == 1})
+			start := time.Now()
+			if _, err := p.Sync(st); err != nil {
+				b.Fatal(err)
+			}
+			spent[arm] += time.Since(start)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(spent[0].Microseconds())/1000/float64(b.N), "ms/sync-comments")
+	b.ReportMetric(float64(spent[1].Microseconds())/1000/float64(b.N), "ms/sync-no-comments")
+	b.ReportMetric(float64(with), "batch-B-comments")
+	b.ReportMetric(float64(without), "batch-B-no-comments")
+	b.ReportMetric(float64(comments), "commented-rules")
 }

@@ -5,7 +5,6 @@ import (
 	"hash/fnv"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/vipgate/vipgate/cluster"
@@ -25,6 +24,16 @@ type NodeInfo struct {
 	// allowed).
 	Screen *AddressScreen
 }
+
+// Comments of the per-Service rules, as the rules carry them (netlink.go writes them into the rule's
+// userdata; decode.go reads them back, and puts these back on tables written before that).
+const (
+	commentNotInSourceRanges = "not in loadBalancerSourceRanges"
+	commentMasquerade        = "masquerade"
+	commentShortCircuitPods  = "short-circuit pod traffic"
+	commentMasqueradeLocal   = "masquerade local traffic"
+	commentShortCircuitLocal = "short-circuit local traffic"
+)
 
 // entry is one way into a Service port: an IP (ClusterIP, external IP, LoadBalancer IP) or the NodePort.
 type entry struct {
@@ -226,7 +235,7 @@ func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slic
 	// loadBalancerSourceRanges: checked before DNAT on the LoadBalancer IPs only (NodePorts are not
 	// subject to it, as in kube-proxy).
 	if len(lbIPs) > 0 && len(svc.LoadBalancerSourceRanges) > 0 {
-		fw := "fw-" + name
+		fw := perPortChain(ChainRoleFirewall, name, "")
 		var rules []Rule
 		allowFromNode := false
 		for _, r := range svc.LoadBalancerSourceRanges {
@@ -245,7 +254,7 @@ func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slic
 				rules = append(rules, Rule{Matches: []Match{{Kind: MatchSaddrInPrefix, Prefix: netip.PrefixFrom(a, a.BitLen())}}, Action: Action{Kind: ActReturn}})
 			}
 		}
-		rules = append(rules, Rule{Action: Action{Kind: ActDrop}, Comment: "not in loadBalancerSourceRanges"})
+		rules = append(rules, Rule{Action: Action{Kind: ActDrop}, Comment: commentNotInSourceRanges})
 		b.addChain(&Chain{Name: fw, Rules: rules})
 		for _, a := range lbIPs {
 			b.p.Elements = append(b.p.Elements, Element{Set: MapFirewallIPs, Addr: a, Proto: proto, Port: sp.Port, Verdict: VerdictGoto, Chain: fw})
@@ -255,9 +264,9 @@ func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slic
 
 func policyName(local bool) string {
 	if local {
-		return "local"
+		return policyLocal
 	}
-	return "cluster"
+	return policyCluster
 }
 
 func (b *serviceBuilder) vmap(e entry, proto uint8, chain string) {
@@ -329,7 +338,7 @@ func (b *serviceBuilder) pick(e entry, proto uint8, eps []Endpoint, clusterMap b
 // counters are the rules' own (per node, shared by all CPUs) and start again when the chain is
 // replaced (an endpoint change). No set: chains and plain rules are what the kernel charges least for.
 func (b *serviceBuilder) roundRobinChain(eps []Endpoint, name, policy string) string {
-	chain := "rr-" + name + "-" + policy
+	chain := perPortChain(ChainRoleRoundRobin, name, policy)
 	if b.chains[chain] {
 		return chain
 	}
@@ -361,14 +370,14 @@ func endpointMap(nodePort, clusterMap bool) string {
 func (b *serviceBuilder) externalTarget(e entry, proto uint8, name string, local bool, cat Categorized, externalSet []Endpoint) string {
 	if !local {
 		// externalTrafficPolicy Cluster: any endpoint, source NATed so replies come back through us.
-		target := b.pick(e, proto, externalSet, false, name, "cluster")
-		if strings.HasPrefix(target, "pick-") {
-			return b.use("masq-" + target) // the shared picker's masquerading twin
+		target := b.pick(e, proto, externalSet, false, name, policyCluster)
+		if isPickChain(target) {
+			return b.use(masqTwin(target)) // the shared picker's masquerading twin
 		}
 		// The Service port's own chain (affinity, round-robin): masquerade, then pick.
-		ext := "ext-" + name
+		ext := perPortChain(ChainRoleExternal, name, "")
 		b.addChain(&Chain{Name: ext, Rules: []Rule{
-			{Action: Action{Kind: ActJump, Chain: ChainMarkForMasquerade}, Comment: "masquerade"},
+			{Action: Action{Kind: ActJump, Chain: ChainMarkForMasquerade}, Comment: commentMasquerade},
 			{Action: Action{Kind: ActGoto, Chain: target}},
 		}})
 		return ext
@@ -376,30 +385,30 @@ func (b *serviceBuilder) externalTarget(e entry, proto uint8, name string, local
 	// externalTrafficPolicy Local: the client source is kept and only this node's endpoints serve.
 	// Pods and the host itself are not "external": they short-circuit to the cluster-wide endpoints,
 	// as if they had gone out to a load balancer and come back.
-	kind := "ip"
-	if e.nodePort {
-		kind = "np"
-	}
 	// One chain serves all IP entries of the port (the endpoint maps are keyed by the packet's own
 	// destination), and one the NodePort.
-	chain := "ext-" + kind + "-" + name
+	role := ChainRoleExternalLocalIP
+	if e.nodePort {
+		role = ChainRoleExternalLocalNodePort
+	}
+	chain := perPortChain(role, name, "")
 	var rules []Rule
 	if len(cat.Cluster) > 0 {
-		clusterTarget := b.pick(e, proto, cat.Cluster, true, name, "cluster")
+		clusterTarget := b.pick(e, proto, cat.Cluster, true, name, policyCluster)
 		if b.n.PodTrafficKnown {
 			rules = append(rules, Rule{
 				Matches: []Match{{Kind: MatchSaddrInSet, Set: SetClusterCIDRs}},
 				Action:  Action{Kind: ActGoto, Chain: clusterTarget},
-				Comment: "short-circuit pod traffic",
+				Comment: commentShortCircuitPods,
 			})
 		}
 		rules = append(rules,
-			Rule{Matches: []Match{{Kind: MatchFibSaddrLocal}}, Action: Action{Kind: ActJump, Chain: ChainMarkForMasquerade}, Comment: "masquerade local traffic"},
-			Rule{Matches: []Match{{Kind: MatchFibSaddrLocal}}, Action: Action{Kind: ActGoto, Chain: clusterTarget}, Comment: "short-circuit local traffic"},
+			Rule{Matches: []Match{{Kind: MatchFibSaddrLocal}}, Action: Action{Kind: ActJump, Chain: ChainMarkForMasquerade}, Comment: commentMasqueradeLocal},
+			Rule{Matches: []Match{{Kind: MatchFibSaddrLocal}}, Action: Action{Kind: ActGoto, Chain: clusterTarget}, Comment: commentShortCircuitLocal},
 		)
 	}
 	if len(externalSet) > 0 {
-		rules = append(rules, Rule{Action: Action{Kind: ActGoto, Chain: b.pick(e, proto, externalSet, false, name, "local")}})
+		rules = append(rules, Rule{Action: Action{Kind: ActGoto, Chain: b.pick(e, proto, externalSet, false, name, policyLocal)}})
 	}
 	b.addChain(&Chain{Name: chain, Rules: rules})
 	return chain
@@ -412,7 +421,7 @@ func (b *serviceBuilder) externalTarget(e entry, proto uint8, name string, local
 // and a chain per endpoint, made the number of sets in the table the largest cost of a full sync
 // (the kernel finds a set by name with a walk of a list; see dataplane/README.md).
 func (b *serviceBuilder) affinityChain(eps []Endpoint, name, policy string) string {
-	chain := "aff-" + name + "-" + policy
+	chain := perPortChain(ChainRoleAffinity, name, policy)
 	if b.chains[chain] {
 		return chain
 	}

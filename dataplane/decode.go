@@ -95,16 +95,20 @@ func (n *NetlinkProgrammer) ReadKernelTable(f cluster.Family, name string) (*Ker
 		return nil, fmt.Errorf("opening nftables netlink connection: %w", err)
 	}
 	defer c.CloseLasting()
-	t, err := c.ListTableOfFamily(name, fam)
+	// The family's tables are listed and searched rather than the one asked for (ListTableOfFamily):
+	// its "not exactly one table" answer is an untyped error only its text tells apart.
+	tables, err := c.ListTablesOfFamily(fam)
 	if err != nil {
-		if errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "expected table count") {
-			return nil, fmt.Errorf("table %s %s does not exist in this network namespace (is vipgate node running here?)", fname, name)
-		}
 		if errors.Is(err, unix.EPERM) {
 			return nil, fmt.Errorf("reading table %s %s (reading nftables needs CAP_NET_ADMIN; run as root): %w", fname, name, err)
 		}
 		return nil, fmt.Errorf("reading table %s %s: %w", fname, name, err)
 	}
+	i := slices.IndexFunc(tables, func(t *nftables.Table) bool { return t.Name == name && t.Family == fam })
+	if i < 0 {
+		return nil, &TableNotFoundError{Family: f, Table: name}
+	}
+	t := tables[i]
 	kt := &KernelTable{Family: f, Name: name, Rules: map[string][]*nftables.Rule{}, Elements: map[string][]KernelElement{}}
 	chains, err := c.ListChainsOfTableFamily(fam)
 	if err != nil {
@@ -147,6 +151,17 @@ func (n *NetlinkProgrammer) ReadKernelTable(f cluster.Family, name string) (*Ker
 		kt.Elements[s.Name] = els
 	}
 	return kt, nil
+}
+
+// TableNotFoundError says that the table ReadTable or ReadKernelTable was asked for does not exist
+// in the network namespace it looked in.
+type TableNotFoundError struct {
+	Family cluster.Family
+	Table  string
+}
+
+func (e *TableNotFoundError) Error() string {
+	return fmt.Sprintf("table %s %s does not exist in this network namespace (is vipgate node running here?)", familyName(e.Family), e.Table)
 }
 
 func familyName(f cluster.Family) string {
@@ -357,17 +372,28 @@ func DecodeTable(kt *KernelTable) (*Flat, error) {
 	}
 
 	var base, regular []string
+	// legacy lists the chains none of whose rules carries userdata: written by a vipgate that did
+	// not put comments there (or without comments at all), see restoreComments.
+	legacy := map[string]bool{}
 	for _, kc := range kt.Chains {
 		ch, err := decodeChain(kc)
 		if err != nil {
 			return nil, fmt.Errorf("%s: chain %s: %w", where, kc.Name, err)
 		}
+		userdata := false
 		for i, kr := range kt.Rules[kc.Name] {
 			r, err := decodeRule(enc, kr.Exprs)
 			if err != nil {
 				return nil, fmt.Errorf("%s: chain %s rule %d (handle %d): %w", where, kc.Name, i, kr.Handle, err)
 			}
+			if kr.UserData != nil {
+				userdata = true
+				r.Comment, _ = userDataComment(kr.UserData)
+			}
 			ch.Rules = append(ch.Rules, r)
+		}
+		if !userdata {
+			legacy[ch.Name] = true
 		}
 		f.Chains[ch.Name] = ch
 		if ch.IsBase() {
@@ -387,14 +413,19 @@ func DecodeTable(kt *KernelTable) (*Flat, error) {
 	}
 	slices.SortStableFunc(base, func(a, b string) int { return cmp.Compare(rank(a), rank(b)) })
 	f.ChainOrder = append(base, regular...)
-	restoreComments(f)
+	restoreComments(f, legacy)
 	return f, nil
 }
 
-// restoreComments puts back the rule comments netlink.go does not program, where the rule's chain
-// and shape say which rule of build.go it is, so traces of the kernel's table read like traces of the
-// model ("DROP by fw-…#2 (not in loadBalancerSourceRanges)").
-func restoreComments(f *Flat) {
+// restoreComments puts back the rule comments of the chains in legacy: chains written before
+// netlink.go put rule comments into the rules' userdata, which a vipgate adopting such a table keeps
+// until it changes them. Where the rule's chain and shape say which rule of build.go it is, the
+// comment is build.go's, so traces of such a table still read like traces of the model ("DROP by
+// fw-…#2 (not in loadBalancerSourceRanges)"). Chains with userdata keep exactly what it says.
+func restoreComments(f *Flat, legacy map[string]bool) {
+	if len(legacy) == 0 {
+		return
+	}
 	// shape is a rule with its values cleared: the mark bit and prefixes vary by configuration.
 	shape := func(r Rule) string {
 		r.Comment, r.Action.Value = "", 0
@@ -419,6 +450,9 @@ func restoreComments(f *Flat) {
 		}
 	}
 	for _, c := range f.Chains {
+		if !legacy[c.Name] {
+			continue
+		}
 		for i := range c.Rules {
 			r := &c.Rules[i]
 			if com, ok := known[c.Name+"|"+shape(*r)]; ok {
@@ -435,20 +469,25 @@ func serviceRuleComment(chain string, r Rule) string {
 	has := func(k MatchKind) bool {
 		return len(r.Matches) == 1 && r.Matches[0].Kind == k
 	}
-	switch {
-	case strings.HasPrefix(chain, "fw-") && len(r.Matches) == 0 && r.Action.Kind == ActDrop:
-		return "not in loadBalancerSourceRanges"
-	case strings.HasPrefix(chain, "ext-ip-"), strings.HasPrefix(chain, "ext-np-"):
+	cn, _ := ParseChainName(chain)
+	switch cn.Role {
+	case ChainRoleFirewall:
+		if len(r.Matches) == 0 && r.Action.Kind == ActDrop {
+			return commentNotInSourceRanges
+		}
+	case ChainRoleExternalLocalIP, ChainRoleExternalLocalNodePort:
 		switch {
 		case has(MatchSaddrInSet) && r.Matches[0].Set == SetClusterCIDRs && r.Action.Kind == ActGoto:
-			return "short-circuit pod traffic"
+			return commentShortCircuitPods
 		case has(MatchFibSaddrLocal) && r.Action.Kind == ActJump && r.Action.Chain == ChainMarkForMasquerade:
-			return "masquerade local traffic"
+			return commentMasqueradeLocal
 		case has(MatchFibSaddrLocal) && r.Action.Kind == ActGoto:
-			return "short-circuit local traffic"
+			return commentShortCircuitLocal
 		}
-	case strings.HasPrefix(chain, "ext-") && len(r.Matches) == 0 && r.Action.Kind == ActJump && r.Action.Chain == ChainMarkForMasquerade:
-		return "masquerade"
+	case ChainRoleExternal:
+		if len(r.Matches) == 0 && r.Action.Kind == ActJump && r.Action.Chain == ChainMarkForMasquerade {
+			return commentMasquerade
+		}
 	}
 	return ""
 }
@@ -490,7 +529,7 @@ func decodeSet(enc *encoder, ks KernelSet) (*Set, error) {
 			ks.KeyType, ks.KeyLen, ks.DataType, ks.Flags, len(found))
 	}
 	s := &Set{Name: ks.Name, Kind: found[0]}
-	if s.Kind == KindAffinity || s.Kind == KindGatewayFlows {
+	if setKindDynamic(s.Kind) || s.Kind == KindGatewayFlows {
 		s.Timeout = ks.Timeout
 	}
 	return s, nil
@@ -597,13 +636,10 @@ func decodeElement(s *Set, alen int, ke KernelElement) (Element, error) {
 	el := Element{Set: s.Name}
 	k := &keyReader{b: ke.Key}
 	d := &keyReader{b: ke.Data}
-	verdictMap, dataMap, addrMap := false, false, false
+	verdictMap, dataMap, addrMap, described := false, false, false, false
 	switch s.Kind {
 	case KindAddr:
 		el.Addr = k.addr(alen)
-	case KindAffinity:
-		el.Addr = k.addr(alen)
-		addrMap = true
 	case KindTupleVmap:
 		el.Addr, el.Proto, el.Port = k.addr(alen), k.proto(), k.port()
 		verdictMap = true
@@ -622,7 +658,12 @@ func decodeElement(s *Set, alen int, ke KernelElement) (Element, error) {
 	case KindHairpin:
 		el.Addr, el.Addr2, el.Proto, el.Port = k.addr(alen), k.addr(alen), k.proto(), k.port()
 	default:
-		return el, fmt.Errorf("set kind %d has no element decoder", s.Kind)
+		sk := setKindDescs[s.Kind] // kinds.go
+		if sk == nil {
+			return el, fmt.Errorf("set kind %d has no element decoder", s.Kind)
+		}
+		sk.decode(&el, k, d, alen)
+		described = true
 	}
 	if err := k.done(); err != nil {
 		return el, fmt.Errorf("key: %w", err)
@@ -644,6 +685,10 @@ func decodeElement(s *Set, alen int, ke KernelElement) (Element, error) {
 			el.Verdict = VerdictDrop
 		default:
 			return el, fmt.Errorf("verdict %d (chain %q): vipgate's maps only hold goto and drop", v.Kind, v.Chain)
+		}
+	case described:
+		if err := d.done(); err != nil {
+			return el, fmt.Errorf("data: %w", err)
 		}
 	case dataMap, addrMap:
 		el.DataAddr = d.addr(alen)
@@ -865,18 +910,9 @@ func (h hints) action(k ActionKind) Action {
 			a.Addr, _ = netip.AddrFromSlice(h.imm[0])
 			a.Port = binary.BigEndian.Uint16(h.imm[1])
 		}
-	case ActAffinityDNAT, ActAffinityRefresh:
-		a.Set = h.dynset
-		if len(h.imm) >= 1 {
-			a.Addr, _ = netip.AddrFromSlice(h.imm[0])
-		}
-		if k == ActAffinityDNAT && len(h.imm) == 2 && len(h.imm[1]) == 2 {
-			a.Port = binary.BigEndian.Uint16(h.imm[1])
-		}
-	case ActAffinityRecall:
-		a.Set = h.set
-		if len(h.imm) == 1 && len(h.imm[0]) == 2 {
-			a.Port = binary.BigEndian.Uint16(h.imm[0])
+	default:
+		if d := actionKindDescs[k]; d != nil && d.hint != nil { // kinds.go
+			return d.hint(h)
 		}
 	}
 	return a
@@ -1021,8 +1057,9 @@ func canonExpr(x expr.Any) string {
 }
 
 // FlatEqual reports whether two tables hold the same chains, rules, sets and elements, ignoring
-// comments (the kernel does not keep vipgate's rule and chain comments) and element order. It returns
-// a description of the first difference.
+// comments (vipgate's chain comments are not programmed, and rule comments are not program: a table
+// written before they went into the rules' userdata lacks them) and element order. It returns a
+// description of the first difference.
 func FlatEqual(a, b *Flat) (bool, string) {
 	if a.Family != b.Family || a.Table != b.Table {
 		return false, fmt.Sprintf("table IPv%d %s vs IPv%d %s", a.Family, a.Table, b.Family, b.Table)

@@ -1,6 +1,8 @@
 package dataplane
 
 import (
+	"bytes"
+	"errors"
 	"net/netip"
 	"os/exec"
 	"strings"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
@@ -46,7 +49,77 @@ func dcCheckRoundTrip(t *testing.T, prog *NetlinkProgrammer, p *Proxier) {
 		if ok, diff := FlatEqual(want, got); !ok {
 			t.Fatalf("IPv%d: decode(program(model)) != model: %s", fam, diff)
 		}
+		// Rule comments come back from the rules' userdata.
+		dcCompareComments(t, "userdata", want, got)
+		// A table written before comments went into userdata: build.go's comments are put back.
+		kt, err := prog.ReadKernelTable(fam, "vipgate")
+		if err != nil {
+			t.Fatalf("IPv%d: ReadKernelTable: %v", fam, err)
+		}
+		for _, rules := range kt.Rules {
+			for _, r := range rules {
+				r.UserData = nil
+			}
+		}
+		legacy, err := DecodeTable(kt)
+		if err != nil {
+			t.Fatalf("IPv%d: DecodeTable without userdata: %v", fam, err)
+		}
+		dcCompareComments(t, "legacy", want, legacy)
 		dcCompareTraces(t, want, got)
+	}
+}
+
+// dcCompareComments wants the rule comments of want in got.
+func dcCompareComments(t *testing.T, what string, want, got *Flat) {
+	t.Helper()
+	n := 0
+	for name, c := range want.Chains {
+		g := got.Chains[name]
+		for i, r := range c.Rules {
+			if g == nil || i >= len(g.Rules) {
+				continue // FlatEqual reports it
+			}
+			if g.Rules[i].Comment != r.Comment {
+				t.Errorf("%s: IPv%d chain %s rule %d: comment %q, want %q", what, want.Family, name, i, g.Rules[i].Comment, r.Comment)
+			}
+			if r.Comment != "" {
+				n++
+			}
+		}
+	}
+	if n == 0 {
+		t.Errorf("%s: IPv%d: no rule with a comment in the model", what, want.Family)
+	}
+}
+
+// TestRuleUserData: the comment record is the one nft writes and reads (libnftnl's udata, as
+// google/nftables' userdata package spells it), and malformed userdata yields no comment.
+func TestRuleUserData(t *testing.T) {
+	ud := ruleUserData("hairpin")
+	if want := userdata.AppendString(nil, userdata.TypeComment, "hairpin"); !bytes.Equal(ud, want) {
+		t.Errorf("ruleUserData = %x, want %x", ud, want)
+	}
+	if c, ok := userDataComment(ud); !ok || c != "hairpin" {
+		t.Errorf("userDataComment = %q, %v", c, ok)
+	}
+	if ud := ruleUserData(""); ud != nil {
+		t.Errorf("no comment: %x", ud)
+	}
+	// An overlong comment is cut as render.go cuts it.
+	long := strings.Repeat("é", 100)
+	if c, ok := userDataComment(ruleUserData(long)); !ok || `"`+c+`"` != quote(long) {
+		t.Errorf("overlong comment: %q, %v; want %s", c, ok, quote(long))
+	}
+	// Another record before the comment is skipped.
+	other := append([]byte{7, 2, 'a', 'b'}, ud...)
+	if c, ok := userDataComment(other); !ok || c != "hairpin" {
+		t.Errorf("after another record: %q, %v", c, ok)
+	}
+	for _, bad := range [][]byte{nil, {0}, {0, 5, 'a'}, {7, 9, 1, 2}} {
+		if c, ok := userDataComment(bad); ok {
+			t.Errorf("userDataComment(%x) = %q", bad, c)
+		}
 	}
 }
 
@@ -144,6 +217,10 @@ func TestDecodeRejectsForeignRules(t *testing.T) {
 	if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "add", "rule", "ip", "vipgate", "services", "tcp", "dport", "22", "counter", "accept").CombinedOutput(); err != nil {
 		t.Skipf("nft not usable here: %v: %s", err, out)
 	}
+	// nft reads vipgate's rule comments (rule userdata) as its own.
+	if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "chain", "ip", "vipgate", ChainMasquerading).CombinedOutput(); err != nil || !strings.Contains(string(out), `comment "hairpin"`) {
+		t.Errorf("nft list chain %s: %v\n%s", ChainMasquerading, err, out)
+	}
 	_, err := prog.ReadTable(cluster.IPv4, "vipgate")
 	if err == nil || !strings.Contains(err.Error(), "chain services rule") {
 		t.Fatalf("ReadTable with a foreign rule: err = %v, want an error naming chain services", err)
@@ -153,7 +230,8 @@ func TestDecodeRejectsForeignRules(t *testing.T) {
 	if _, err := prog.ReadTable(cluster.IPv6, "vipgate"); err != nil {
 		t.Errorf("IPv6 table: %v", err)
 	}
-	if _, err := prog.ReadTable(cluster.IPv4, "nosuchtable"); err == nil || !strings.Contains(err.Error(), "does not exist") {
+	var notFound *TableNotFoundError
+	if _, err := prog.ReadTable(cluster.IPv4, "nosuchtable"); !errors.As(err, &notFound) || notFound.Table != "nosuchtable" || !strings.Contains(err.Error(), "does not exist") {
 		t.Errorf("missing table: err = %v", err)
 	}
 }
@@ -216,6 +294,52 @@ func BenchmarkReadTable(b *testing.B) {
 				n += len(els)
 			}
 			b.ReportMetric(float64(n), "elements")
+		}
+	}
+}
+
+// TestParseChainName: every chain a node table holds parses, and builds back to its name.
+func TestParseChainName(t *testing.T) {
+	st := dcState()
+	roles := map[ChainRole]int{}
+	for _, fam := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
+		rs, _, err := BuildRuleset(dcConfig(), fam, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range rs.Flatten().ChainOrder {
+			c, ok := ParseChainName(name)
+			if !ok {
+				t.Errorf("ParseChainName(%q): not ok", name)
+				continue
+			}
+			roles[c.Role]++
+			if got := c.String(); got != name {
+				t.Errorf("ParseChainName(%q) = %+v, which builds %q", name, c, got)
+			}
+			if (c.Role == ChainRolePick || c.Role == ChainRoleMasqPick) != (SharedChain(name) != nil) {
+				t.Errorf("%s: role %s, SharedChain %v", name, c.Role, SharedChain(name))
+			}
+		}
+	}
+	for r := ChainRoleFixed; r <= ChainRoleMasqPick; r++ {
+		if roles[r] == 0 && r != ChainRoleRoundRobin && r != ChainRoleExternal {
+			t.Errorf("no chain of role %s in the fixture", r)
+		}
+	}
+	t.Logf("roles: %v", roles)
+	c, ok := ParseChainName("aff-ns1/web/tcp/443-local")
+	if !ok || c.Role != ChainRoleAffinity || c.Service != (cluster.ServiceKey{Namespace: "ns1", Name: "web"}) || c.Proto != ProtoTCP || c.Port != 443 || c.Policy != "local" || c.ServicePort() != "ns1/web port 443/tcp" {
+		t.Errorf("aff chain: %+v, %v", c, ok)
+	}
+	c, ok = ParseChainName("masq-pick-mg-endpoints-cluster-13")
+	if !ok || c.Role != ChainRoleMasqPick || c.Algorithm != cluster.LBMaglev || c.Map != MapEndpointsCluster || c.Size != 13 {
+		t.Errorf("masq-pick chain: %+v, %v", c, ok)
+	}
+	for _, bad := range []string{"", "fw-", "fw-ns/name/tcp", "fw-ns/name/tcp/0", "fw-ns/name/tcp/80/x", "aff-ns/n/tcp/80",
+		"aff-ns/n/tcp/80-sideways", "pick-endpoints-0", "pick-mg-endpoints-12", "pick-nosuchmap-3", "masq-pick-x", "gateway-pick", "ext-"} {
+		if c, ok := ParseChainName(bad); ok {
+			t.Errorf("ParseChainName(%q) = %+v, want not ok", bad, c)
 		}
 	}
 }

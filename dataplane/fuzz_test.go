@@ -121,9 +121,9 @@ func FuzzRuleset(f *testing.F) {
 		st := fuzzState(data)
 		var text strings.Builder
 		for _, fam := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-			rs := BuildRuleset(cfg, fam, st)
-			if rs == nil {
-				t.Fatalf("IPv%d ruleset did not build", fam)
+			rs, _, err := BuildRuleset(cfg, fam, st)
+			if err != nil {
+				t.Fatalf("IPv%d ruleset did not build: %v", fam, err)
 			}
 			flat := rs.Flatten()
 			if err := Render(&text, flat); err != nil {

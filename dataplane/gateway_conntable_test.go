@@ -8,7 +8,10 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
 
 	"github.com/vipgate/vipgate/cluster"
 )
@@ -429,6 +432,66 @@ func TestNodeDraining(t *testing.T) {
 	} {
 		if got := NodeDraining(tc.node); got != tc.want {
 			t.Errorf("%s: NodeDraining = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// The known-flow rule, run by every packet of a route gateway's established flows, loads each value
+// once: one flow key (one hash for IPv6) for both the lookup and the timeout refresh, and the node
+// id the lookup found is the gateway-conns key's last register and the refresh's data.
+func TestGatewayFlowRecallEncoding(t *testing.T) {
+	for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
+		e := &encoder{f: f, t: &nftables.Table{Name: "vipgate", Family: tableFamily(f)}, sets: map[string]*nftables.Set{},
+			kinds: map[string]*Set{}, chains: map[string]*nftables.Chain{}}
+		for _, s := range append(gatewayConntableSets(time.Hour), &Set{Name: MapGatewayRoutes, Kind: KindTupleAddr}) {
+			e.kinds[s.Name] = s
+		}
+		xs, ok, err := e.conntableAction(Action{Kind: ActFlowRecall})
+		if err != nil || !ok {
+			t.Fatalf("%v: %v %v", f, ok, err)
+		}
+		var hashes, loads int
+		var lookups []*expr.Lookup
+		var dyn *expr.Dynset
+		var dup *expr.Dup
+		for _, x := range xs {
+			switch x := x.(type) {
+			case *expr.Hash:
+				hashes++
+			case *expr.Payload:
+				loads++
+			case *expr.Lookup:
+				lookups = append(lookups, x)
+			case *expr.Dynset:
+				dyn = x
+			case *expr.Dup:
+				dup = x
+			}
+		}
+		wantHashes, wantLoads := 0, 4+2 // the flow key; daddr and dport of the gateway-conns key
+		if f == cluster.IPv6 {
+			wantHashes, wantLoads = 1, 4+2
+		}
+		if hashes != wantHashes || loads != wantLoads || len(lookups) != 2 || dyn == nil || dup == nil {
+			t.Fatalf("%v: %d hashes, %d payload loads, %d lookups, dynset %v, dup %v; want %d, %d, 2, one each",
+				f, hashes, loads, len(lookups), dyn != nil, dup != nil, wantHashes, wantLoads)
+		}
+		flows, conns := lookups[0], lookups[1]
+		if flows.SetName != MapGatewayFlows || conns.SetName != MapGatewayConns {
+			t.Fatalf("%v: lookups in %s, %s", f, flows.SetName, conns.SetName)
+		}
+		if dyn.Operation != unix.NFT_DYNSET_OP_UPDATE || dyn.SrcRegKey != flows.SourceRegister || dyn.SrcRegData != flows.DestRegister {
+			t.Errorf("%v: update key reg %d data reg %d, want the flows lookup's %d and %d", f, dyn.SrcRegKey, dyn.SrcRegData, flows.SourceRegister, flows.DestRegister)
+		}
+		if dup.RegAddr != conns.DestRegister {
+			t.Errorf("%v: dup from reg %d, want the conns lookup's data reg %d", f, dup.RegAddr, conns.DestRegister)
+		}
+		// The conns key ends with the node id: its last 4-byte register is the flows lookup's data.
+		if last := conns.SourceRegister + e.addrRegs() + 2; last != flows.DestRegister {
+			t.Errorf("%v: conns key's id register %d, flows data in %d", f, last, flows.DestRegister)
+		}
+		if _, ok := xs[len(xs)-1].(*expr.Verdict); !ok {
+			t.Errorf("%v: last expression %T, want the drop verdict", f, xs[len(xs)-1])
 		}
 	}
 }

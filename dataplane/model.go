@@ -12,7 +12,8 @@ import (
 // elements the kernel should hold. Three consumers read it and must agree on its meaning:
 // render.go (nft syntax), netlink.go (the kernel) and trace.go (the packet tracer). So a rule is not free
 // text but a small closed vocabulary of match and action kinds; each kind has exactly one meaning in each
-// consumer, and a consumer that meets an unknown kind fails loudly.
+// consumer, and a consumer that meets an unknown kind fails loudly. kinds.go gathers a kind's meanings
+// into one descriptor (session affinity's so far; the other kinds are still spelled in each consumer).
 
 // Proto numbers used in set keys (IANA protocol numbers, as `meta l4proto` yields them).
 const (

@@ -1,9 +1,11 @@
 package dataplane
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 
 	"github.com/google/nftables"
@@ -180,7 +182,7 @@ func (e *encoder) encode(tx *Tx) error {
 				if err != nil {
 					return fmt.Errorf("chain %s rule %d: %w", ch.Name, i, err)
 				}
-				e.c.AddRule(&nftables.Rule{Table: e.t, Chain: e.chain(ch.Name), Exprs: exprs})
+				e.c.AddRule(&nftables.Rule{Table: e.t, Chain: e.chain(ch.Name), Exprs: exprs, UserData: ruleUserData(r.Comment)})
 			}
 		}
 	}
@@ -203,6 +205,51 @@ func (e *encoder) encode(tx *Tx) error {
 		e.c.DelSet(&nftables.Set{Table: e.t, Name: name})
 	}
 	return e.b.take()
+}
+
+// Rule comments travel in the rule's userdata (NFTA_RULE_USERDATA), as nft writes them: a list of
+// type-length-value records (libnftnl's udata), the comment being type NFTNL_UDATA_RULE_COMMENT with a
+// NUL-terminated string. So `nft list ruleset` shows vipgate's comments, and decode.go reads them back.
+const (
+	udataRuleComment = 0 // NFTNL_UDATA_RULE_COMMENT
+	// maxCommentLen is what render.go's quote keeps of a comment (nft refuses more than 128 bytes).
+	maxCommentLen = 127
+)
+
+// ruleUserData returns the userdata that carries comment (nil for none). A comment longer than nft
+// allows is cut as render.go cuts it: a comment never fails a sync.
+func ruleUserData(comment string) []byte {
+	if comment == "" {
+		return nil
+	}
+	if len(comment) > maxCommentLen {
+		comment = strings.ToValidUTF8(comment[:maxCommentLen], "")
+	}
+	ud := make([]byte, 0, 2+len(comment)+1)
+	ud = append(ud, udataRuleComment, byte(len(comment)+1))
+	ud = append(ud, comment...)
+	return append(ud, 0)
+}
+
+// userDataComment reads the comment out of a rule's userdata. ok is false when there is none (a rule
+// without a comment, or written by a vipgate that did not write comments). Malformed records end the
+// walk: nothing past them is trusted.
+func userDataComment(ud []byte) (comment string, ok bool) {
+	for len(ud) >= 2 {
+		typ, n := ud[0], int(ud[1])
+		if len(ud) < 2+n {
+			return "", false
+		}
+		if typ == udataRuleComment {
+			v := ud[2 : 2+n]
+			if i := bytes.IndexByte(v, 0); i >= 0 {
+				v = v[:i]
+			}
+			return string(v), true
+		}
+		ud = ud[2+n:]
+	}
+	return "", false
 }
 
 func (e *encoder) nftChain(c *Chain) *nftables.Chain {
@@ -264,11 +311,11 @@ func (e *encoder) nftSet(s *Set) (*nftables.Set, error) {
 		ns.IsMap, ns.DataType = true, a
 	case KindHairpin:
 		ns.KeyType = nftables.MustConcatSetType(a, a, nftables.TypeInetProto, nftables.TypeInetService)
-	case KindAffinity:
-		ns.KeyType, ns.HasTimeout, ns.Timeout, ns.Dynamic = a, true, s.Timeout, true
-		ns.IsMap, ns.DataType = true, a
-
 	default:
+		if d := setKindDescs[s.Kind]; d != nil { // kinds.go
+			d.nftSet(e, s, ns)
+			return ns, nil
+		}
 		if e.gatewayNftSet(s, ns) { // gateway_conntable.go
 			return ns, nil
 		}
@@ -374,7 +421,7 @@ func (e *encoder) writeElement(w *elementLists, key, val []byte, s *Set, el Elem
 		alen = 16
 	}
 	switch s.Kind {
-	case KindAddr, KindAffinity:
+	case KindAddr:
 		putAddr(key, el.Addr)
 		w.element(key[:alen], nil, nil, false)
 	case KindPrefix:
@@ -406,6 +453,10 @@ func (e *encoder) writeElement(w *elementLists, key, val []byte, s *Set, el Elem
 		putPort(putProto(putAddr(putAddr(key, el.Addr), el.Addr2), el.Proto), el.Port)
 		w.element(key[:2*alen+8], nil, nil, false)
 	default:
+		if d := setKindDescs[s.Kind]; d != nil { // kinds.go
+			w.element(d.key(el, key, alen), nil, nil, false)
+			return nil
+		}
 		k, v, ok, err := gatewayElementBytes(s, el, key, val, alen) // gateway_conntable.go
 		if !ok {
 			return fmt.Errorf("unknown set kind %d", s.Kind)
@@ -657,33 +708,9 @@ func (e *encoder) action(a Action) ([]expr.Any, error) {
 			return nil, err
 		}
 		return []expr.Any{loadL4Proto(reg32), loadDport(reg32 + 1), &expr.Numgen{Register: reg32 + 2, Modulus: a.Value, Type: unix.NFT_NG_RANDOM}, l, e.dnatFromMap()}, nil
-	case ActAffinityDNAT, ActAffinityRefresh:
-		// The endpoint address is the map's data and, for the DNAT, its address too.
-		s, err := e.setRef(a.Set)
-		if err != nil {
-			return nil, err
-		}
-		xs := []expr.Any{
-			e.loadSaddr(reg1),
-			&expr.Immediate{Register: reg2, Data: addrBytes(a.Addr)},
-			&expr.Dynset{SrcRegKey: reg1, SrcRegData: reg2, SetName: s.Name, SetID: s.ID, Operation: uint32(unix.NFT_DYNSET_OP_UPDATE)},
-		}
-		if a.Kind == ActAffinityDNAT {
-			xs = append(xs,
-				&expr.Immediate{Register: reg1, Data: []byte{byte(a.Port >> 8), byte(a.Port)}},
-				&expr.NAT{Type: expr.NATTypeDestNAT, Family: e.natFamily(), RegAddrMin: reg2, RegProtoMin: reg1})
-		}
-		return xs, nil
-	case ActAffinityRecall:
-		l, err := e.mapLookup(a.Set, reg1, reg1)
-		if err != nil {
-			return nil, err
-		}
-		return []expr.Any{
-			e.loadSaddr(reg1), l,
-			&expr.Immediate{Register: reg2, Data: []byte{byte(a.Port >> 8), byte(a.Port)}},
-			&expr.NAT{Type: expr.NATTypeDestNAT, Family: e.natFamily(), RegAddrMin: reg1, RegProtoMin: reg2},
-		}, nil
+	}
+	if d := actionKindDescs[a.Kind]; d != nil { // kinds.go
+		return d.encode(e, a)
 	}
 	return e.gatewayAction(a) // gateway_ir.go; unknown kinds fail there
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane/conntrack"
 )
 
 // Programmer applies a transaction to the kernel atomically: all of it or nothing. The netlink edge
@@ -45,7 +46,7 @@ type SyncReport struct {
 	Txs      []*Tx
 	// StaleFlows are conntrack entries to delete (UDP/SCTP endpoints that went away, entries that
 	// gained their first endpoint).
-	StaleFlows []StaleFlowFilter
+	StaleFlows []conntrack.StaleFlow
 	// HealthChecks is the healthCheckNodePort of every eTP=Local Service, and LocalEndpoints their local
 	// ready endpoint counts (both complete, not just the changes).
 	HealthChecks   map[cluster.ServiceKey]uint16
@@ -58,14 +59,10 @@ type SyncReport struct {
 	Conflicts []cluster.Rejection
 }
 
-// StaleFlowFilter selects conntrack entries to delete. Unset fields match anything.
-type StaleFlowFilter struct {
-	Proto        uint8
-	OrigDst      netip.Addr
-	OrigDstPort  uint16
-	ReplySrc     netip.Addr
-	ReplySrcPort uint16
-}
+// StaleFlowFilter is conntrack.StaleFlow, the one filter type for conntrack entries to delete.
+//
+// Deprecated: use conntrack.StaleFlow. The alias remains for dataplane/gateway.go.
+type StaleFlowFilter = conntrack.StaleFlow
 
 // entryKey identifies one way into a Service across Services, for ownership.
 type entryKey struct {
@@ -273,7 +270,7 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 			}
 			if !rep.Full {
 				// After a full sync the caller reconciles conntrack against the whole state instead
-				// (see ConntrackReconciler): a restart must not cut every UDP flow.
+				// (see conntrack.Reconciler): a restart must not cut every UDP flow.
 				rep.StaleFlows = append(rep.StaleFlows, staleFlows(old, nw)...)
 			}
 		}
@@ -467,8 +464,8 @@ func (p *Proxier) updateHealth(st *cluster.State, changed []cluster.ServiceKey, 
 // staleFlows lists the conntrack entries a Service change makes stale. Only UDP and SCTP matter: TCP
 // connections to a vanished endpoint fail on their own, datagram "connections" would be kept alive by
 // the client forever.
-func staleFlows(old, nw *Part) []StaleFlowFilter {
-	var out []StaleFlowFilter
+func staleFlows(old, nw *Part) []conntrack.StaleFlow {
+	var out []conntrack.StaleFlow
 	isDgram := func(p uint8) bool { return p == ProtoUDP || p == ProtoSCTP }
 	newB := map[Backend]bool{}
 	if nw != nil {
@@ -479,7 +476,7 @@ func staleFlows(old, nw *Part) []StaleFlowFilter {
 	if old != nil {
 		for _, b := range old.Backends {
 			if isDgram(b.Proto) && !newB[b] {
-				out = append(out, StaleFlowFilter{Proto: b.Proto, ReplySrc: b.Endpoint.Addr(), ReplySrcPort: b.Endpoint.Port()})
+				out = append(out, conntrack.StaleFlow{Proto: b.Proto, ReplySrc: b.Endpoint.Addr(), ReplySrcPort: b.Endpoint.Port()})
 			}
 		}
 	}
@@ -500,7 +497,7 @@ func staleFlows(old, nw *Part) []StaleFlowFilter {
 			k := e
 			k.HasEndpoints = false
 			if !had[k] {
-				out = append(out, StaleFlowFilter{Proto: e.Proto, OrigDst: e.Addr, OrigDstPort: e.Port})
+				out = append(out, conntrack.StaleFlow{Proto: e.Proto, OrigDst: e.Addr, OrigDstPort: e.Port})
 			}
 		}
 	}
@@ -525,23 +522,18 @@ func (p *Proxier) LastSync() time.Time {
 	return p.lastSync
 }
 
-// BuildRuleset builds the complete ruleset of one family for st without any kernel: what `vipgate
-// render` prints.
-func BuildRuleset(cfg Config, f cluster.Family, st *cluster.State) *Ruleset {
-	rs, _ := BuildRulesetReport(cfg, f, st)
-	return rs
-}
-
-// BuildRulesetReport is BuildRuleset that also returns what the node would report for st: the
-// entries lost to other Services and the addresses its policy refuses (SyncReport.Conflicts).
-func BuildRulesetReport(cfg Config, f cluster.Family, st *cluster.State) (*Ruleset, []cluster.Rejection) {
+// BuildRuleset builds the complete ruleset of one family for st without any kernel (what `vipgate
+// render` prints), and what the node would report for st: the entries lost to other Services and
+// the addresses its policy refuses (SyncReport.Conflicts). An error says why the ruleset could not be
+// built; the ruleset is then nil.
+func BuildRuleset(cfg Config, f cluster.Family, st *cluster.State) (*Ruleset, []cluster.Rejection, error) {
 	p := NewProxier(hclog.NewNullLogger(), cfg, nopProgrammer{})
 	p.cfg.Families = []cluster.Family{f}
 	rep, err := p.Sync(st)
 	if err != nil {
-		return nil, nil
+		return nil, nil, fmt.Errorf("building the IPv%d ruleset: %w", f, err)
 	}
-	return p.fams[f].rs, rep.Conflicts
+	return p.fams[f].rs, rep.Conflicts, nil
 }
 
 type nopProgrammer struct{}

@@ -131,13 +131,10 @@ func setDecl(fam nftFamily, s *Set) (keyword string, lines []string, err error) 
 		return "map", []string{fmt.Sprintf("typeof %[1]s daddr . meta l4proto . th dport . numgen random mod 1 : %[1]s daddr", fam.table)}, nil
 	case KindHairpin:
 		return "set", []string{"type " + a + " . " + a + " . inet_proto . inet_service"}, nil
-	case KindAffinity:
-		lines := []string{"type " + a + " : " + a, "flags dynamic,timeout"}
-		if s.Timeout > 0 {
-			secs := int64(s.Timeout.Seconds())
-			lines = append(lines, "timeout "+strconv.FormatInt(max(secs, 1), 10)+"s")
-		}
-		return "map", lines, nil
+	}
+	if d := setKindDescs[s.Kind]; d != nil { // kinds.go
+		keyword, lines := d.decl(fam, s)
+		return keyword, lines, nil
 	}
 	return "", nil, fmt.Errorf("set %q: unknown set kind %d", s.Name, s.Kind)
 }
@@ -165,7 +162,7 @@ func renderSet(w *bufio.Writer, f *Flat, fam nftFamily, s *Set) error {
 	els := slices.Clone(f.Elements[s.Name])
 	slices.SortFunc(els, compareElements)
 	if len(els) > 0 {
-		if s.Kind == KindAffinity {
+		if setKindDynamic(s.Kind) {
 			return fmt.Errorf("set %q: a dynamic affinity map has no static elements", s.Name)
 		}
 		w.WriteString("\t\telements = {\n")
@@ -458,26 +455,9 @@ func actionText(f *Flat, fam nftFamily, a Action) (string, error) {
 			key, kind = "meta l4proto . th dport", KindProtoPortEndpoints
 		}
 		return fmt.Sprintf("dnat %s addr . port to %s . numgen random mod %d map @%s", ip, key, a.Value, a.Map), needSet(f, a.Map, kind)
-	case ActAffinityDNAT, ActAffinityRefresh:
-		addr, err := addrText(fam, a.Addr)
-		if err != nil {
-			return "", fmt.Errorf("affinity DNAT: %w", err)
-		}
-		update := fmt.Sprintf("update @%s { %s saddr : %s }", a.Set, ip, addr)
-		if a.Kind == ActAffinityRefresh {
-			return update, needSet(f, a.Set, KindAffinity)
-		}
-		if ip == "ip6" {
-			addr = "[" + addr + "]"
-		}
-		// nft refuses a port mapping without a transport protocol in its context; the Service port's
-		// protocol is always one of these, and the chain is only reached through vmaps keyed by it,
-		// so the match never changes what the rule does.
-		return fmt.Sprintf("%s meta l4proto { tcp, udp, sctp } dnat %s to %s:%d", update, ip, addr, a.Port),
-			needSet(f, a.Set, KindAffinity)
-	case ActAffinityRecall:
-		return fmt.Sprintf("meta l4proto { tcp, udp, sctp } dnat %[1]s to %[1]s saddr map @%[2]s : %[3]d", ip, a.Set, a.Port),
-			needSet(f, a.Set, KindAffinity)
+	}
+	if d := actionKindDescs[a.Kind]; d != nil { // kinds.go
+		return d.text(f, fam, a)
 	}
 	return gatewayActionText(f, fam, a) // gateway_ir.go; unknown kinds fail there
 }

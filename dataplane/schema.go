@@ -214,16 +214,254 @@ func BuildBase(c BaseConfig) *Part {
 
 func familyOfPrefix(p netip.Prefix) cluster.Family { return cluster.FamilyOf(p.Addr()) }
 
+// Chain names. Besides the fixed chains above, a table holds chains of two sorts, and their names
+// say what they are: the chains of one Service port (named after it: <prefix><ns>/<name>/<proto>/<port>,
+// see servicePortName), and the shared endpoint pickers. The names are built and parsed here only;
+// build.go, decode.go and the explain command read them through ChainName and ParseChainName.
+
+// ChainRole says what a chain of vipgate's table is for.
+type ChainRole uint8
+
+// The chain roles.
+const (
+	ChainRoleUnknown ChainRole = iota
+	// ChainRoleFixed: one of the fixed chains of BuildBase (baseChains and the Chain* constants).
+	ChainRoleFixed
+	// ChainRoleFirewall: fw-<port>, the loadBalancerSourceRanges check of a Service port.
+	ChainRoleFirewall
+	// ChainRoleExternal: ext-<port>, externalTrafficPolicy=Cluster traffic of a Service port whose
+	// picker is its own (affinity, round-robin): masquerade, then pick.
+	ChainRoleExternal
+	// ChainRoleExternalLocalIP / ChainRoleExternalLocalNodePort: ext-ip-<port> / ext-np-<port>,
+	// externalTrafficPolicy=Local traffic to a Service port's IP entries / NodePort.
+	ChainRoleExternalLocalIP
+	ChainRoleExternalLocalNodePort
+	// ChainRoleAffinity: aff-<port>-<policy>, the session-affinity picker of a Service port.
+	ChainRoleAffinity
+	// ChainRoleRoundRobin: rr-<port>-<policy>, the round-robin picker of a Service port.
+	ChainRoleRoundRobin
+	// ChainRolePick: pick-[sh-|mg-]<map>-<n>, a shared picker (random, source-hash, maglev).
+	ChainRolePick
+	// ChainRoleMasqPick: masq-pick-<picker>, a shared picker's masquerading twin.
+	ChainRoleMasqPick
+)
+
+var chainRoleNames = [...]string{"unknown", "fixed", "firewall", "external", "external-local-ip", "external-local-nodeport",
+	"affinity", "round-robin", "pick", "masq-pick"}
+
+func (r ChainRole) String() string {
+	if int(r) < len(chainRoleNames) {
+		return chainRoleNames[r]
+	}
+	return "ChainRole(" + strconv.Itoa(int(r)) + ")"
+}
+
+// PerServicePort says whether chains of role r belong to one Service port.
+func (r ChainRole) PerServicePort() bool {
+	return r >= ChainRoleFirewall && r <= ChainRoleRoundRobin
+}
+
+// Name prefixes. ext-ip- and ext-np- are tried before ext- when parsing.
+const (
+	prefixFirewall      = "fw-"
+	prefixExternal      = "ext-"
+	prefixExternalIP    = "ext-ip-"
+	prefixExternalNP    = "ext-np-"
+	prefixAffinity      = "aff-"
+	prefixRoundRobin    = "rr-"
+	prefixPick          = "pick-"
+	prefixMasqPick      = "masq-pick-"
+	prefixPickSrcHash   = "sh-"
+	prefixPickMaglev    = "mg-"
+	policyCluster       = "cluster"
+	policyLocal         = "local"
+	policySuffixCluster = "-" + policyCluster
+	policySuffixLocal   = "-" + policyLocal
+)
+
+// ChainName is a chain name taken apart: what ParseChainName returns and String builds back.
+type ChainName struct {
+	Role ChainRole
+	// Fixed is the name of a ChainRoleFixed chain.
+	Fixed string
+	// Service, Proto and Port name the Service port of a per-Service chain (Role.PerServicePort).
+	Service cluster.ServiceKey
+	Proto   uint8
+	Port    uint16
+	// Policy is "cluster" or "local" for ChainRoleAffinity and ChainRoleRoundRobin: which traffic
+	// policy's endpoint set the chain picks from.
+	Policy string
+	// Map, Size and Algorithm describe a shared picker (ChainRolePick, ChainRoleMasqPick): its
+	// endpoint map, its endpoint count (the Maglev table size for maglev) and its algorithm
+	// (cluster.LBRandom, LBSourceHash or LBMaglev).
+	Map       string
+	Size      int
+	Algorithm cluster.LBAlgorithm
+}
+
+// String builds the chain's name.
+func (c ChainName) String() string {
+	switch {
+	case c.Role == ChainRoleFixed:
+		return c.Fixed
+	case c.Role.PerServicePort():
+		return perPortChain(c.Role, servicePortName(c.Service, c.Proto, c.Port), c.Policy)
+	case c.Role == ChainRolePick:
+		return pickChainFor(c.Algorithm, c.Map, c.Size)
+	case c.Role == ChainRoleMasqPick:
+		return prefixMasqPick + strings.TrimPrefix(pickChainFor(c.Algorithm, c.Map, c.Size), prefixPick)
+	}
+	return ""
+}
+
+// ServicePort spells the Service port of a per-Service chain for people: "ns/name port 80/tcp".
+func (c ChainName) ServicePort() string {
+	return fmt.Sprintf("%s port %d/%s", c.Service, c.Port, ProtoName(c.Proto))
+}
+
+// perPortChain names the chain of role r of the Service port whose servicePortName is port (policy:
+// for affinity and round-robin chains).
+func perPortChain(r ChainRole, port, policy string) string {
+	switch r {
+	case ChainRoleFirewall:
+		return prefixFirewall + port
+	case ChainRoleExternal:
+		return prefixExternal + port
+	case ChainRoleExternalLocalIP:
+		return prefixExternalIP + port
+	case ChainRoleExternalLocalNodePort:
+		return prefixExternalNP + port
+	case ChainRoleAffinity:
+		return prefixAffinity + port + "-" + policy
+	case ChainRoleRoundRobin:
+		return prefixRoundRobin + port + "-" + policy
+	}
+	return ""
+}
+
+// isFixedChain says whether name is one of BuildBase's chains.
+func isFixedChain(name string) bool {
+	switch name {
+	case ChainServices, ChainMasquerading, ChainMarkForMasquerade, ChainServiceEndpointsCheck,
+		ChainNodePortEndpointsCheck, ChainReject, ChainClusterIPsCheck, ChainFirewallCheck:
+		return true
+	}
+	for _, bc := range baseChains {
+		if bc.name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// ParseChainName takes a chain name of vipgate's node table apart. ok is false for a name vipgate's
+// node table does not use (the gateway's fixed chains among them). Known ambiguity: a namespace
+// that begins with "ip-" or "np-" makes an ext-<port> chain read as ext-ip-/ext-np- (the names were
+// chosen before; the rules of the two chains differ).
+func ParseChainName(name string) (ChainName, bool) {
+	if isFixedChain(name) {
+		return ChainName{Role: ChainRoleFixed, Fixed: name}, true
+	}
+	if rest, ok := strings.CutPrefix(name, prefixMasqPick); ok {
+		c, ok := parsePicker(rest)
+		c.Role = ChainRoleMasqPick
+		return c, ok
+	}
+	if rest, ok := strings.CutPrefix(name, prefixPick); ok {
+		return parsePicker(rest)
+	}
+	perPort := []struct {
+		prefix string
+		role   ChainRole
+	}{
+		{prefixFirewall, ChainRoleFirewall}, {prefixExternalIP, ChainRoleExternalLocalIP},
+		{prefixExternalNP, ChainRoleExternalLocalNodePort}, {prefixExternal, ChainRoleExternal},
+		{prefixAffinity, ChainRoleAffinity}, {prefixRoundRobin, ChainRoleRoundRobin},
+	}
+	for _, pp := range perPort {
+		rest, ok := strings.CutPrefix(name, pp.prefix)
+		if !ok {
+			continue
+		}
+		c := ChainName{Role: pp.role}
+		if pp.role == ChainRoleAffinity || pp.role == ChainRoleRoundRobin {
+			if r, ok := strings.CutSuffix(rest, policySuffixCluster); ok {
+				rest, c.Policy = r, policyCluster
+			} else if r, ok := strings.CutSuffix(rest, policySuffixLocal); ok {
+				rest, c.Policy = r, policyLocal
+			} else {
+				return ChainName{}, false
+			}
+		}
+		if c.Service, c.Proto, c.Port, ok = parseServicePortName(rest); ok {
+			return c, true
+		}
+	}
+	return ChainName{}, false
+}
+
+// parsePicker parses what follows "pick-" in a shared picker's name.
+func parsePicker(rest string) (ChainName, bool) {
+	c := ChainName{Role: ChainRolePick, Algorithm: cluster.LBRandom}
+	if r, ok := strings.CutPrefix(rest, prefixPickSrcHash); ok {
+		c.Algorithm, rest = cluster.LBSourceHash, r
+	} else if r, ok := strings.CutPrefix(rest, prefixPickMaglev); ok {
+		c.Algorithm, rest = cluster.LBMaglev, r
+	}
+	i := strings.LastIndexByte(rest, '-')
+	if i < 0 {
+		return ChainName{}, false
+	}
+	n, err := strconv.Atoi(rest[i+1:])
+	if err != nil || n <= 0 || (c.Algorithm == cluster.LBMaglev && !isPrime(n)) {
+		return ChainName{}, false
+	}
+	c.Map, c.Size = rest[:i], n
+	switch c.Map {
+	case MapEndpoints, MapEndpointsCluster, MapNodePortEndpoints, MapNodePortEndpointsCluster:
+		return c, true
+	}
+	return ChainName{}, false
+}
+
+// parseServicePortName is the inverse of servicePortName.
+func parseServicePortName(s string) (cluster.ServiceKey, uint8, uint16, bool) {
+	parts := strings.Split(s, "/")
+	if len(parts) != 4 || parts[0] == "" || parts[1] == "" {
+		return cluster.ServiceKey{}, 0, 0, false
+	}
+	var proto uint8
+	switch parts[2] {
+	case "tcp":
+		proto = ProtoTCP
+	case "udp":
+		proto = ProtoUDP
+	case "sctp":
+		proto = ProtoSCTP
+	default:
+		p, err := strconv.ParseUint(parts[2], 10, 8)
+		if err != nil {
+			return cluster.ServiceKey{}, 0, 0, false
+		}
+		proto = uint8(p)
+	}
+	port, err := strconv.ParseUint(parts[3], 10, 16)
+	if err != nil || port == 0 {
+		return cluster.ServiceKey{}, 0, 0, false
+	}
+	return cluster.ServiceKey{Namespace: parts[0], Name: parts[1]}, proto, uint16(port), true
+}
+
 // Shared endpoint-picking chains. One chain per (endpoint map, endpoint count) holds the only rule that
 // binds the endpoint map: `dnat to <entry> . numgen random mod N map @map`. Services with the same
 // endpoint count share it, so the number of rules bound to a big map stays at the number of distinct
 // endpoint counts instead of the number of Services (see dataplane/README.md for the kernel figures).
 
 // PickChain returns the name of the shared chain that picks one of n endpoints from map m.
-func PickChain(m string, n int) string { return "pick-" + m + "-" + strconv.Itoa(n) }
+func PickChain(m string, n int) string { return prefixPick + m + "-" + strconv.Itoa(n) }
 
 // MasqPickChain returns the shared chain that marks for masquerade and then picks.
-func MasqPickChain(m string, n int) string { return "masq-pick-" + m + "-" + strconv.Itoa(n) }
+func MasqPickChain(m string, n int) string { return prefixMasqPick + m + "-" + strconv.Itoa(n) }
 
 // pickChainFor returns the shared picker of map m for a balancing algorithm: PickChain for random;
 // "pick-sh-<map>-<n>" for source-hash (jhash of the client address mod n); "pick-mg-<map>-<M>" for
@@ -231,68 +469,54 @@ func MasqPickChain(m string, n int) string { return "masq-pick-" + m + "-" + str
 func pickChainFor(alg cluster.LBAlgorithm, m string, n int) string {
 	switch alg {
 	case cluster.LBSourceHash:
-		return "pick-sh-" + m + "-" + strconv.Itoa(n)
+		return prefixPick + prefixPickSrcHash + m + "-" + strconv.Itoa(n)
 	case cluster.LBMaglev:
-		return "pick-mg-" + m + "-" + strconv.Itoa(n)
+		return prefixPick + prefixPickMaglev + m + "-" + strconv.Itoa(n)
 	}
 	return PickChain(m, n)
 }
 
+// isPickChain says whether name is a shared picker (not its masquerading twin); masqTwin names the
+// twin of such a picker.
+func isPickChain(name string) bool     { return strings.HasPrefix(name, prefixPick) }
+func masqTwin(pick string) string      { return prefixMasqPick + strings.TrimPrefix(pick, prefixPick) }
+func pickOfTwin(masq string) string    { return prefixPick + strings.TrimPrefix(masq, prefixMasqPick) }
+func isMasqPickChain(name string) bool { return strings.HasPrefix(name, prefixMasqPick) }
+
 // SharedChain builds the shared chain called name, or returns nil if name is not a shared chain.
 func SharedChain(name string) *Chain {
-	masq := false
-	rest, ok := strings.CutPrefix(name, "masq-pick-")
-	if ok {
-		masq = true
-	} else if rest, ok = strings.CutPrefix(name, "pick-"); !ok {
+	c, ok := ParseChainName(name)
+	if !ok {
 		return nil
 	}
-	if masq {
-		if SharedChain("pick-"+rest) == nil {
-			return nil
-		}
+	switch c.Role {
+	case ChainRoleMasqPick:
 		return &Chain{Name: name, Rules: []Rule{
 			{Action: Action{Kind: ActJump, Chain: ChainMarkForMasquerade}},
-			{Action: Action{Kind: ActGoto, Chain: "pick-" + rest}},
+			{Action: Action{Kind: ActGoto, Chain: pickOfTwin(name)}},
 		}}
-	}
-	alg := cluster.LBRandom
-	if r, ok := strings.CutPrefix(rest, "sh-"); ok {
-		alg, rest = cluster.LBSourceHash, r
-	} else if r, ok := strings.CutPrefix(rest, "mg-"); ok {
-		alg, rest = cluster.LBMaglev, r
-	}
-	i := strings.LastIndexByte(rest, '-')
-	if i < 0 {
-		return nil
-	}
-	m, nStr := rest[:i], rest[i+1:]
-	n, err := strconv.Atoi(nStr)
-	if err != nil || n <= 0 || (alg == cluster.LBMaglev && !isPrime(n)) {
-		return nil
-	}
-	var tuple bool
-	switch m {
-	case MapEndpoints, MapEndpointsCluster:
-		tuple = true
-	case MapNodePortEndpoints, MapNodePortEndpointsCluster:
+	case ChainRolePick:
 	default:
 		return nil
 	}
+	tuple := c.Map == MapEndpoints || c.Map == MapEndpointsCluster
 	// The random, source-hash and maglev pickers, for IP entries (tuple) and NodePorts.
 	kinds := map[cluster.LBAlgorithm][2]ActionKind{
 		cluster.LBRandom:     {ActDNATProtoPortMap, ActDNATTupleMap},
 		cluster.LBSourceHash: {ActDNATProtoPortSrcHashMap, ActDNATSrcHashMap},
 		cluster.LBMaglev:     {ActDNATProtoPortJhashMap, ActDNATJhashMap},
 	}
-	kind := kinds[alg][boolInt(tuple)]
-	return &Chain{Name: name, Rules: []Rule{{Action: Action{Kind: kind, Map: m, Value: uint32(n)}}}}
+	kind := kinds[c.Algorithm][0]
+	if tuple {
+		kind = kinds[c.Algorithm][1]
+	}
+	return &Chain{Name: name, Rules: []Rule{{Action: Action{Kind: kind, Map: c.Map, Value: uint32(c.Size)}}}}
 }
 
 // sharedUses lists the shared chains that using chain name implies (a masq-pick chain uses its pick).
 func sharedUses(name string) []string {
-	if rest, ok := strings.CutPrefix(name, "masq-pick-"); ok {
-		return []string{name, "pick-" + rest}
+	if isMasqPickChain(name) {
+		return []string{name, pickOfTwin(name)}
 	}
 	return []string{name}
 }

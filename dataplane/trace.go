@@ -13,7 +13,9 @@ import (
 // This file is the packet tracer: it walks one packet through a Flat table the way netfilter would,
 // hook by hook and rule by rule, and says where the packet ends up. The tests use it as the
 // specification of what the rules do (kube-proxy's tracer in pkg/proxy/nftables/helpers_test.go is the
-// model); `vipgate explain` prints its step log.
+// model); `vipgate explain` prints its step log. Every step and candidate says what it is as values
+// too (Step.Kind, Candidate.Rule, MasqReason, Probability, Result.Decisions) besides the words, and
+// explain.go builds its report from those: nothing downstream reads the prose.
 //
 // It evaluates the model, not nft text, and knows every match and action kind of model.go. Anything it
 // does not know — an unknown kind, a lookup in a set the table does not hold, a NAT statement in a
@@ -32,6 +34,9 @@ type Packet struct {
 	// FromHost says the packet was originated by this host (output hook path) instead of arriving
 	// from an interface (prerouting path).
 	FromHost bool
+	// SrcPort is the packet's source port, 0 if unknown. Trace does not hash it (every slot of a
+	// flow-hash rule is a branch); Explain uses it to name the Maglev slot the flow takes.
+	SrcPort uint16
 }
 
 // HostInfo is what the tracer needs to know about the host.
@@ -41,12 +46,53 @@ type HostInfo struct {
 	IsLocal func(netip.Addr) bool
 }
 
-// Candidate is one endpoint the packet may be DNATed to.
+// Candidate is one endpoint the packet may be DNATed to (or, for OutcomeRoute, the next hop it is
+// sent to unchanged).
 type Candidate struct {
 	Endpoint   netip.AddrPort
 	Masquerade bool
-	// Why tells the random choices that lead here and why the source is (not) masqueraded.
+	// Why tells the random choices that lead here and why the source is (not) masqueraded, for
+	// people. Programs read the typed fields below.
 	Why string
+	// Branch names the random choices that lead here ("" for none): Step.Branch of its steps.
+	Branch string
+	// Probability is the share of new connections that take this candidate (the sum over the
+	// branches that reach it), 0 when unknown: a random choice on its path did not say its weight
+	// (see pstate.fork).
+	Probability float64
+	// Rule is the rule that DNATed the packet (or sent it to its next hop): the DNAT target's rule.
+	Rule RuleRef
+	// MasqReason says why the source is masqueraded (MasqNone when it is not); MasqRule is the
+	// rule that masqueraded it and MarkRule the rule that marked it for masquerade (a jump to
+	// ChainMarkForMasquerade; zero if there was none).
+	MasqReason MasqReason
+	MasqRule   RuleRef
+	MarkRule   RuleRef
+}
+
+// RuleRef names one rule of a table: its chain, its index there, its nft text and comment, and the
+// kind of its action.
+type RuleRef struct {
+	Chain   string
+	Index   int
+	Text    string
+	Comment string
+	Action  ActionKind
+}
+
+// String is "chain#index (comment or text)", the spelling of Result.Reason.
+func (r RuleRef) String() string {
+	return fmt.Sprintf("%s#%d (%s)", r.Chain, r.Index, cmp.Or(r.Comment, r.Text))
+}
+
+// Decision is what decided one branch's outcome, as Result.Reason lists it in words.
+type Decision struct {
+	Outcome Outcome
+	// Rule is the deciding rule: the DNAT or route rule, the rule that dropped or rejected. For
+	// an accept (no rule DNATed, dropped or rejected the packet) it has no Chain and Index -1.
+	Rule RuleRef
+	// By is the decision in words (one element of Result.Reason).
+	By string
 }
 
 // Outcome is what happens to the packet.
@@ -70,7 +116,36 @@ const (
 	OutcomeError Outcome = "ERROR"
 )
 
-// Step is one line of the trace log.
+// StepKind says what a trace step is.
+type StepKind uint8
+
+// Step kinds.
+const (
+	// StepRule: a rule step logged by a hook that did not say whether the rule matched (the
+	// gateway's and the balancing algorithms' action kinds).
+	StepRule StepKind = iota
+	// StepNoMatch and StepMatch: a rule did not match / matched and acted (Action, Target).
+	StepNoMatch
+	StepMatch
+	// StepRandomTaken and StepRandomNotTaken: a `numgen random mod N == 0` match, both ways.
+	StepRandomTaken
+	StepRandomNotTaken
+	// StepBaseChain: the packet enters a base chain; StepSkipped: a nat base chain is skipped on
+	// the loopback path.
+	StepBaseChain
+	StepSkipped
+	// StepChainEnd: the end of a regular chain (back to its caller); StepPolicy: the end of a
+	// base chain (policy accept).
+	StepChainEnd
+	StepPolicy
+	// StepRouting: a routing decision (Hook "routing").
+	StepRouting
+	// StepDone: the branch made it through every hook (Hook "done"); Endpoint is where it goes.
+	StepDone
+)
+
+// Step is one line of the trace log. Hook, Chain, Rule, Text, Note and Branch are what it prints;
+// Kind, Action, Target and Endpoint say the same as values (they are not part of its JSON).
 type Step struct {
 	// Hook is the netfilter hook (or "routing" for a routing decision).
 	Hook  string
@@ -82,6 +157,15 @@ type Step struct {
 	Note string
 	// Branch names the random choices taken so far ("" before the first).
 	Branch string
+
+	Kind StepKind `json:"-"`
+	// Action is the action kind of the rule (rule steps).
+	Action ActionKind `json:"-"`
+	// Target is the chain a StepMatch jumps or goes to (jump, goto, or a verdict map's verdict),
+	// or the chain a StepChainEnd returns to.
+	Target string `json:"-"`
+	// Endpoint is the address and port a StepMatch DNATs to, or a StepDone delivers to.
+	Endpoint netip.AddrPort `json:"-"`
 }
 
 // String formats the step as one log line.
@@ -115,6 +199,8 @@ type Result struct {
 	Others []Outcome
 	Steps  []Step
 	Reason string
+	// Decisions are the distinct decisions that Reason lists, in its order.
+	Decisions []Decision
 }
 
 // String summarises the result in the style of kube-proxy's flow tests:
@@ -192,6 +278,15 @@ type pstate struct {
 	masq     bool
 	masqWhy  string
 	dnatBy   string
+	// rule is the rule being acted on (set by act before the action runs); dnatRule the rule
+	// that DNATed the packet, masqRule the one that masqueraded it, markRule the first jump to
+	// ChainMarkForMasquerade; gwMasq: the path went through a gateway masquerading picker.
+	rule, dnatRule, masqRule, markRule RuleRef
+	masqHairpin, gwMasq                bool
+	// prob is the product of the weights of the random choices taken; probUnknown: a choice on
+	// the path did not say its weight.
+	prob        float64
+	probUnknown bool
 	// loopback: the packet re-enters on lo after the output path; its connection already has its
 	// NAT bindings, so nat chains are not consulted again.
 	loopback bool
@@ -202,20 +297,36 @@ type pstate struct {
 }
 
 // fork returns a copy of st on a new branch. The stack is copied on write (see exec), so sharing it
-// here is safe.
-func (st pstate) fork(label string) pstate {
+// here is safe. weight, if given, is the share of the packets reaching the choice that take this
+// branch (1/N for one of N endpoints); without it the branch's Candidate.Probability is unknown.
+func (st pstate) fork(label string, weight ...float64) pstate {
 	if st.branch == "" {
 		st.branch = label
 	} else {
 		st.branch += " / " + label
 	}
+	if len(weight) > 0 {
+		st.prob *= weight[0]
+	} else {
+		st.probUnknown = true
+	}
 	return st
+}
+
+// probability is the branch's Candidate.Probability.
+func (st pstate) probability() float64 {
+	if st.probUnknown {
+		return 0
+	}
+	return st.prob
 }
 
 type final struct {
 	outcome Outcome
 	cand    Candidate
 	by      string
+	// rule decided the outcome (no Chain: none did).
+	rule RuleRef
 }
 
 type tracer struct {
@@ -254,7 +365,7 @@ func Trace(f *Flat, h HostInfo, p Packet) Result {
 	if cluster.FamilyOf(dst) != f.Family {
 		return Result{Outcome: OutcomeAccept, Reason: fmt.Sprintf("table %s %s does not see IPv%d packets", fam.table, f.Table, cluster.FamilyOf(dst))}
 	}
-	st := pstate{src: src, dst: dst, port: p.Port}
+	st := pstate{src: src, dst: dst, port: p.Port, prob: 1}
 	if p.FromHost {
 		t.runHook(st, HookOutput, t.afterOutput)
 	} else {
@@ -266,11 +377,11 @@ func Trace(f *Flat, h HostInfo, p Packet) Result {
 // route is the routing decision for an arriving packet, on its (possibly DNATed) destination.
 func (t *tracer) route(st pstate) {
 	if t.isLoc(st.dst) {
-		t.info(st, "routing", fmt.Sprintf("%s is a local address: input", st.dst))
+		t.info(st, StepRouting, "routing", fmt.Sprintf("%s is a local address: input", st.dst))
 		t.runHook(st, HookInput, t.deliver)
 		return
 	}
-	t.info(st, "routing", fmt.Sprintf("%s is not a local address: forward", st.dst))
+	t.info(st, StepRouting, "routing", fmt.Sprintf("%s is not a local address: forward", st.dst))
 	t.runHook(st, HookForward, func(st pstate) { t.runHook(st, HookPostrouting, t.deliver) })
 }
 
@@ -279,9 +390,9 @@ func (t *tracer) route(st pstate) {
 func (t *tracer) afterOutput(st pstate) {
 	local := t.isLoc(st.dst)
 	if local {
-		t.info(st, "routing", fmt.Sprintf("%s is a local address: postrouting, then back in on lo", st.dst))
+		t.info(st, StepRouting, "routing", fmt.Sprintf("%s is a local address: postrouting, then back in on lo", st.dst))
 	} else {
-		t.info(st, "routing", fmt.Sprintf("%s is not a local address: postrouting", st.dst))
+		t.info(st, StepRouting, "routing", fmt.Sprintf("%s is not a local address: postrouting", st.dst))
 	}
 	t.runHook(st, HookPostrouting, func(st pstate) {
 		if !local {
@@ -300,8 +411,8 @@ func (t *tracer) deliver(st pstate) {
 		if st.masq {
 			note += " (masqueraded: " + st.masqWhy + ")"
 		}
-		t.info(st, "done", note)
-		t.finals = append(t.finals, final{outcome: OutcomeAccept, by: "no rule DNATed, dropped or rejected it"})
+		t.info(st, StepDone, "done", note)
+		t.finals = append(t.finals, final{outcome: OutcomeAccept, by: "no rule DNATed, dropped or rejected it", rule: RuleRef{Index: -1}})
 		return
 	}
 	ep := netip.AddrPortFrom(st.dst, st.port)
@@ -309,8 +420,22 @@ func (t *tracer) deliver(st pstate) {
 	if st.masq {
 		why = strings.TrimPrefix(why+"; masquerade: "+st.masqWhy, "; ")
 	}
-	t.info(st, "done", fmt.Sprintf("DNAT to %s, masquerade %v", ep, st.masq))
-	t.finals = append(t.finals, final{outcome: OutcomeDNAT, cand: Candidate{Endpoint: ep, Masquerade: st.masq, Why: why}, by: "DNAT by " + st.dnatBy})
+	t.info(st, StepDone, "done", fmt.Sprintf("DNAT to %s, masquerade %v", ep, st.masq))
+	t.steps[len(t.steps)-1].Endpoint = ep
+	c := Candidate{Endpoint: ep, Masquerade: st.masq, Why: why, Branch: st.branch, Probability: st.probability(), Rule: st.dnatRule}
+	if st.masq {
+		c.MasqReason, c.MasqRule, c.MarkRule = masqReasonOf(st), st.masqRule, st.markRule
+	}
+	t.finals = append(t.finals, final{outcome: OutcomeDNAT, cand: c, by: "DNAT by " + st.dnatBy, rule: st.dnatRule})
+}
+
+// sendTo records a branch that a rule (st.rule) sends unchanged to next hop ep (OutcomeRoute; ep
+// carries the packet's port). The gateway's route hooks should record their routes through it, so
+// that the Candidate says its rule and probability.
+func (t *tracer) sendTo(st pstate, ep netip.AddrPort, by string) {
+	t.finals = append(t.finals, final{outcome: OutcomeRoute,
+		cand: Candidate{Endpoint: ep, Why: st.branch, Branch: st.branch, Probability: st.probability(), Rule: st.rule},
+		by:   by, rule: st.rule})
 }
 
 // baseChains returns the base chains of hook in netfilter order: by priority, then table order.
@@ -340,20 +465,24 @@ func (t *tracer) runHook(st pstate, hook Hook, next func(pstate)) {
 		c := chains[i]
 		st.hook, st.base = hook, c
 		if c.Type == NATType && st.loopback {
-			t.step(st, c.Name, -1, "", "skipped: the connection's NAT was decided on the output path")
+			t.stepOf(st, StepSkipped, c.Name, -1, "", "skipped: the connection's NAT was decided on the output path")
 			run(st, i+1)
 			return
 		}
-		t.step(st, c.Name, -1, "", fmt.Sprintf("base chain: type %s hook %s priority %d", c.Type, c.Hook, c.Priority))
+		t.stepOf(st, StepBaseChain, c.Name, -1, "", fmt.Sprintf("base chain: type %s hook %s priority %d", c.Type, c.Hook, c.Priority))
 		st.stack = []frame{{chain: c.Name}}
 		t.exec(st, func(st pstate, v verdict, by string) {
 			switch v {
 			case vAccept:
+				if st.dnat && st.dnatRule.Chain == "" {
+					// The first accept after a DNAT is the DNAT rule's own.
+					st.dnatRule = st.rule
+				}
 				run(st, i+1)
 			case vDrop:
-				t.finals = append(t.finals, final{outcome: OutcomeDrop, by: by})
+				t.finals = append(t.finals, final{outcome: OutcomeDrop, by: by, rule: st.rule})
 			case vReject:
-				t.finals = append(t.finals, final{outcome: OutcomeReject, by: by})
+				t.finals = append(t.finals, final{outcome: OutcomeReject, by: by, rule: st.rule})
 			}
 		})
 	}
@@ -366,12 +495,26 @@ func (t *tracer) fail(format string, args ...any) {
 	}
 }
 
+// step logs a rule step whose kind the caller does not say (StepRule): the hooks of the gateway's
+// and the balancing algorithms' action kinds use it. The rule's action kind is st.rule's.
 func (t *tracer) step(st pstate, chain string, rule int, text, note string) {
-	t.steps = append(t.steps, Step{Hook: string(st.hook), Chain: chain, Rule: rule, Text: text, Note: note, Branch: st.branch})
+	s := Step{Hook: string(st.hook), Chain: chain, Rule: rule, Text: text, Note: note, Branch: st.branch, Kind: StepRule}
+	if rule >= 0 && st.rule.Chain == chain && st.rule.Index == rule {
+		s.Action = st.rule.Action
+	}
+	t.steps = append(t.steps, s)
 }
 
-func (t *tracer) info(st pstate, hook, note string) {
-	t.steps = append(t.steps, Step{Hook: hook, Rule: -1, Note: note, Branch: st.branch})
+// stepOf logs a step of kind k.
+func (t *tracer) stepOf(st pstate, k StepKind, chain string, rule int, text, note string) *Step {
+	t.step(st, chain, rule, text, note)
+	s := &t.steps[len(t.steps)-1]
+	s.Kind = k
+	return s
+}
+
+func (t *tracer) info(st pstate, k StepKind, hook, note string) {
+	t.steps = append(t.steps, Step{Hook: hook, Rule: -1, Note: note, Branch: st.branch, Kind: k})
 }
 
 // exec runs the rules of st's base chain (and the chains it jumps to) and calls done once for every
@@ -390,14 +533,17 @@ func (t *tracer) exec(st pstate, done func(pstate, verdict, string)) {
 			t.fail("chain %q does not exist", fr.chain)
 			return
 		}
+		if ch.Name == ChainGatewayMasqPick || ch.Name == ChainGatewayMasqPickSH {
+			st.gwMasq = true
+		}
 		if fr.next >= len(ch.Rules) {
 			if top == 0 {
-				t.step(st, ch.Name, -1, "", "end of base chain: policy accept")
+				t.stepOf(st, StepPolicy, ch.Name, -1, "", "end of base chain: policy accept")
 				done(st, vAccept, "policy accept of "+ch.Name)
 				return
 			}
 			st.stack = st.stack[:top:top]
-			t.step(st, ch.Name, -1, "", "end of chain: back to "+st.stack[top-1].chain)
+			t.stepOf(st, StepChainEnd, ch.Name, -1, "", "end of chain: back to "+st.stack[top-1].chain).Target = st.stack[top-1].chain
 			continue
 		}
 		// Copy on write: forks share the stack's backing array.
@@ -408,25 +554,31 @@ func (t *tracer) exec(st pstate, done func(pstate, verdict, string)) {
 			t.fail("chain %q rule %d: %v", ch.Name, idx, err)
 			return
 		}
+		st.rule = RuleRef{Chain: ch.Name, Index: idx, Text: text, Comment: r.Comment, Action: r.Action.Kind}
 		ok, why, numgen, err := t.matches(st, r)
 		if err != nil {
 			t.fail("chain %q rule %d (%s): %v", ch.Name, idx, text, err)
 			return
 		}
 		if !ok {
-			t.step(st, ch.Name, idx, text, "no match: "+why)
+			t.stepOf(st, StepNoMatch, ch.Name, idx, text, "no match: "+why)
 			continue
 		}
 		if len(numgen) > 0 {
-			// A random match both holds and fails: follow both.
+			// A random match both holds and fails: follow both. It holds for 1 in N packets (for
+			// each of its numgen matches).
+			w := 1.0
+			for _, n := range numgen {
+				w /= float64(n)
+			}
 			label := fmt.Sprintf("%s#%d", ch.Name, idx)
-			taken := st.fork(label + " taken")
-			t.step(taken, ch.Name, idx, text, "random choice taken")
+			taken := st.fork(label+" taken", w)
+			t.stepOf(taken, StepRandomTaken, ch.Name, idx, text, "random choice taken")
 			if next, cont := t.act(taken, ch, idx, r, text, done); cont {
 				t.exec(next, done)
 			}
-			notTaken := st.fork(label + " not taken")
-			t.step(notTaken, ch.Name, idx, text, "random choice not taken")
+			notTaken := st.fork(label+" not taken", 1-w)
+			t.stepOf(notTaken, StepRandomNotTaken, ch.Name, idx, text, "random choice not taken")
 			st = notTaken
 			continue
 		}
@@ -457,8 +609,8 @@ func (t *tracer) matches(st pstate, r Rule) (ok bool, why string, numgen []uint3
 				return false, "", nil, err
 			}
 			why = fmt.Sprintf("%s not in @%s", st.src, m.Set)
-			if t.f.Sets[m.Set].Kind == KindAffinity {
-				why += " (affinity maps are empty at trace time)"
+			if d := setKindDescs[t.f.Sets[m.Set].Kind]; d != nil && d.traceMiss != "" { // kinds.go
+				why += " (" + d.traceMiss + ")"
 			}
 		case MatchSaddrNotInSet:
 			in, err := t.addrIn(m.Set, st.src)
@@ -497,7 +649,7 @@ func (t *tracer) matches(st pstate, r Rule) (ok bool, why string, numgen []uint3
 // keyOf projects e onto the key fields of a set of kind k: what the kernel compares.
 func keyOf(k SetKind, e Element) (Element, error) {
 	switch k {
-	case KindAddr, KindAffinity:
+	case KindAddr:
 		return Element{Addr: e.Addr.Unmap()}, nil
 	case KindPrefix:
 		return Element{Prefix: e.Prefix.Masked()}, nil
@@ -546,16 +698,17 @@ func (t *tracer) addrIn(name string, a netip.Addr) (bool, error) {
 	if err := needSet(t.f, name, addrSetKinds...); err != nil {
 		return false, err
 	}
-	switch t.f.Sets[name].Kind {
-	case KindPrefix:
+	switch kind := t.f.Sets[name].Kind; {
+	case setKindDynamic(kind):
+		// The packets themselves fill a dynamic set (an affinity map's clients); a trace starts
+		// from an empty one.
+		return false, nil
+	case kind == KindPrefix:
 		for _, e := range t.f.Elements[name] {
 			if e.Prefix.Contains(a) {
 				return true, nil
 			}
 		}
-		return false, nil
-	case KindAffinity:
-		// Clients are added by the packets themselves; a trace starts from an empty set.
 		return false, nil
 	}
 	_, found, err := t.lookup(name, Element{Addr: a}, KindAddr)
@@ -609,7 +762,8 @@ func (t *tracer) applyVerdict(st pstate, e Element, by string, done func(pstate,
 func (t *tracer) act(st pstate, ch *Chain, idx int, r Rule, text string, done func(pstate, verdict, string)) (pstate, bool) {
 	a := r.Action
 	by := fmt.Sprintf("%s#%d (%s)", ch.Name, idx, cmp.Or(r.Comment, text))
-	note := func(s string) { t.step(st, ch.Name, idx, text, s) }
+	note := func(s string) *Step { return t.stepOf(st, StepMatch, ch.Name, idx, text, s) }
+	noMatch := func(s string) { t.stepOf(st, StepNoMatch, ch.Name, idx, text, s) }
 	top := len(st.stack) - 1
 	switch a.Kind {
 	case ActJump:
@@ -621,11 +775,14 @@ func (t *tracer) act(st pstate, ch *Chain, idx int, r Rule, text string, done fu
 			t.fail("%s: more than %d nested jumps", by, maxJumpDepth)
 			return st, false
 		}
-		note("match: jump " + a.Chain)
+		note("match: jump " + a.Chain).Target = a.Chain
+		if a.Chain == ChainMarkForMasquerade && st.markRule.Chain == "" {
+			st.markRule = st.rule
+		}
 		st.stack = append(st.stack[:len(st.stack):len(st.stack)], frame{chain: a.Chain})
 		return st, true
 	case ActGoto:
-		note("match: goto " + a.Chain)
+		note("match: goto " + a.Chain).Target = a.Chain
 		next, err := t.gotoChain(st, a.Chain)
 		if err != nil {
 			t.fail("%s: %v", by, err)
@@ -638,7 +795,7 @@ func (t *tracer) act(st pstate, ch *Chain, idx int, r Rule, text string, done fu
 			done(st, vAccept, by)
 			return st, false
 		}
-		note("match: return to " + st.stack[top-1].chain)
+		note("match: return to " + st.stack[top-1].chain).Target = st.stack[top-1].chain
 		st.stack = st.stack[:top:top]
 		return st, true
 	case ActDrop:
@@ -661,7 +818,8 @@ func (t *tracer) act(st pstate, ch *Chain, idx int, r Rule, text string, done fu
 		if a.Kind == ActMasqClearMark {
 			st.mark ^= a.Value
 		}
-		st.masq, st.masqWhy = true, by
+		st.masq, st.masqWhy, st.masqRule = true, by, st.rule
+		st.masqHairpin = slices.ContainsFunc(r.Matches, func(m Match) bool { return m.Kind == MatchHairpin })
 		note("match: MASQUERADE")
 		done(st, vAccept, by)
 		return st, false
@@ -677,11 +835,14 @@ func (t *tracer) act(st pstate, ch *Chain, idx int, r Rule, text string, done fu
 			return st, false
 		}
 		if !found {
-			note(fmt.Sprintf("no match: %s not in @%s", keyText, a.Map))
+			noMatch(fmt.Sprintf("no match: %s not in @%s", keyText, a.Map))
 			return st, true
 		}
 		v, _ := verdictText(t.f, e)
-		note(fmt.Sprintf("match: %s -> %s", keyText, v))
+		ms := note(fmt.Sprintf("match: %s -> %s", keyText, v))
+		if e.Verdict == VerdictGoto || e.Verdict == VerdictReject {
+			ms.Target = cmp.Or(e.Chain, ChainReject)
+		}
 		return t.applyVerdict(st, e, by, done)
 	case ActDNATTupleMap, ActDNATProtoPortMap:
 		if err := t.checkNAT(st, "dnat", HookPrerouting, HookOutput); err != nil {
@@ -700,7 +861,7 @@ func (t *tracer) act(st pstate, ch *Chain, idx int, r Rule, text string, done fu
 		for i := uint32(0); i < a.Value && t.err == nil; i++ {
 			b := st
 			if a.Value > 1 {
-				b = st.fork(fmt.Sprintf("endpoint %d of %d", i, a.Value))
+				b = st.fork(fmt.Sprintf("endpoint %d of %d", i, a.Value), 1/float64(a.Value))
 			}
 			key, keyText := t.entryKey(b, tuple)
 			key.Index = i
@@ -711,50 +872,59 @@ func (t *tracer) act(st pstate, ch *Chain, idx int, r Rule, text string, done fu
 			}
 			if !found {
 				// The kernel's map lookup fails, so the rule does not match and the packet goes on.
-				t.step(b, ch.Name, idx, text, fmt.Sprintf("no match: %s . %d not in @%s", keyText, i, a.Map))
+				t.stepOf(b, StepNoMatch, ch.Name, idx, text, fmt.Sprintf("no match: %s . %d not in @%s", keyText, i, a.Map))
 				t.exec(b, done)
 				continue
 			}
 			b.dst, b.port, b.dnat, b.dnatBy = e.DataAddr.Unmap(), e.DataPort, true, by
-			t.step(b, ch.Name, idx, text, fmt.Sprintf("match: DNAT to %s", netip.AddrPortFrom(b.dst, b.port)))
+			t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: DNAT to %s", netip.AddrPortFrom(b.dst, b.port))).Endpoint = netip.AddrPortFrom(b.dst, b.port)
 			done(b, vAccept, by)
 		}
 		return st, false
-	case ActAffinityDNAT:
-		if err := t.checkNAT(st, "dnat", HookPrerouting, HookOutput); err != nil {
-			t.fail("%s: %v", by, err)
-			return st, false
-		}
-		if err := needSet(t.f, a.Set, KindAffinity); err != nil {
-			t.fail("%s: %v", by, err)
-			return st, false
-		}
-		if !a.Addr.IsValid() {
-			t.fail("%s: affinity DNAT without an address", by)
-			return st, false
-		}
-		st.dst, st.port, st.dnat, st.dnatBy = a.Addr.Unmap(), a.Port, true, by
-		note(fmt.Sprintf("match: client recorded in @%s; DNAT to %s", a.Set, netip.AddrPortFrom(st.dst, st.port)))
-		done(st, vAccept, by)
-		return st, false
-	case ActAffinityRefresh, ActAffinityRecall:
-		// Refresh is reached only by a client the map holds (behind a match on it), and Recall
-		// looks the client up in it: the map is runtime state, and a trace starts from an empty one.
-		if err := needSet(t.f, a.Set, KindAffinity); err != nil {
-			t.fail("%s: %v", by, err)
-			return st, false
-		}
-		if a.Kind == ActAffinityRecall {
-			if err := t.checkNAT(st, "dnat", HookPrerouting, HookOutput); err != nil {
-				t.fail("%s: %v", by, err)
-				return st, false
-			}
-			note(fmt.Sprintf("no match: %s not in @%s (affinity maps are empty at trace time)", st.src, a.Set))
-		}
-		return st, true
 	}
-	return t.gatewayAct(st, ch, idx, r, text, by, done) // gateway_ir.go; unknown kinds fail there
+	if d := actionKindDescs[a.Kind]; d != nil && d.trace != nil { // kinds.go
+		return d.trace(actCall{t: t, ch: ch, idx: idx, text: text, by: by, done: done}, st, a)
+	}
+	// gateway_ir.go; unknown kinds fail there. The routes its hooks record themselves (not through
+	// sendTo) are given their rule here.
+	before := len(t.finals)
+	next, cont := t.gatewayAct(st, ch, idx, r, text, by, done)
+	for i := before; i < len(t.finals); i++ {
+		if fi := &t.finals[i]; fi.outcome == OutcomeRoute && fi.rule.Chain == "" {
+			fi.rule, fi.cand.Rule = st.rule, st.rule
+			if fi.cand.Branch == "" {
+				fi.cand.Branch = fi.cand.Why
+			}
+		}
+	}
+	return next, cont
 }
+
+// actCall is the rule an action acts for, as tracer.act hands it to the trace hook of an action
+// kind's descriptor (actionKindDesc.trace, kinds.go).
+type actCall struct {
+	t    *tracer
+	ch   *Chain
+	idx  int
+	text string
+	// by names the rule in decisions and failures: "chain#index (comment or text)".
+	by string
+	// done ends the branch with a verdict (as tracer.exec's done).
+	done func(pstate, verdict, string)
+}
+
+// match logs that the rule matched and acted; noMatch that it did not match after all (a lookup
+// the action makes failed).
+func (c actCall) match(st pstate, note string) *Step {
+	return c.t.stepOf(st, StepMatch, c.ch.Name, c.idx, c.text, note)
+}
+
+func (c actCall) noMatch(st pstate, note string) {
+	c.t.stepOf(st, StepNoMatch, c.ch.Name, c.idx, c.text, note)
+}
+
+// fail fails the trace at the rule.
+func (c actCall) fail(err error) { c.t.fail("%s: %v", c.by, err) }
 
 // entryKey is the packet's (daddr, proto, dport) or (proto, dport) lookup key, and its nft spelling.
 func (t *tracer) entryKey(st pstate, tuple bool) (Element, string) {
@@ -774,13 +944,14 @@ func (t *tracer) result() Result {
 		r.Outcome, r.Reason = OutcomeError, t.err.Error()
 		return r
 	}
-	seenCand := map[Candidate]bool{}
+	seenCand := map[Candidate]int{}
 	seenOther := map[Outcome]bool{}
 	var reasons []string
 	routed := false
 	for _, fi := range t.finals {
 		if fi.by != "" && !slices.Contains(reasons, fi.by) {
 			reasons = append(reasons, fi.by)
+			r.Decisions = append(r.Decisions, Decision{Outcome: fi.outcome, Rule: fi.rule, By: fi.by})
 		}
 		if fi.outcome == OutcomeRoute {
 			routed = true
@@ -793,12 +964,18 @@ func (t *tracer) result() Result {
 			continue
 		}
 		// The same endpoint may be reached by several branches: keep it once per masquerade value.
+		// Its probability is the sum of theirs (unknown if one is).
 		key := Candidate{Endpoint: fi.cand.Endpoint, Masquerade: fi.cand.Masquerade}
-		if seenCand[key] {
+		if i, ok := seenCand[key]; ok {
+			if c := &r.Candidates[i-1]; c.Probability == 0 || fi.cand.Probability == 0 {
+				c.Probability = 0
+			} else {
+				c.Probability += fi.cand.Probability
+			}
 			continue
 		}
-		seenCand[key] = true
 		r.Candidates = append(r.Candidates, fi.cand)
+		seenCand[key] = len(r.Candidates)
 	}
 	slices.SortFunc(r.Candidates, func(a, b Candidate) int {
 		if c := a.Endpoint.Compare(b.Endpoint); c != 0 {

@@ -497,6 +497,71 @@ func TestTraceMissingEndpointIndex(t *testing.T) {
 	}
 }
 
+// Session affinity's trace (its descriptor's, kinds.go): the recall rule's lookup misses (the maps are
+// empty at trace time), every endpoint's DNAT rule records the client and DNATs, and each says so as
+// values; an affinity DNAT outside a nat chain fails the trace.
+func TestTraceAffinitySteps(t *testing.T) {
+	for _, k := range []ActionKind{ActAffinityDNAT, ActAffinityRefresh, ActAffinityRecall} {
+		if d := actionKindDescs[k]; d == nil || d.trace == nil {
+			t.Errorf("action kind %d has no trace in its descriptor", k)
+		}
+	}
+	f := trFlat(t, cluster.IPv4, false, trFixture())
+	res := Trace(f, trHost, Packet{Src: netip.MustParseAddr(podHere), Dst: netip.MustParseAddr("10.96.0.19"), Proto: ProtoTCP, Port: 80})
+	var recalls, dnats []Step
+	for _, s := range res.Steps {
+		switch {
+		case s.Action == ActAffinityRecall:
+			recalls = append(recalls, s)
+		case s.Action == ActAffinityDNAT && s.Kind == StepMatch:
+			dnats = append(dnats, s)
+		}
+	}
+	if len(recalls) == 0 {
+		t.Fatalf("no recall step:\n%s", res.Explain())
+	}
+	for _, s := range recalls {
+		if s.Kind != StepNoMatch || !strings.Contains(s.Note, "affinity maps are empty at trace time") {
+			t.Errorf("recall step %+v: want a miss on an empty map", s)
+		}
+	}
+	var eps []string
+	for _, s := range dnats {
+		if !strings.Contains(s.Note, "client recorded in @") {
+			t.Errorf("affinity DNAT step %+v", s)
+		}
+		eps = append(eps, s.Endpoint.String())
+	}
+	slices.Sort(eps)
+	if diff := cmp.Diff([]string{"10.244.1.16:8080", "10.244.2.16:8080", "10.244.3.16:8080"}, eps); diff != "" {
+		t.Errorf("affinity DNAT endpoints (-want +got):\n%s", diff)
+	}
+	for _, c := range res.Candidates {
+		if c.Rule.Action != ActAffinityDNAT {
+			t.Errorf("candidate %s decided by %+v, want an affinity DNAT", c.Endpoint, c.Rule)
+		}
+	}
+
+	// An affinity DNAT in a filter chain: the kernel would refuse it, so must the tracer.
+	var aff *Chain
+	for _, c := range f.Chains {
+		if slices.ContainsFunc(c.Rules, func(r Rule) bool { return r.Action.Kind == ActAffinityDNAT }) {
+			aff = c
+			break
+		}
+	}
+	if aff == nil {
+		t.Fatal("no chain with an affinity DNAT")
+	}
+	c := *f.Chains[ChainFilterPreroutingPreDNAT]
+	c.Rules = append([]Rule{{Action: Action{Kind: ActJump, Chain: aff.Name}}}, c.Rules...)
+	f.Chains[c.Name] = &c
+	res = Trace(f, trHost, Packet{Src: netip.MustParseAddr(podHere), Dst: netip.MustParseAddr("10.96.0.19"), Proto: ProtoTCP, Port: 80})
+	if res.Outcome != OutcomeError || !strings.Contains(res.Reason, "the kernel only allows it in nat chains") {
+		t.Errorf("affinity DNAT in a filter chain: %s (%s), want ERROR", res.Outcome, res.Reason)
+	}
+}
+
 // ---- The tracer against the kernel ----
 //
 // TestTraceAgreesWithKernel loads the rendered fixture into a network namespace that plays the node,

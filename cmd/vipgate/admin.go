@@ -17,11 +17,12 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/dataplane/healthcheck"
 )
 
 // The admin endpoint of `vipgate node`, on metricsBindAddress (127.0.0.1:10249 by default, as
 // kube-proxy's metrics): /metrics for Prometheus and /status, the JSON that `vipgate status` prints.
-// /healthz and /livez stay on healthzBindAddress (dataplane.ProxyHealthServer), where kubelet and
+// /healthz and /livez stay on healthzBindAddress (healthcheck.ProxyHealthServer), where kubelet and
 // load balancers expect them.
 
 var (
@@ -157,7 +158,7 @@ func (a *adminServer) Start() error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
 	mux.HandleFunc("/status", a.serveStatus)
-	srv := dataplane.NewHTTPServer(mux, a.log)
+	srv := healthcheck.NewHTTPServer(mux, a.log)
 	a.mu.Lock()
 	a.srv, a.bound = srv, ln.Addr()
 	a.mu.Unlock()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -161,6 +162,11 @@ type ExplainReport struct {
 	DecidedBy string           `json:"decidedBy,omitempty"`
 	Why       []string         `json:"why,omitempty"`
 	Steps     []dataplane.Step `json:"steps"`
+
+	// algorithm is how the candidate is picked (dataplane.Explanation.Algorithm); srcPort is the
+	// packet's source port (0: not given).
+	algorithm cluster.LBAlgorithm
+	srcPort   uint16
 }
 
 // ExplainMaglev is the slot a gateway's jhash puts a flow in, and the backend that slot names.
@@ -185,7 +191,7 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 
 	var (
 		cfg    *cluster.NodeConfig
-		gwCfg  *cluster.GatewayConfig
+		anyCfg any
 		st     *cluster.State
 		flat   *dataplane.Flat
 		isLoc  func(netip.Addr) bool
@@ -194,73 +200,43 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 		rejected []RejectedObject
 		// holders is the rendered node ruleset, whose parts say which Service holds an entry.
 		holders *dataplane.Ruleset
+		table   = ef.table
 	)
 	if ef.config != "" {
-		c, err := cluster.LoadConfig(ef.config)
-		if err != nil {
+		if anyCfg, err = cluster.LoadConfig(ef.config); err != nil {
 			return nil, err
 		}
-		switch c := c.(type) {
+		switch c := anyCfg.(type) {
 		case *cluster.NodeConfig:
 			cfg = c
+			table = cmp.Or(table, c.TableName)
 		case *cluster.GatewayConfig:
-			gwCfg = c
+			table = cmp.Or(table, c.TableName)
 		}
 	}
-	table := ef.table
-	if table == "" && cfg != nil {
-		table = cfg.TableName
-	}
-	if table == "" && gwCfg != nil {
-		table = gwCfg.TableName
-	}
-	if table == "" {
-		table = "vipgate"
-	}
-	if ef.manifests != "" && gwCfg != nil {
-		source = "rendered"
-		log := gwCfg.Logging.NewLogger("vipgate", os.Stderr)
-		src := cluster.NewFileSource(ef.manifests, log.Named("manifests"))
-		src.AllowWorldWritable = ef.allowWorldWritable
-		if st, err = src.Load(); err != nil {
-			return nil, err
-		}
-		dpCfg := gatewayDataplaneConfig(gwCfg)
-		dpCfg.Table = table
-		grs, err := dataplane.BuildGatewayRuleset(dpCfg, fam, st, dataplane.ExpectedHealth(dpCfg, st))
-		if err != nil {
-			return nil, err
-		}
-		flat = grs.Ruleset.Flatten()
-		isLoc = func(a netip.Addr) bool { return a.IsLoopback() || slices.Contains(gwCfg.GatewayIPs, a.Unmap()) }
-	} else if ef.manifests != "" {
-		if cfg == nil {
+	table = cmp.Or(table, "vipgate")
+	switch {
+	case ef.manifests != "":
+		if anyCfg == nil {
 			return nil, errors.New("--manifests needs --config (the node the ruleset is rendered for)")
 		}
 		source = "rendered"
-		log := cfg.Logging.NewLogger("vipgate", os.Stderr)
-		src := cluster.NewFileSource(ef.manifests, log.Named("manifests"))
-		src.AllowWorldWritable = ef.allowWorldWritable
-		if st, err = src.Load(); err != nil {
+		o, err := loadOffline(anyCfg, ef.manifests, ef.allowWorldWritable, "")
+		if err != nil {
 			return nil, err
 		}
-		dpCfg := dataplaneConfig(cfg, log)
-		dpCfg.Table = table
-		rs, conflicts := dataplane.BuildRulesetReport(dpCfg, fam, st)
-		if rs == nil {
-			return nil, fmt.Errorf("building the IPv%d ruleset failed", fam)
+		o.table = table
+		rs, err := o.build(fam)
+		if err != nil {
+			return nil, err
 		}
-		flat = rs.Flatten()
-		holders = rs
-		for _, r := range append(slices.Clone(st.Rejected), conflicts...) {
-			rejected = append(rejected, RejectedObject{Kind: r.Kind, Object: r.Object, Source: r.Source, Reason: r.Reason})
+		st, flat, isLoc, holders = o.state, rs.Flat, rs.IsLocal, rs.Node
+		if o.node != nil {
+			for _, r := range append(slices.Clone(st.Rejected), rs.Conflicts...) {
+				rejected = append(rejected, RejectedObject{Kind: r.Kind, Object: r.Object, Source: r.Source, Reason: r.Reason})
+			}
 		}
-		local := map[netip.Addr]bool{}
-		for _, a := range append(append([]netip.Addr{}, cfg.NodeIPs...), dpCfg.NodePortIPs...) {
-			local[a.Unmap()] = true
-		}
-		isLoc = func(a netip.Addr) bool { return a.IsLoopback() || local[a.Unmap()] }
-	} else {
+	default:
 		prog := &dataplane.NetlinkProgrammer{}
 		if flat, err = prog.ReadTable(fam, table); err != nil {
 			return nil, err
@@ -293,8 +269,9 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 		return nil, errors.New("--from is required (or --host for a packet from this host)")
 	}
 
-	res := dataplane.Trace(flat, dataplane.HostInfo{IsLocal: isLoc}, dataplane.Packet{
-		Src: srcAddr, Dst: dst.Addr(), Proto: proto, Port: dst.Port(), FromHost: ef.host})
+	ex := dataplane.Explain(flat, dataplane.HostInfo{IsLocal: isLoc}, dataplane.Packet{
+		Src: srcAddr, Dst: dst.Addr(), Proto: proto, Port: dst.Port(), FromHost: ef.host, SrcPort: srcPort})
+	res := ex.Result
 	srcText := srcAddr.String()
 	if srcPort != 0 {
 		srcText = netip.AddrPortFrom(srcAddr, srcPort).String()
@@ -303,6 +280,7 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 		Source: srcText, Dest: dst.String(), Protocol: dataplane.ProtoName(proto), FromHost: ef.host,
 		Ruleset: source, Table: familyTableName(fam) + " " + table,
 		Outcome: string(res.Outcome), Summary: res.String(), DecidedBy: res.Reason, Steps: res.Steps,
+		algorithm: ex.Algorithm, srcPort: srcPort,
 	}
 	if res.Steps == nil {
 		rep.Steps = []dataplane.Step{}
@@ -310,21 +288,23 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 	if st != nil {
 		rep.Service = serviceFor(st, holders, isLoc, dst, proto)
 	}
-	if srcPort != 0 {
-		rep.Maglev = maglevChoice(flat, netip.AddrPortFrom(srcAddr, srcPort), dst, proto)
+	if m := ex.Maglev; m != nil {
+		rep.Maglev = &ExplainMaglev{Slot: m.Slot, Slots: m.Slots, Map: m.Map, Routed: m.Routed, Backend: m.Backend.String()}
+		if m.Routed {
+			rep.Maglev.Backend = m.Backend.Addr().String()
+		}
 	}
 	for _, o := range res.Others {
 		rep.Others = append(rep.Others, string(o))
 	}
-	for _, c := range res.Candidates {
-		choice, _ := candidateBranch(c)
-		ec := ExplainCandidate{Endpoint: c.Endpoint.String(), Masquerade: c.Masquerade, Choice: choice}
+	for _, c := range ex.Candidates {
+		ec := ExplainCandidate{Endpoint: c.Endpoint.String(), Masquerade: c.Masquerade, Choice: c.Branch}
 		if c.Masquerade {
-			ec.MasqueradeReason = masqueradeReason(res.Steps, c)
+			ec.MasqueradeReason = masqueradeText(c.Candidate)
 		}
 		rep.Candidates = append(rep.Candidates, ec)
 	}
-	rep.Why = whyNot(res, flat, dst, proto, srcAddr)
+	rep.Why = whyNot(ex, dst, proto, srcAddr)
 	for _, r := range rejected {
 		if mentionsAddr(r.Reason, dst.Addr()) {
 			rep.Rejected = append(rep.Rejected, r)
@@ -374,43 +354,6 @@ func nodeRejections(addr netip.AddrPort) []RejectedObject {
 		return nil
 	}
 	return st.Rejected
-}
-
-// gatewayTrace says whether the trace went through a gateway's jhash rule.
-func gatewayTrace(steps []dataplane.Step) bool {
-	for _, s := range steps {
-		if strings.HasPrefix(s.Branch, "jhash slots") {
-			return true
-		}
-	}
-	return false
-}
-
-// maglevChoice finds a gateway's jhash rule in f and returns the slot the flow src -> dst hashes to
-// (as the kernel computes it, dataplane.GatewaySlot) and what the slot map holds for it; nil when f
-// has no gateway rule or no element for the flow.
-func maglevChoice(f *dataplane.Flat, src, dst netip.AddrPort, proto uint8) *ExplainMaglev {
-	for _, ch := range f.Chains {
-		for _, r := range ch.Rules {
-			a := r.Action
-			if (a.Kind != dataplane.ActDNATJhashMap && a.Kind != dataplane.ActDupJhashMap) || a.Value == 0 {
-				continue
-			}
-			slot := dataplane.GatewaySlot(src, dst, a.Value)
-			for _, e := range f.Elements[a.Map] {
-				if e.Addr.Unmap() == dst.Addr() && e.Proto == proto && e.Port == dst.Port() && e.Index == slot {
-					m := &ExplainMaglev{Slot: slot, Slots: a.Value, Map: a.Map, Routed: a.Kind == dataplane.ActDupJhashMap}
-					if m.Routed {
-						m.Backend = e.DataAddr.Unmap().String()
-					} else {
-						m.Backend = netip.AddrPortFrom(e.DataAddr.Unmap(), e.DataPort).String()
-					}
-					return m
-				}
-			}
-		}
-	}
-	return nil
 }
 
 func familyTableName(f cluster.Family) string {
@@ -463,109 +406,54 @@ func hostSource(fam cluster.Family, cfg *cluster.NodeConfig) (netip.Addr, error)
 	return best, nil
 }
 
-// candidateBranch splits a candidate's Why into its random choices and its masquerade rule.
-func candidateBranch(c dataplane.Candidate) (branch, masqBy string) {
-	if rest, ok := strings.CutPrefix(c.Why, "masquerade: "); ok {
-		return "", rest
-	}
-	branch, masqBy, _ = strings.Cut(c.Why, "; masquerade: ")
-	return branch, masqBy
-}
-
-// onPath says whether a step belongs to the branch (steps before a fork belong to every branch).
-func onPath(s dataplane.Step, branch string) bool {
-	return s.Branch == "" || s.Branch == branch || strings.HasPrefix(branch, s.Branch+" / ")
-}
-
-// masqueradeReason says in words why the candidate's source is masqueraded, from the rule that set
-// the masquerade mark on its path (or the hairpin rule).
-func masqueradeReason(steps []dataplane.Step, c dataplane.Candidate) string {
-	branch, by := candidateBranch(c)
-	for _, s := range steps {
-		if onPath(s, branch) && (s.Chain == dataplane.ChainGatewayMasqPick || s.Chain == dataplane.ChainGatewayMasqPickSH) {
-			return "the gateway masquerades this Service's traffic (snat: always, or auto with nodePort forwarding to an externalTrafficPolicy=Cluster Service), so replies come back through it"
-		}
-	}
-	for _, s := range steps {
-		if !onPath(s, branch) || s.Note != "match: jump "+dataplane.ChainMarkForMasquerade {
-			continue
-		}
-		switch {
-		case s.Chain == dataplane.ChainServices:
-			return "ClusterIP traffic from outside the pod network (source not in clusterCIDRs, or masqueradeAll): masqueraded so replies return through this node"
-		case strings.HasPrefix(s.Chain, "masq-pick-"), strings.HasPrefix(s.Chain, "ext-") && !strings.HasPrefix(s.Chain, "ext-ip-") && !strings.HasPrefix(s.Chain, "ext-np-"):
-			return "externalTrafficPolicy=Cluster: traffic to an external IP, LoadBalancer IP or NodePort is masqueraded so the endpoint (maybe on another node) replies through this node"
-		case strings.HasPrefix(s.Chain, "ext-ip-"), strings.HasPrefix(s.Chain, "ext-np-"):
-			return "traffic from this host to an externalTrafficPolicy=Local Service goes to any endpoint, masqueraded (the host is not an external client)"
-		default:
-			return "marked for masquerade by chain " + s.Chain
-		}
-	}
-	if strings.Contains(by, "hairpin") || strings.Contains(by, dataplane.SetHairpin) {
+// masqueradeText says in words why the candidate's source is masqueraded.
+func masqueradeText(c dataplane.Candidate) string {
+	switch c.MasqReason {
+	case dataplane.MasqGatewaySNAT:
+		return "the gateway masquerades this Service's traffic (snat: always, or auto with nodePort forwarding to an externalTrafficPolicy=Cluster Service), so replies come back through it"
+	case dataplane.MasqClusterIPFromOutside:
+		return "ClusterIP traffic from outside the pod network (source not in clusterCIDRs, or masqueradeAll): masqueraded so replies return through this node"
+	case dataplane.MasqExternalCluster:
+		return "externalTrafficPolicy=Cluster: traffic to an external IP, LoadBalancer IP or NodePort is masqueraded so the endpoint (maybe on another node) replies through this node"
+	case dataplane.MasqLocalFromHost:
+		return "traffic from this host to an externalTrafficPolicy=Local Service goes to any endpoint, masqueraded (the host is not an external client)"
+	case dataplane.MasqMarkedByChain:
+		return "marked for masquerade by chain " + c.MarkRule.Chain
+	case dataplane.MasqHairpin:
 		return "hairpin: the endpoint is the client itself; masqueraded so its reply comes back through the node"
 	}
-	return "masqueraded by " + by
+	return "masqueraded by " + c.MasqRule.String()
 }
 
-// whyNot explains in words the outcomes that are not a DNAT, from the rules that decided them.
-func whyNot(res dataplane.Result, f *dataplane.Flat, dst netip.AddrPort, proto uint8, src netip.Addr) []string {
+// whyNot explains in words the outcomes that are not a DNAT.
+func whyNot(ex dataplane.Explanation, dst netip.AddrPort, proto uint8, src netip.Addr) []string {
 	var out []string
 	add := func(s string) {
-		for _, o := range out {
-			if o == s {
-				return
-			}
+		if !slices.Contains(out, s) {
+			out = append(out, s)
 		}
-		out = append(out, s)
 	}
-	outcomes := append([]dataplane.Outcome{res.Outcome}, res.Others...)
-	for _, by := range strings.Split(res.Reason, "; ") {
-		chain, _, _ := strings.Cut(by, "#")
-		switch {
-		case chain == dataplane.ChainReject:
+	for _, v := range ex.Verdicts {
+		switch v.Reason {
+		case dataplane.VerdictNoEndpoints:
 			add("the Service has no endpoints at all: vipgate rejects (ICMP port unreachable) so the client fails fast")
-		case chain == dataplane.ChainServiceEndpointsCheck || chain == dataplane.ChainNodePortEndpointsCheck:
+		case dataplane.VerdictNoLocalEndpoints:
 			add("the Service has endpoints, but none this node may use for this traffic: externalTrafficPolicy=Local (or internalTrafficPolicy=Local) and no ready endpoint on this node, so the packet is dropped (a load balancer's health check should stop sending here)")
-		case chain == dataplane.ChainClusterIPsCheck && strings.Contains(by, "reject"):
+		case dataplane.VerdictClusterIPNoPort:
 			add(fmt.Sprintf("%s is a ClusterIP, but its Service has no port %d/%s: rejected", dst.Addr(), dst.Port(), dataplane.ProtoName(proto)))
-		case chain == dataplane.ChainClusterIPsCheck:
+		case dataplane.VerdictClusterIPUnallocated:
 			add(fmt.Sprintf("%s is in a service CIDR but no Service has it: dropped", dst.Addr()))
-		case strings.HasPrefix(chain, "fw-"):
-			add(fmt.Sprintf("source %s is not in loadBalancerSourceRanges of Service %s: dropped", src, serviceOfChain(strings.TrimPrefix(chain, "fw-"))))
+		case dataplane.VerdictSourceRange:
+			add(fmt.Sprintf("source %s is not in loadBalancerSourceRanges of Service %s: dropped", src, v.ServicePort))
 		}
 	}
-	for _, o := range outcomes {
-		if o != dataplane.OutcomeAccept {
-			continue
-		}
-		if entryAddrKnown(f, dst.Addr()) {
-			add(fmt.Sprintf("%s is a Service address, but no Service port %d/%s is defined on it: vipgate leaves the packet alone (not Service traffic)", dst.Addr(), dst.Port(), dataplane.ProtoName(proto)))
-		} else {
-			add("no vipgate rule matched: not Service traffic, the packet passes untouched")
-		}
+	switch ex.Accept {
+	case dataplane.AcceptUndefinedPort:
+		add(fmt.Sprintf("%s is a Service address, but no Service port %d/%s is defined on it: vipgate leaves the packet alone (not Service traffic)", dst.Addr(), dst.Port(), dataplane.ProtoName(proto)))
+	case dataplane.AcceptNotServiceTraffic:
+		add("no vipgate rule matched: not Service traffic, the packet passes untouched")
 	}
 	return out
-}
-
-// serviceOfChain turns "ns/name/proto/port" (a per-Service chain's suffix) into "ns/name port PORT/PROTO".
-func serviceOfChain(s string) string {
-	parts := strings.Split(s, "/")
-	if len(parts) >= 4 {
-		return fmt.Sprintf("%s/%s port %s/%s", parts[0], parts[1], parts[3], parts[2])
-	}
-	return s
-}
-
-// entryAddrKnown says whether addr is the address of some Service entry in the table.
-func entryAddrKnown(f *dataplane.Flat, addr netip.Addr) bool {
-	for _, set := range []string{dataplane.MapServiceIPs, dataplane.MapNoEndpointServices, dataplane.MapFirewallIPs} {
-		for _, e := range f.Elements[set] {
-			if e.Addr == addr {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // serviceFor names the Service port that dst belongs to in st ("" if none).
@@ -649,7 +537,7 @@ func (r *ExplainReport) writeText(w io.Writer) {
 		switch {
 		case len(r.Candidates) == 1:
 			fmt.Fprintln(w, "result:   DNAT to 1 endpoint")
-		case gatewayTrace(r.Steps):
+		case r.algorithm == cluster.LBMaglev:
 			fmt.Fprintf(w, "result:   DNAT to one of %d backends, chosen by a fixed hash of the flow (Maglev; the same on every gateway)\n", len(r.Candidates))
 		default:
 			fmt.Fprintf(w, "result:   DNAT to one of %d endpoints, chosen per connection by the Service's balancing algorithm (random unless %s names another)\n", len(r.Candidates), cluster.LBAlgorithmAnnotation)
@@ -675,8 +563,8 @@ func (r *ExplainReport) writeText(w io.Writer) {
 		if m.Routed {
 			verb = "routed to node"
 		}
-		fmt.Fprintf(w, "maglev:   this flow (source port %s) hashes to slot %d of %d in @%s: %s %s — the same on every gateway\n",
-			r.Source[strings.LastIndexByte(r.Source, ':')+1:], m.Slot, m.Slots, m.Map, verb, m.Backend)
+		fmt.Fprintf(w, "maglev:   this flow (source port %d) hashes to slot %d of %d in @%s: %s %s — the same on every gateway\n",
+			r.srcPort, m.Slot, m.Slots, m.Map, verb, m.Backend)
 		if m.Routed {
 			// forwarding: route keeps a connection table in front of Maglev (dataplane/gateway_conntable.go).
 			fmt.Fprintf(w, "table:    for a new flow; once seen, the flow keeps its node in @%s while that node serves the VIP port (drained nodes too), whatever the slot says later\n", dataplane.MapGatewayFlows)

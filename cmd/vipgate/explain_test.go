@@ -1,9 +1,12 @@
 package main
 
 import (
+	"encoding/json"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -147,5 +150,35 @@ func TestMentionsAddr(t *testing.T) {
 		if got := mentionsAddr(tc.text, netip.MustParseAddr(tc.addr)); got != tc.want {
 			t.Errorf("mentionsAddr(%q, %s) = %v, want %v", tc.text, tc.addr, got, tc.want)
 		}
+	}
+}
+
+// TestExplainJSONSteps: the steps of `explain --output json` keep their fields; the typed fields the
+// tracer adds for programs (dataplane.Step.Kind and the like) are not part of them.
+func TestExplainJSONSteps(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "node1.yaml")
+	if err := os.WriteFile(cfg, []byte(`apiVersion: vipgate.io/v1alpha1
+kind: NodeConfig
+nodeName: node1
+nodeIPs: ["192.0.2.11"]
+clusterCIDRs: ["10.244.0.0/16"]
+serviceCIDRs: ["10.96.0.0/16"]
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := explain(&explainFlags{from: "198.51.100.7", to: "10.96.0.10:80", config: cfg, manifests: filepath.Join("..", "..", "deploy", "examples", "demo")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(rep.Steps[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys map[string]any
+	if err := json.Unmarshal(b, &keys); err != nil {
+		t.Fatal(err)
+	}
+	if got := slices.Sorted(maps.Keys(keys)); !slices.Equal(got, []string{"Branch", "Chain", "Hook", "Note", "Rule", "Text"}) {
+		t.Errorf("a step's JSON has the fields %v", got)
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/dataplane/conntrack"
 	"github.com/vipgate/vipgate/speaker"
 )
 
@@ -39,8 +40,9 @@ type gatewaySpeaker struct {
 	group speaker.GatewayGroup
 }
 
-func startGatewaySpeaker(ctx context.Context, cfg *cluster.GatewayConfig, log hclog.Logger) (*gatewaySpeaker, error) {
-	spk, err := newSpeaker(ctx, cfg.Name, cfg.GatewayIPs, cfg.Speaker, log)
+func startGatewaySpeaker(ctx context.Context, cfg *cluster.GatewayConfig, flags speakerFlags, log hclog.Logger) (*gatewaySpeaker, error) {
+	spk, err := newSpeakerWith(ctx, speakerOptions{Name: cfg.Name, IPs: cfg.GatewayIPs, Config: cfg.Speaker, Flags: flags,
+		PodNamespace: os.Getenv(podNamespaceEnv)}, log)
 	if err != nil {
 		return nil, err
 	}
@@ -124,24 +126,13 @@ func runGateway(args []string) error {
 	}
 	defer stopAdmin()
 
-	// Health changes and new snapshots both wake the one loop below, which owns the dataplane.
-	healthChanged := make(chan struct{}, 1)
-	prober := dataplane.NewProber(log.Named("health"), dataplane.ProberOptions{
-		Interval: cfg.HealthCheckInterval,
-		OnChange: func() {
-			select {
-			case healthChanged <- struct{}{}:
-			default:
-			}
-		},
-	})
-	defer prober.Close()
-	ct, err := dataplane.NewConntrackCleaner(log.Named("conntrack"))
+	ct, err := conntrack.NewCleaner(log.Named("conntrack"))
 	if err != nil {
 		log.Warn("conntrack cleanup disabled", "err", err)
 	}
+	ctClean := dataplane.ConntrackCleanup{Cleaner: ct, Log: log}
 	// The speaker announces the VIPs (ARP/NDP or BGP) once they are forwarded.
-	spk, err := startGatewaySpeaker(ctx, cfg, log)
+	spk, err := startGatewaySpeaker(ctx, cfg, nf.speaker, log)
 	if err != nil {
 		return err
 	}
@@ -157,91 +148,79 @@ func runGateway(args []string) error {
 	}
 	defer stopCtSync()
 
-	states := make(chan *cluster.State, 1)
+	// The sync loop (dataplane.SyncRunner) owns the dataplane: new snapshots, health changes and
+	// drain deadlines all wake it. Its Sync runs only once Run is called, below, so it may use the
+	// prober made after it.
+	var prober *dataplane.Prober
+	var targetsOf *cluster.State // the snapshot the prober's targets come from
+	first := true
+	var runner *dataplane.SyncRunner[*dataplane.GatewaySyncReport]
+	runner = dataplane.NewSyncRunner(log, dataplane.SyncRunnerOptions[*dataplane.GatewaySyncReport]{
+		Name: "gateway sync",
+		Sync: func(ctx context.Context, st *cluster.State) (*dataplane.GatewaySyncReport, error) {
+			if st != targetsOf {
+				prober.SetTargets(dataplane.GatewayHealthTargets(dpCfg, st))
+				targetsOf = st
+			}
+			if first {
+				// The table a previous run left keeps forwarding meanwhile.
+				prober.WaitProbed(ctx, prober.Timeout()+100*time.Millisecond)
+				first = false
+			}
+			return gw.Sync(st, prober.Snapshot())
+		},
+		Attempted: func(st *cluster.State, rep *dataplane.GatewaySyncReport, err error) {
+			admin.recordSync(st, gatewayReport(rep), err)
+		},
+		AfterSync: []func(*cluster.State, *dataplane.GatewaySyncReport){
+			func(st *cluster.State, rep *dataplane.GatewaySyncReport) {
+				// The next drain deadline or end of a daisy chaining window (route forwarding),
+				// whichever comes first: that sync takes the node or the previous table's slots out
+				// (and deletes its flows' conntrack entries, nodePort forwarding).
+				if wake := earliest(rep.NextDrainDeadline, rep.NextDaisyEnd); !wake.IsZero() {
+					runner.ResyncAt(wake.Add(10 * time.Millisecond))
+				}
+				if len(rep.Draining) > 0 {
+					log.Info("nodes draining: no new flows, established ones keep them until the deadline", "nodes", strings.Join(rep.Draining, ","), "until", rep.NextDrainDeadline.Format(time.RFC3339))
+				}
+				for _, c := range rep.Conflicts {
+					log.Warn("rejected", "object", c.Object, "reason", c.Reason)
+				}
+				for _, r := range st.Rejected {
+					log.Debug("rejected", "object", r.Object, "reason", r.Reason)
+				}
+				spk.Update(st, rep)
+				ctClean.Delete(rep.StaleFlows)
+				log.Info("synced", "full", rep.Full, "duration", rep.Duration, "vips", len(rep.VIPs), "backends", gatewayBackendSummary(rep.Entries))
+			},
+		},
+	})
+
+	prober = dataplane.NewProber(log.Named("health"), dataplane.ProberOptions{
+		Interval: cfg.HealthCheckInterval,
+		OnChange: runner.Resync,
+	})
+	defer prober.Close()
+
+	runCtx, stopRunner := context.WithCancel(ctx)
+	defer stopRunner()
 	srcErr := make(chan error, 1)
 	go func() {
-		srcErr <- src.Run(ctx, func(st *cluster.State) {
-			select {
-			case <-states:
-			default:
-			}
-			states <- st
-		})
+		srcErr <- src.Run(ctx, runner.Submit)
+		stopRunner() // the source ended: so does the gateway
 	}()
 	log.Info("vipgate gateway started", "forwarding", cfg.Forwarding, "snat", cfg.SNAT, "table", cfg.TableName,
 		"healthCheckInterval", cfg.HealthCheckInterval, "source", src.String(), "version", version)
 
-	var current *cluster.State
-	dirty, first := false, true
-	retry := time.NewTimer(time.Hour)
-	retry.Stop()
-	// drainEnd wakes the loop when a draining node's deadline passes: that sync takes it out of the
-	// connection table (and deletes its flows' conntrack entries, nodePort forwarding).
-	drainEnd := time.NewTimer(time.Hour)
-	drainEnd.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			log.Info("stopping; the nftables rules stay in place")
-			return nil
-		case err := <-srcErr:
-			if err != nil && ctx.Err() == nil {
-				return fmt.Errorf("source: %w", err)
-			}
-			return nil
-		case st := <-states:
-			current, dirty = st, true
-			prober.SetTargets(dataplane.GatewayHealthTargets(dpCfg, st))
-		case <-healthChanged:
-			dirty = true
-		case <-retry.C:
-		case <-drainEnd.C:
-			dirty = true
-		}
-		if current == nil || !dirty {
-			continue
-		}
-		if first {
-			// The table a previous run left keeps forwarding meanwhile.
-			prober.WaitProbed(ctx, prober.Timeout()+100*time.Millisecond)
-			first = false
-		}
-		rep, err := gw.Sync(current, prober.Snapshot())
-		admin.recordSync(current, gatewayReport(rep), err)
-		if err != nil {
-			log.Error("gateway sync failed, retrying in 1s", "err", err)
-			retry.Reset(time.Second)
-			continue
-		}
-		dirty = false
-		// The next drain deadline or end of a daisy chaining window (route forwarding), whichever
-		// comes first: that sync takes the node or the previous table's slots out.
-		if wake := earliest(rep.NextDrainDeadline, rep.NextDaisyEnd); !wake.IsZero() {
-			drainEnd.Reset(time.Until(wake) + 10*time.Millisecond)
-		}
-		if len(rep.Draining) > 0 {
-			log.Info("nodes draining: no new flows, established ones keep them until the deadline", "nodes", strings.Join(rep.Draining, ","), "until", rep.NextDrainDeadline.Format(time.RFC3339))
-		}
-		for _, c := range rep.Conflicts {
-			log.Warn("rejected", "object", c.Object, "reason", c.Reason)
-		}
-		for _, r := range current.Rejected {
-			log.Debug("rejected", "object", r.Object, "reason", r.Reason)
-		}
-		spk.Update(current, rep)
-		if ct != nil && len(rep.StaleFlows) > 0 {
-			filters := make([]dataplane.StaleFlow, 0, len(rep.StaleFlows))
-			for _, f := range rep.StaleFlows {
-				filters = append(filters, dataplane.StaleFlow(f))
-			}
-			if n, err := ct.Delete(filters); err != nil {
-				log.Warn("conntrack cleanup", "err", err)
-			} else if n > 0 {
-				log.Debug("deleted stale conntrack entries", "count", n)
-			}
-		}
-		log.Info("synced", "full", rep.Full, "duration", rep.Duration, "vips", len(rep.VIPs), "backends", gatewayBackendSummary(rep.Entries))
+	_ = runner.Run(runCtx)
+	if ctx.Err() != nil {
+		log.Info("stopping; the nftables rules stay in place")
+		return nil
 	}
+	if err := <-srcErr; err != nil {
+		return fmt.Errorf("source: %w", err)
+	}
+	return nil
 }
 
 // gatewayReport is a gateway sync as the admin endpoint records a node's.

@@ -223,7 +223,10 @@ func renderCase(t *testing.T, tc hostileCase) (rejected []cluster.Rejection, log
 	rejected = append(rejected, st.Rejected...)
 	dpCfg := dataplaneConfig(cfg, logger)
 	for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-		rs, conflicts := dataplane.BuildRulesetReport(dpCfg, f, st)
+		rs, conflicts, err := dataplane.BuildRuleset(dpCfg, f, st)
+		if err != nil {
+			t.Fatal(err)
+		}
 		rejected = append(rejected, conflicts...)
 		// No special address anywhere in the maps, as a key or as a DNAT target.
 		for set, els := range rs.Flatten().Elements {

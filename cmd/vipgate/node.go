@@ -16,7 +16,9 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/dataplane/conntrack"
 	"github.com/vipgate/vipgate/dataplane/ctsync"
+	"github.com/vipgate/vipgate/dataplane/healthcheck"
 )
 
 const nodeHelp = `Usage: vipgate node --config FILE (--manifests DIR | --kubeconfig FILE) [flags]
@@ -42,6 +44,7 @@ Flags:
 type nodeFlags struct {
 	config, manifests, kubeconfig, logLevel string
 	cleanup, allowWorldWritable             bool
+	speaker                                 speakerFlags
 }
 
 func parseNodeFlags(name, help string, args []string) (*nodeFlags, error) {
@@ -52,10 +55,7 @@ func parseNodeFlags(name, help string, args []string) (*nodeFlags, error) {
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the cluster to watch instead of --manifests (\"in-cluster\": the pod's service account; the default inside a pod)")
 	fs.StringVar(&f.logLevel, "log-level", "", "override the config's logLevel (trace, debug, info, warn, error)")
 	fs.BoolVar(&f.cleanup, "cleanup", false, "delete vipgate's nftables tables and exit")
-	fs.DurationVar(&bgpDrain, "bgp-shutdown-drain", 0, "on SIGTERM, advertise routes with GRACEFUL_SHUTDOWN and local-pref 0 for this long, then withdraw (0: keep them for graceful restart)")
-	fs.IntVar(&memberPort, "member-port", memberPort, "UDP port of the speakers' membership heartbeats, the same on every node (0: the config's speaker.memberPort, else 7473)")
-	fs.StringVar(&memberKeyFile, "member-key-file", memberKeyFile, "file of the keys that authenticate the membership heartbeats, one per line: the first signs, any verifies (over the config's speaker.memberKeyFile); without one L2 announcements are refused")
-	fs.BoolVar(&memberInsecure, "member-insecure", memberInsecure, "run the L2 membership without a key (labs only: anyone on the LAN can steer it)")
+	f.speaker.addFlags(fs)
 	fs.BoolVar(&f.allowWorldWritable, "allow-world-writable-manifests", false, "accept a manifest directory anyone can write to (unsafe)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), help)
@@ -135,7 +135,7 @@ func runNode(args []string) error {
 	// /healthz, /livez and /readyz: QueuedUpdate when a snapshot arrives, Updated when one is
 	// programmed, so a node whose syncs keep failing (or never run) turns unhealthy after staleAfter;
 	// /readyz stays 503 until the first sync is in the kernel (the DaemonSet's readiness probe).
-	healthz := dataplane.NewProxyHealthServer(log, cfg.HealthzBindAddress.String(), 2*time.Minute)
+	healthz := healthcheck.NewProxyHealthServer(log, cfg.HealthzBindAddress.String(), 2*time.Minute)
 	if err := healthz.Start(); err != nil {
 		log.Warn("healthz server not started", "addr", cfg.HealthzBindAddress, "err", err)
 	} else {
@@ -145,18 +145,19 @@ func runNode(args []string) error {
 	if len(hcAddrs) == 0 {
 		hcAddrs = cfg.NodeIPs
 	}
-	hc := dataplane.NewHealthCheckServer(log, hcAddrs, healthz.IsHealthy)
+	hc := healthcheck.NewServiceHealthServer(log, hcAddrs, healthz.IsHealthy)
 	defer hc.Close()
-	ct, err := dataplane.NewConntrackCleaner(log.Named("conntrack"))
+	ct, err := conntrack.NewCleaner(log.Named("conntrack"))
 	if err != nil {
 		log.Warn("conntrack cleanup disabled", "err", err)
 	}
+	ctClean := dataplane.ConntrackCleanup{Cleaner: ct, Log: log}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
 	// The speaker (L2/BGP announcements) runs beside the dataplane and sees every snapshot.
-	spk, err := startSpeaker(ctx, cfg, log)
+	spk, err := startSpeakerWith(ctx, cfg, nf.speaker, log)
 	if err != nil {
 		return err
 	}
@@ -171,89 +172,65 @@ func runNode(args []string) error {
 		admin.setVIPLister(vl)
 	}
 
-	states := make(chan *cluster.State, 1)
-	srcErr := make(chan error, 1)
-	go func() {
-		srcErr <- src.Run(ctx, func(st *cluster.State) {
-			healthz.QueuedUpdate()
-			// Keep only the newest snapshot: a burst of changes becomes one sync.
-			select {
-			case <-states:
-			default:
-			}
-			states <- st
-		})
-	}()
-	log.Info("vipgate node started", "node", cfg.NodeName, "table", cfg.TableName, "source", src.String(), "version", version)
-
 	conflicts := &conflictLog{log: log}
 	if ks, ok := src.(kubeSource); ok {
 		conflicts.events = ks.KubeSource
 	}
-	var pending *cluster.State
-	retry := time.NewTimer(time.Hour)
-	retry.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			log.Info("stopping; the nftables rules stay in place")
-			return nil
-		case err := <-srcErr:
-			if err != nil && ctx.Err() == nil {
-				return fmt.Errorf("manifest source: %w", err)
-			}
-			return nil
-		case st := <-states:
-			pending = st
-		case <-retry.C:
-		}
-		if pending == nil {
-			continue
-		}
-		rep, err := proxier.Sync(pending)
-		admin.recordSync(pending, rep, err)
-		if err != nil {
-			log.Error("sync failed, retrying in 1s", "err", err)
-			retry.Reset(time.Second)
-			continue
-		}
-		pending0 := pending
-		pending = nil
-		healthz.Updated()
-		conflicts.report(pending0, rep.Conflicts)
-		if err := hc.SyncServices(rep.HealthChecks); err != nil {
-			log.Warn("health check servers", "err", err)
-		}
-		hc.SyncEndpoints(rep.LocalEndpoints)
-		spk.Update(pending0, rep)
-		if r, ok := ct.(dataplane.ConntrackReconciler); ok && rep.Full {
-			// After a (re)start or a recovery: remove UDP/SCTP entries to Service ports whose reply
-			// source is no longer an endpoint, keep every flow that is still right.
-			if n, err := r.Reconcile(dataplane.ConntrackView(pending0)); err != nil {
-				log.Warn("conntrack reconcile", "err", err)
-			} else if n > 0 {
-				log.Info("deleted stale conntrack entries", "count", n)
-			}
-		}
-		if ct != nil && len(rep.StaleFlows) > 0 {
-			filters := make([]dataplane.StaleFlow, 0, len(rep.StaleFlows))
-			for _, f := range rep.StaleFlows {
-				filters = append(filters, dataplane.StaleFlow(f))
-			}
-			if n, err := ct.Delete(filters); err != nil {
-				log.Warn("conntrack cleanup", "err", err)
-			} else if n > 0 {
-				log.Debug("deleted stale conntrack entries", "count", n)
-			}
-		}
-		// A sync that changed nothing (a Node or EndpointSlice event with no effect on the rules) is
-		// routine: debug only, so the log shows the syncs that did something.
-		syncLog := log.Info
-		if n := txChanges(rep); n == 0 && !rep.Full {
-			syncLog = log.Debug
-		}
-		syncLog("synced", "full", rep.Full, "adopted", rep.Adopted, "duration", rep.Duration, "changes", txChanges(rep))
+	// The sync loop (dataplane.SyncRunner): the newest snapshot wins, failures are retried with
+	// backoff, and after each success the health checks, the speaker and conntrack follow.
+	runner := dataplane.NewSyncRunner(log, dataplane.SyncRunnerOptions[*dataplane.SyncReport]{
+		Name: "sync",
+		Sync: func(_ context.Context, st *cluster.State) (*dataplane.SyncReport, error) {
+			return proxier.Sync(st)
+		},
+		Attempted: admin.recordSync,
+		AfterSync: []func(*cluster.State, *dataplane.SyncReport){
+			func(st *cluster.State, rep *dataplane.SyncReport) {
+				healthz.Updated()
+				conflicts.report(st, rep.Conflicts)
+				if err := hc.SyncServices(rep.HealthChecks); err != nil {
+					log.Warn("health check servers", "err", err)
+				}
+				hc.SyncEndpoints(rep.LocalEndpoints)
+				spk.Update(st, rep)
+				if rep.Full {
+					// After a (re)start or a recovery: remove UDP/SCTP entries to Service ports whose
+					// reply source is no longer an endpoint, keep every flow that is still right.
+					ctClean.Reconcile(st)
+				}
+				ctClean.Delete(rep.StaleFlows)
+				// A sync that changed nothing (a Node or EndpointSlice event with no effect on the
+				// rules) is routine: debug only, so the log shows the syncs that did something.
+				syncLog := log.Info
+				if n := txChanges(rep); n == 0 && !rep.Full {
+					syncLog = log.Debug
+				}
+				syncLog("synced", "full", rep.Full, "adopted", rep.Adopted, "duration", rep.Duration, "changes", txChanges(rep))
+			},
+		},
+	})
+
+	runCtx, stopRunner := context.WithCancel(ctx)
+	defer stopRunner()
+	srcErr := make(chan error, 1)
+	go func() {
+		srcErr <- src.Run(ctx, func(st *cluster.State) {
+			healthz.QueuedUpdate()
+			runner.Submit(st)
+		})
+		stopRunner() // the source ended: so does the node
+	}()
+	log.Info("vipgate node started", "node", cfg.NodeName, "table", cfg.TableName, "source", src.String(), "version", version)
+
+	_ = runner.Run(runCtx)
+	if ctx.Err() != nil {
+		log.Info("stopping; the nftables rules stay in place")
+		return nil
 	}
+	if err := <-srcErr; err != nil {
+		return fmt.Errorf("manifest source: %w", err)
+	}
+	return nil
 }
 
 // dataplaneConfig turns the NodeConfig into the dataplane's view: NodePort addresses are the local

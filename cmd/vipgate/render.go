@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"os"
 
@@ -39,70 +38,52 @@ func runRender(args []string) error {
 	if err != nil {
 		return err
 	}
-	if gcfg, ok := anyCfg.(*cluster.GatewayConfig); ok {
-		return renderGateway(gcfg, nf)
-	}
-	cfg := anyCfg.(*cluster.NodeConfig)
-	log := cfg.Logging.NewLogger("vipgate", os.Stderr)
-	if nf.logLevel != "" {
-		log.SetLevel(hclog.LevelFromString(nf.logLevel))
-	}
-	src := cluster.NewFileSource(nf.manifests, log.Named("manifests"))
-	src.AllowWorldWritable = nf.allowWorldWritable
-	st, err := src.Load()
+	o, err := loadOffline(anyCfg, nf.manifests, nf.allowWorldWritable, nf.logLevel)
 	if err != nil {
 		return err
 	}
-	return renderNode(os.Stdout, log, cfg, st)
+	if o.gateway != nil {
+		return renderGateway(os.Stdout, o)
+	}
+	return renderNode(os.Stdout, o.log, o.node, o.state)
 }
 
 // renderNode prints the node ruleset of st (both families) to w and logs, to log, what the node
 // would not program: the entries held by another Service and the addresses its externalIPs policy
 // refuses, once for both families. (The objects the file source refused were logged by its Load.)
 func renderNode(w io.Writer, log hclog.Logger, cfg *cluster.NodeConfig, st *cluster.State) error {
-	dpCfg := dataplaneConfig(cfg, log)
+	o := &offline{node: cfg, log: log, state: st}
 	seen := map[cluster.Rejection]bool{}
 	for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-		rs, conflicts := dataplane.BuildRulesetReport(dpCfg, f, st)
-		if rs == nil {
-			return fmt.Errorf("building the IPv%d ruleset failed", f)
+		rs, err := o.build(f)
+		if err != nil {
+			return err
 		}
-		for _, c := range conflicts {
+		for _, c := range rs.Conflicts {
 			if !seen[c] {
 				seen[c] = true
 				log.Warn("not programmed", "kind", c.Kind, "object", c.Object, "reason", c.Reason)
 			}
 		}
-		if err := dataplane.Render(w, rs.Flatten()); err != nil {
+		if err := dataplane.Render(w, rs.Flat); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// renderGateway prints the gateway ruleset of the manifests (both families).
-func renderGateway(cfg *cluster.GatewayConfig, nf *nodeFlags) error {
-	log := cfg.Logging.NewLogger("vipgate", os.Stderr)
-	if nf.logLevel != "" {
-		log.SetLevel(hclog.LevelFromString(nf.logLevel))
-	}
-	src := cluster.NewFileSource(nf.manifests, log.Named("manifests"))
-	src.AllowWorldWritable = nf.allowWorldWritable
-	st, err := src.Load()
-	if err != nil {
-		return err
-	}
-	dpCfg := gatewayDataplaneConfig(cfg)
-	health := dataplane.ExpectedHealth(dpCfg, st)
+// renderGateway prints the gateway ruleset of the manifests (both families) to w. Health checks are
+// not run: ExpectedHealth stands in for them.
+func renderGateway(w io.Writer, o *offline) error {
 	for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-		grs, err := dataplane.BuildGatewayRuleset(dpCfg, f, st, health)
+		rs, err := o.build(f)
 		if err != nil {
-			return fmt.Errorf("building the IPv%d gateway ruleset: %w", f, err)
+			return err
 		}
-		for _, c := range grs.Conflicts {
-			log.Warn("rejected", "object", c.Object, "reason", c.Reason)
+		for _, c := range rs.Conflicts {
+			o.log.Warn("rejected", "object", c.Object, "reason", c.Reason)
 		}
-		if err := dataplane.Render(os.Stdout, grs.Ruleset.Flatten()); err != nil {
+		if err := dataplane.Render(w, rs.Flat); err != nil {
 			return err
 		}
 	}

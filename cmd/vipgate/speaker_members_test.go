@@ -1,49 +1,42 @@
 package main
 
 import (
-	"maps"
-	"net/netip"
-	"slices"
+	"flag"
 	"testing"
-
-	"github.com/google/go-cmp/cmp"
-	metallbv1beta1 "go.universe.tf/metallb/api/v1beta1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"time"
 
 	"github.com/vipgate/vipgate/cluster"
-	"github.com/vipgate/vipgate/speaker"
 )
 
-// TestNodeMembersFromSpeakerPods: with the speaker pods known (State.SpeakerNodes, the Kubernetes
-// source), only the Nodes that run one are members, so a rack whose other nodes run no vipgate
-// keeps a majority of its speakers; without (the file source), every Node is.
-func TestNodeMembersFromSpeakerPods(t *testing.T) {
-	st := &cluster.State{Nodes: map[string]*cluster.Node{}, MetalLB: &cluster.MetalLBConfig{
-		IPAddressPools: []*metallbv1beta1.IPAddressPool{{ObjectMeta: metav1.ObjectMeta{Name: "a", Namespace: "mlb"},
-			Spec: metallbv1beta1.IPAddressPoolSpec{Addresses: []string{"192.0.2.100/30"}}}},
-		L2Advertisements: []*metallbv1beta1.L2Advertisement{{ObjectMeta: metav1.ObjectMeta{Name: "a", Namespace: "mlb"}}},
-	}}
-	for i, n := range []string{"n1", "n2", "n3", "n4", "n5"} {
-		st.Nodes[n] = &cluster.Node{Name: n, Addresses: []netip.Addr{netip.MustParseAddr("2001:db8::1"), netip.AddrFrom4([4]byte{192, 0, 2, byte(i + 1)})}}
+// TestSpeakerFlags: the speaker's flags parse into speakerFlags (no package globals), and the
+// membership's key file and insecure mode resolve flag over config, insecure only without a key.
+func TestSpeakerFlags(t *testing.T) {
+	fs := flag.NewFlagSet("node", flag.ContinueOnError)
+	var f speakerFlags
+	f.addFlags(fs)
+	if err := fs.Parse([]string{"--member-port=7999", "--member-insecure", "--bgp-shutdown-drain=30s"}); err != nil {
+		t.Fatal(err)
 	}
-	members := func() []string {
-		m := nodeMembers(st)
-		if a := m["n1"]; len(a) != 2 || !a[0].Is4() {
-			t.Errorf("n1's addresses %v: want the IPv4 one first (heartbeats go there)", a)
+	if f.MemberPort != 7999 || !f.MemberInsecure || f.BGPDrain != 30*time.Second || f.MemberKeyFile != "" {
+		t.Errorf("parsed %+v", f)
+	}
+	for _, c := range []struct {
+		name         string
+		f            speakerFlags
+		sc           cluster.SpeakerConfig
+		wantKey      string
+		wantInsecure bool
+	}{
+		{name: "nothing", wantKey: "", wantInsecure: false},
+		{name: "config key", sc: cluster.SpeakerConfig{MemberKeyFile: "/c"}, wantKey: "/c"},
+		{name: "flag key over config", f: speakerFlags{MemberKeyFile: "/f"}, sc: cluster.SpeakerConfig{MemberKeyFile: "/c"}, wantKey: "/f"},
+		{name: "insecure flag", f: speakerFlags{MemberInsecure: true}, wantInsecure: true},
+		{name: "insecure config", sc: cluster.SpeakerConfig{Insecure: true}, wantInsecure: true},
+		{name: "a key wins over insecure", f: speakerFlags{MemberInsecure: true}, sc: cluster.SpeakerConfig{MemberKeyFile: "/c"}, wantKey: "/c"},
+	} {
+		key, insecure := memberSettings(c.f, c.sc)
+		if key != c.wantKey || insecure != c.wantInsecure {
+			t.Errorf("%s: key %q insecure %v, want %q %v", c.name, key, insecure, c.wantKey, c.wantInsecure)
 		}
-		return slices.Sorted(maps.Keys(m))
-	}
-	if d := cmp.Diff([]string{"n1", "n2", "n3", "n4", "n5"}, members()); d != "" {
-		t.Errorf("file source (-want +got):\n%s", d)
-	}
-	st.SpeakerNodes = map[string]bool{"n1": true, "n2": true}
-	got := members()
-	if d := cmp.Diff([]string{"n1", "n2"}, got); d != "" {
-		t.Errorf("speaker pods on n1, n2 (-want +got):\n%s", d)
-	}
-	// The segment is the speakers, not the five Nodes: two of two is a majority.
-	segs := speaker.L2Segments(st, append(got, "n1"))
-	if len(segs) != 1 || !slices.Equal(segs[0].Members, []string{"n1", "n2"}) {
-		t.Errorf("segments %+v, want one of n1, n2", segs)
 	}
 }

@@ -45,6 +45,13 @@ import (
 // path. The gateway's forwarding rate is counted at its egress port (n0's tx packets over the
 // sender's time); what the receiver's socket took is given too. The sender straight to the
 // receiver over one veth (d0) is the generator's own ceiling, in the same rounds.
+//
+// The rate moves with whatever else runs on the machine (tens of percent on a shared 2-vCPU VM).
+// The generator's own CPU time per packet does much less: the softirq that carries the packet
+// through the gateway runs on the sender's thread and is charged to it, while time other processes
+// take is not. So the row also gives the sender's CPU time per packet, plain vs each mode (same
+// rounds): the cost of the gateway's path per packet, and the ratio the rate would have on an idle
+// machine.
 
 const (
 	gwPPSPort    = 30080
@@ -314,31 +321,36 @@ func udpDelivered(ns string) (in, dropped uint64, err error) {
 
 // ppsSample is one measurement: what the generator sent, what left the counted port, what the
 // receiver's socket took, per second of the generator's sending time.
-type ppsSample struct{ sent, forwarded, delivered float64 }
+type ppsSample struct {
+	sent, forwarded, delivered float64
+	// cpuNS is the generator's CPU time per packet sent (ns; 0: not reported).
+	cpuNS float64
+}
 
 // send runs the generator in the sender namespace to dst for d (at most count packets) and returns
-// the packets sent and the time it sent for.
-func (g *gwLab) send(dst netip.AddrPort, d time.Duration, count int) (int, time.Duration, error) {
+// the packets sent, the time it sent for and the CPU time it used doing so.
+func (g *gwLab) send(dst netip.AddrPort, d time.Duration, count int) (int, time.Duration, time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), d+20*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", g.snd.name, g.self, "udpsend", "--dst", dst.String(),
 		"--duration", d.String(), "--count", strconv.Itoa(count), "--flows", strconv.Itoa(gwPPSFlows), "--size", strconv.Itoa(gwPPSPayload)).CombinedOutput()
 	if err != nil {
-		return 0, 0, fmt.Errorf("udpsend to %s: %v: %s", dst, err, oneLine(string(out)))
+		return 0, 0, 0, fmt.Errorf("udpsend to %s: %v: %s", dst, err, oneLine(string(out)))
 	}
 	kv := lastKV(string(out))
 	sent, err1 := strconv.Atoi(kv["sent"])
 	ns, err2 := strconv.ParseInt(kv["elapsed_ns"], 10, 64)
 	if err1 != nil || err2 != nil || ns <= 0 {
-		return 0, 0, fmt.Errorf("udpsend to %s printed %q", dst, oneLine(string(out)))
+		return 0, 0, 0, fmt.Errorf("udpsend to %s printed %q", dst, oneLine(string(out)))
 	}
-	return sent, time.Duration(ns), nil
+	cpu, _ := strconv.ParseInt(kv["cpu_ns"], 10, 64)
+	return sent, time.Duration(ns), time.Duration(cpu), nil
 }
 
 // sample measures one path: a short warm-up (ARP, conntrack, the gateway's first packets), then
 // the counted run. counterNS/counterDev is the port whose tx packets count as forwarded.
 func (g *gwLab) sample(dst netip.AddrPort, counterNS, counterDev string, o gwPPSOptions) (ppsSample, error) {
-	if _, _, err := g.send(dst, 100*time.Millisecond, 2000); err != nil {
+	if _, _, _, err := g.send(dst, 100*time.Millisecond, 2000); err != nil {
 		return ppsSample{}, err
 	}
 	time.Sleep(100 * time.Millisecond)
@@ -350,7 +362,7 @@ func (g *gwLab) sample(dst netip.AddrPort, counterNS, counterDev string, o gwPPS
 	if err != nil {
 		return ppsSample{}, err
 	}
-	sent, el, err := g.send(dst, o.sampleTime, o.maxCount)
+	sent, el, cpu, err := g.send(dst, o.sampleTime, o.maxCount)
 	if err != nil {
 		return ppsSample{}, err
 	}
@@ -364,7 +376,11 @@ func (g *gwLab) sample(dst netip.AddrPort, counterNS, counterDev string, o gwPPS
 		return ppsSample{}, err
 	}
 	s := el.Seconds()
-	return ppsSample{sent: float64(sent) / s, forwarded: float64(tx1-tx0) / s, delivered: float64(in1-in0) / s}, nil
+	smp := ppsSample{sent: float64(sent) / s, forwarded: float64(tx1-tx0) / s, delivered: float64(in1-in0) / s}
+	if sent > 0 {
+		smp.cpuNS = float64(cpu.Nanoseconds()) / float64(sent)
+	}
+	return smp, nil
 }
 
 // startSink runs the receiver in the node namespace for at most maxTime.
@@ -491,6 +507,21 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 			Vipgate: kpps(got) + "; receiver took " + kpps(pick(m, dlv)), Ref: "plainly routed: " + kpps(plain),
 			Ratio: pairedRatio(got, plain, 0.9)})
 	}
+	// The sender's CPU time per packet: the path's cost, little moved by other load. The ratio is
+	// plain's cost over the mode's (as a rate ratio: higher is better).
+	cpu := func(s ppsSample) float64 { return s.cpuNS }
+	if pc := pick("plain", cpu); slices.Min(pc) > 0 {
+		for _, m := range o.modes {
+			mc := pick(m, cpu)
+			if slices.Min(mc) <= 0 {
+				continue
+			}
+			t.add(row{Sub: true, What: fmt.Sprintf("sender CPU per packet (the path's cost, less moved by other load), forwarding: %s", m),
+				Vipgate: fmt.Sprintf("%.0f ns (%.0f-%.0f)", median(mc), slices.Min(mc), slices.Max(mc)),
+				Ref:     fmt.Sprintf("plainly routed: %.0f ns (%.0f-%.0f)", median(pc), slices.Min(pc), slices.Max(pc)),
+				Ratio:   "plain/mode " + pairedRatio(pc, mc, 0.9)})
+		}
+	}
 	c := pick("ceiling", sent)
 	t.add(row{Sub: true, What: "the generator's own ceiling: sender -> receiver over one veth (no gateway), sendmmsg, one sender thread",
 		Vipgate: "", Ref: fmt.Sprintf("sent %s; receiver took %s", kpps(c), kpps(pick("ceiling", dlv))),
@@ -499,7 +530,7 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 
 // udpSendMain is the generator (`bench udpsend`), run in the sender namespace: batches of 64
 // packets with sendmmsg, round-robin over --flows connected sockets, for --duration or --count
-// packets, whichever ends first. It prints "sent=N elapsed_ns=T".
+// packets, whichever ends first. It prints "sent=N elapsed_ns=T cpu_ns=C" (C: its CPU time).
 func udpSendMain(args []string) int {
 	fs := flag.NewFlagSet("udpsend", flag.ContinueOnError)
 	dst := fs.String("dst", "", "ip:port")
@@ -539,6 +570,8 @@ func udpSendMain(args []string) int {
 		msgs[i].hdr.SetIovlen(1)
 	}
 	sent := 0
+	var ru0, ru1 unix.Rusage
+	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru0)
 	start := time.Now()
 	deadline := start.Add(*d)
 	for i := 0; sent < *count; i++ {
@@ -556,7 +589,12 @@ func udpSendMain(args []string) int {
 		}
 		sent += int(r)
 	}
-	fmt.Printf("sent=%d elapsed_ns=%d\n", sent, time.Since(start).Nanoseconds())
+	elapsed := time.Since(start)
+	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru1)
+	// The process's CPU time while sending (user + system: the system part includes the softirq
+	// that carries each packet through the namespaces on this thread).
+	cpu := ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano()
+	fmt.Printf("sent=%d elapsed_ns=%d cpu_ns=%d\n", sent, elapsed.Nanoseconds(), cpu)
 	return 0
 }
 

@@ -81,7 +81,7 @@ func TestDataplane(t *testing.T) {
 	}
 
 	// 0. The readiness endpoint the DaemonSet probes: 200 once the first sync is in the kernel (before
-	// it, 503; the unit test of dataplane.ProxyHealthServer covers that window, too short to catch
+	// it, 503; the unit test of healthcheck.ProxyHealthServer covers that window, too short to catch
 	// here).
 	t.Run("readyz after the first sync", func(t *testing.T) {
 		if _, err := exec.LookPath("curl"); err != nil {

@@ -1,8 +1,6 @@
-package dataplane
-
-// Health-check servers, as kube-proxy's pkg/proxy/healthcheck:
+// Package healthcheck serves vipgate's health checks, as kube-proxy's pkg/proxy/healthcheck:
 //
-//   - HealthCheckServer answers a cloud or bare-metal load balancer's probe of a Service's
+//   - ServiceHealthServer answers a cloud or bare-metal load balancer's probe of a Service's
 //     healthCheckNodePort (externalTrafficPolicy: Local). The LB sends traffic for the Service only to
 //     nodes that answer 200, i.e. nodes with at least one local ready endpoint, so that traffic is never
 //     dropped for lack of a local endpoint and the client source IP survives.
@@ -12,6 +10,10 @@ package dataplane
 //
 // /healthz, /livez and the health checks copy kube-proxy's response bytes and status semantics,
 // because existing LB health checks and monitoring are written against them.
+//
+// It is a leaf of the dataplane: it imports cluster (for ServiceKey) and nothing else of vipgate, so
+// that it can be tested and reused without the ruleset code (see dataplane/imports_test.go).
+package healthcheck
 
 import (
 	"errors"
@@ -30,10 +32,10 @@ import (
 // DefaultHealthzBindAddress is kube-proxy's default healthzBindAddress.
 const DefaultHealthzBindAddress = "127.0.0.1:10256"
 
-// HealthCheckServer serves one HTTP health check per Service with externalTrafficPolicy: Local on the
+// ServiceHealthServer serves one HTTP health check per Service with externalTrafficPolicy: Local on the
 // Service's healthCheckNodePort. It is safe for concurrent use; normally the sync loop calls
 // SyncServices and SyncEndpoints and the HTTP handlers only read.
-type HealthCheckServer struct {
+type ServiceHealthServer struct {
 	logger       hclog.Logger
 	addrs        []netip.Addr
 	proxyHealthy func() bool
@@ -55,13 +57,13 @@ type hcService struct {
 	servers []*http.Server
 }
 
-// NewHealthCheckServer returns a health-check server that listens on each of addrs (one listener per
+// NewServiceHealthServer returns a health-check server that listens on each of addrs (one listener per
 // address, so loopback is only used when addrs contains it). An unspecified address (0.0.0.0 or ::) in
 // addrs means every address of the node, as kube-proxy does when nodePortAddresses is unset; an empty
 // addrs means the same. proxyHealthy reports the proxy's own health (typically
 // ProxyHealthServer.IsHealthy); nil means always healthy. A Service answers 200 only when it has a local
 // endpoint and the proxy is healthy, 503 otherwise, so an LB moves away from a node whose proxy is stuck.
-func NewHealthCheckServer(logger hclog.Logger, addrs []netip.Addr, proxyHealthy func() bool) *HealthCheckServer {
+func NewServiceHealthServer(logger hclog.Logger, addrs []netip.Addr, proxyHealthy func() bool) *ServiceHealthServer {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
@@ -81,7 +83,7 @@ func NewHealthCheckServer(logger hclog.Logger, addrs []netip.Addr, proxyHealthy 
 	if len(listen) == 0 {
 		listen = []netip.Addr{netip.IPv6Unspecified()}
 	}
-	return &HealthCheckServer{
+	return &ServiceHealthServer{
 		logger:       logger.Named("healthcheck"),
 		addrs:        listen,
 		proxyHealthy: proxyHealthy,
@@ -96,7 +98,7 @@ func NewHealthCheckServer(logger hclog.Logger, addrs []netip.Addr, proxyHealthy 
 // that cannot be bound on every address is logged (once per Service and port) and retried on the next
 // call; the other Services keep working. The error reports only invalid input (port 0) or a closed
 // server, never a bind failure, which the caller cannot act on.
-func (s *HealthCheckServer) SyncServices(ports map[cluster.ServiceKey]uint16) error {
+func (s *ServiceHealthServer) SyncServices(ports map[cluster.ServiceKey]uint16) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -149,7 +151,7 @@ func (s *HealthCheckServer) SyncServices(ports map[cluster.ServiceKey]uint16) er
 
 // open listens on every configured address and serves key's health check there. On any failure it
 // closes what it had opened, so that a retry starts clean and a port is never half-served.
-func (s *HealthCheckServer) open(key cluster.ServiceKey, port uint16) (*hcService, error) {
+func (s *ServiceHealthServer) open(key cluster.ServiceKey, port uint16) (*hcService, error) {
 	svc := &hcService{port: port}
 	handler := hcHandler{server: s, service: key}
 	for _, addr := range s.addrs {
@@ -180,7 +182,7 @@ func (svc *hcService) close() {
 }
 
 // SyncEndpoints sets the number of local ready endpoints per Service. Services not in local have zero.
-func (s *HealthCheckServer) SyncEndpoints(local map[cluster.ServiceKey]int) {
+func (s *ServiceHealthServer) SyncEndpoints(local map[cluster.ServiceKey]int) {
 	counts := make(map[cluster.ServiceKey]int, len(local))
 	for k, n := range local {
 		counts[k] = n
@@ -191,7 +193,7 @@ func (s *HealthCheckServer) SyncEndpoints(local map[cluster.ServiceKey]int) {
 }
 
 // Close stops every health check. The server cannot be used afterwards.
-func (s *HealthCheckServer) Close() error {
+func (s *ServiceHealthServer) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for key, svc := range s.services {
@@ -203,7 +205,7 @@ func (s *HealthCheckServer) Close() error {
 }
 
 // localEndpoints returns the Service's local endpoint count and whether its health check is open.
-func (s *HealthCheckServer) localEndpoints(key cluster.ServiceKey) (int, bool) {
+func (s *ServiceHealthServer) localEndpoints(key cluster.ServiceKey) (int, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.services[key] == nil {
@@ -214,7 +216,7 @@ func (s *HealthCheckServer) localEndpoints(key cluster.ServiceKey) (int, bool) {
 
 // hcHandler answers one Service's health check on any path and method, as kube-proxy does.
 type hcHandler struct {
-	server  *HealthCheckServer
+	server  *ServiceHealthServer
 	service cluster.ServiceKey
 }
 
@@ -359,7 +361,7 @@ func (h *ProxyHealthServer) SetNodeEligible(eligible bool) {
 }
 
 // IsHealthy reports the proxy's own health, ignoring node eligibility. It suits
-// NewHealthCheckServer's proxyHealthy.
+// NewServiceHealthServer's proxyHealthy.
 func (h *ProxyHealthServer) IsHealthy() bool {
 	healthy, _, _ := h.health()
 	return healthy

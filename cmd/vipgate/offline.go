@@ -1,0 +1,110 @@
+package main
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
+)
+
+// This file builds, from a config and a manifest directory, the ruleset vipgate would program for
+// them, touching nothing: what `vipgate render` prints and `vipgate explain --manifests` traces. It
+// is wiring of the command's own pieces (the config's translation into the dataplane's view,
+// dataplaneConfig and gatewayDataplaneConfig, live in this package), so it lives here, not in
+// dataplane.
+
+// offline is a loaded config and manifest directory.
+type offline struct {
+	node    *cluster.NodeConfig
+	gateway *cluster.GatewayConfig
+	log     hclog.Logger
+	state   *cluster.State
+	// table overrides the config's tableName ("": the config's).
+	table string
+
+	nodeCfg  *dataplane.Config
+	gwCfg    *dataplane.GatewayConfig
+	gwHealth dataplane.Health
+}
+
+// offlineRuleset is one family's ruleset of an offline config.
+type offlineRuleset struct {
+	Flat *dataplane.Flat
+	// Node is the node ruleset (nil for a gateway): its parts say which Service holds an entry.
+	Node *dataplane.Ruleset
+	// Conflicts are what the ruleset does not program, and why (entries another Service holds,
+	// addresses the externalIPs policy refuses, gateway Services refused).
+	Conflicts []cluster.Rejection
+	// IsLocal reports the addresses of the node or gateway (and loopback).
+	IsLocal func(netip.Addr) bool
+}
+
+// loadOffline loads the manifests for cfg (a *cluster.NodeConfig or *cluster.GatewayConfig) and
+// logs to stderr at the config's level, or logLevel if given.
+func loadOffline(cfg any, manifests string, allowWorldWritable bool, logLevel string) (*offline, error) {
+	o := &offline{}
+	var logging cluster.Logging
+	switch c := cfg.(type) {
+	case *cluster.NodeConfig:
+		o.node, logging = c, c.Logging
+	case *cluster.GatewayConfig:
+		o.gateway, logging = c, c.Logging
+	default:
+		return nil, fmt.Errorf("config of type %T: want a NodeConfig or a GatewayConfig", cfg)
+	}
+	o.log = logging.NewLogger("vipgate", os.Stderr)
+	if logLevel != "" {
+		o.log.SetLevel(hclog.LevelFromString(logLevel))
+	}
+	src := cluster.NewFileSource(manifests, o.log.Named("manifests"))
+	src.AllowWorldWritable = allowWorldWritable
+	st, err := src.Load()
+	if err != nil {
+		return nil, err
+	}
+	o.state = st
+	return o, nil
+}
+
+// build builds the ruleset of family fam.
+func (o *offline) build(fam cluster.Family) (*offlineRuleset, error) {
+	if o.gateway != nil {
+		if o.gwCfg == nil {
+			c := gatewayDataplaneConfig(o.gateway)
+			if o.table != "" {
+				c.Table = o.table
+			}
+			o.gwCfg, o.gwHealth = &c, dataplane.ExpectedHealth(c, o.state)
+		}
+		grs, err := dataplane.BuildGatewayRuleset(*o.gwCfg, fam, o.state, o.gwHealth)
+		if err != nil {
+			return nil, fmt.Errorf("building the IPv%d gateway ruleset: %w", fam, err)
+		}
+		gwIPs := o.gateway.GatewayIPs
+		return &offlineRuleset{Flat: grs.Ruleset.Flatten(), Conflicts: grs.Conflicts,
+			IsLocal: func(a netip.Addr) bool { return a.IsLoopback() || slices.Contains(gwIPs, a.Unmap()) }}, nil
+	}
+	if o.nodeCfg == nil {
+		c := dataplaneConfig(o.node, o.log)
+		if o.table != "" {
+			c.Table = o.table
+		}
+		o.nodeCfg = &c
+	}
+	// BuildRuleset's error names the family ("building the IPv4 ruleset: ...").
+	rs, conflicts, err := dataplane.BuildRuleset(*o.nodeCfg, fam, o.state)
+	if err != nil {
+		return nil, err
+	}
+	local := map[netip.Addr]bool{}
+	for _, a := range append(slices.Clone(o.node.NodeIPs), o.nodeCfg.NodePortIPs...) {
+		local[a.Unmap()] = true
+	}
+	return &offlineRuleset{Flat: rs.Flatten(), Node: rs, Conflicts: conflicts,
+		IsLocal: func(a netip.Addr) bool { return a.IsLoopback() || local[a.Unmap()] }}, nil
+}

@@ -1,0 +1,315 @@
+package dataplane
+
+import (
+	"net/netip"
+	"strconv"
+
+	"github.com/vipgate/vipgate/cluster"
+)
+
+// This file turns a trace (trace.go) into what `vipgate explain` reports, as values: the rule that
+// decided each outcome, the candidates with their probability and masquerade reason, the reasons of
+// drops, rejects and accepts, the balancing algorithm and a flow's Maglev slot. Nothing here reads
+// the trace's prose (Step.Note, Candidate.Why, Result.Reason): the command prints these values in
+// its own words.
+
+// MasqReason says why the source of a DNATed packet is masqueraded.
+type MasqReason uint8
+
+// Masquerade reasons.
+const (
+	// MasqNone: the source is kept.
+	MasqNone MasqReason = iota
+	// MasqGatewaySNAT: the gateway masquerades the Service's traffic (snat: always, or auto with
+	// nodePort forwarding to an externalTrafficPolicy=Cluster Service) so replies come back
+	// through it.
+	MasqGatewaySNAT
+	// MasqClusterIPFromOutside: ClusterIP traffic from outside the pod network (source not in
+	// clusterCIDRs, or masqueradeAll).
+	MasqClusterIPFromOutside
+	// MasqExternalCluster: externalTrafficPolicy=Cluster traffic to an external IP, LoadBalancer
+	// IP or NodePort.
+	MasqExternalCluster
+	// MasqLocalFromHost: traffic from this host to an externalTrafficPolicy=Local Service.
+	MasqLocalFromHost
+	// MasqMarkedByChain: another chain marked the packet for masquerade (Candidate.MarkRule).
+	MasqMarkedByChain
+	// MasqHairpin: the endpoint is the client itself.
+	MasqHairpin
+	// MasqOther: masqueraded by Candidate.MasqRule for none of the reasons above.
+	MasqOther
+)
+
+var masqReasonNames = [...]string{"none", "gateway-snat", "clusterip-from-outside", "external-cluster",
+	"local-from-host", "marked-by-chain", "hairpin", "other"}
+
+func (m MasqReason) String() string {
+	if int(m) < len(masqReasonNames) {
+		return masqReasonNames[m]
+	}
+	return "MasqReason(" + strconv.Itoa(int(m)) + ")"
+}
+
+// masqReasonOf says why the branch st, which was masqueraded, was.
+func masqReasonOf(st pstate) MasqReason {
+	if st.gwMasq {
+		return MasqGatewaySNAT
+	}
+	if st.markRule.Chain != "" {
+		if st.markRule.Chain == ChainServices {
+			return MasqClusterIPFromOutside
+		}
+		cn, _ := ParseChainName(st.markRule.Chain)
+		switch cn.Role {
+		case ChainRoleMasqPick, ChainRoleExternal:
+			return MasqExternalCluster
+		case ChainRoleExternalLocalIP, ChainRoleExternalLocalNodePort:
+			return MasqLocalFromHost
+		}
+		return MasqMarkedByChain
+	}
+	if st.masqHairpin {
+		return MasqHairpin
+	}
+	return MasqOther
+}
+
+// VerdictReason says why a packet is dropped or rejected.
+type VerdictReason uint8
+
+// Verdict reasons.
+const (
+	// VerdictOther: a rule vipgate does not explain further (Verdict.Rule says which).
+	VerdictOther VerdictReason = iota
+	// VerdictNoEndpoints: the Service has no endpoints at all (rejected).
+	VerdictNoEndpoints
+	// VerdictNoLocalEndpoints: the Service has endpoints, but none this node may use for this
+	// traffic (externalTrafficPolicy=Local or internalTrafficPolicy=Local): dropped.
+	VerdictNoLocalEndpoints
+	// VerdictClusterIPNoPort: the destination is a ClusterIP whose Service has no such port.
+	VerdictClusterIPNoPort
+	// VerdictClusterIPUnallocated: the destination is in a service CIDR but no Service has it.
+	VerdictClusterIPUnallocated
+	// VerdictSourceRange: the source is not in the Service's loadBalancerSourceRanges
+	// (Verdict.ServicePort names the Service port).
+	VerdictSourceRange
+)
+
+var verdictReasonNames = [...]string{"other", "no-endpoints", "no-local-endpoints", "clusterip-no-port",
+	"clusterip-unallocated", "source-range"}
+
+func (v VerdictReason) String() string {
+	if int(v) < len(verdictReasonNames) {
+		return verdictReasonNames[v]
+	}
+	return "VerdictReason(" + strconv.Itoa(int(v)) + ")"
+}
+
+// Verdict is a drop or reject decision and its reason.
+type Verdict struct {
+	Outcome Outcome // OutcomeDrop or OutcomeReject
+	Reason  VerdictReason
+	Rule    RuleRef
+	// ServicePort names the Service port of a VerdictSourceRange: "ns/name port 80/tcp".
+	ServicePort string
+}
+
+// AcceptReason says why a branch of the trace leaves the packet alone.
+type AcceptReason uint8
+
+// Accept reasons.
+const (
+	// AcceptNone: no branch is accepted.
+	AcceptNone AcceptReason = iota
+	// AcceptNotServiceTraffic: no vipgate rule matched: the destination is not a Service's.
+	AcceptNotServiceTraffic
+	// AcceptUndefinedPort: the destination is a Service address, but no Service port is defined
+	// on it for this port and protocol.
+	AcceptUndefinedPort
+)
+
+// Explanation is a trace explained: Explain's report.
+type Explanation struct {
+	// Result is the trace itself (steps, summary, Reason in words).
+	Result Result
+	// Candidates are Result.Candidates with what the table says about their slots.
+	Candidates []ExplainedCandidate
+	// Verdicts are the drop and reject decisions, in Result.Decisions' order.
+	Verdicts []Verdict
+	// Accept says why some branch leaves the packet alone (AcceptNone if none does).
+	Accept AcceptReason
+	// Algorithm is how the candidate is chosen: cluster.LBMaglev for a flow hash over slots (a
+	// gateway, or a Service with lb-algorithm maglev), LBSourceHash, LBRoundRobin, LBRandom; ""
+	// when nothing is chosen (no candidate, or one reached without a choice).
+	Algorithm cluster.LBAlgorithm
+	// Maglev is the slot a flow with a source port (Packet.SrcPort) hashes to in a gateway's
+	// slot map; nil without a source port or such a rule.
+	Maglev *MaglevChoice
+}
+
+// ExplainedCandidate is a candidate and, for one picked by a flow hash over a slot map, how many of
+// the map's slots lead to it.
+type ExplainedCandidate struct {
+	Candidate
+	// Slots of SlotsOf slots lead to the candidate (0 of 0: not picked by slots).
+	Slots, SlotsOf uint32
+}
+
+// MaglevChoice is the slot a gateway's jhash puts a flow in, and the backend that slot names.
+type MaglevChoice struct {
+	Slot, Slots uint32
+	// Map is the slot map.
+	Map string
+	// Backend is the pod or node address and port (DNAT), or the node (Routed, port 0).
+	Backend netip.AddrPort
+	Routed  bool
+}
+
+// slotKinds are the action kinds that pick by a flow hash over the slots of a map.
+var slotKinds = map[ActionKind]SetKind{
+	ActDNATJhashMap:          KindTupleEndpoints,
+	ActDNATProtoPortJhashMap: KindProtoPortEndpoints,
+	ActDupJhashMap:           KindTupleAddr,
+	// The connection table's pick looks its slots up in MapGatewayRouteIDs (gateway_conntable.go).
+	ActFlowPick: KindTupleMark,
+}
+
+// Explain traces p through f and explains the result.
+func Explain(f *Flat, h HostInfo, p Packet) Explanation {
+	res := Trace(f, h, p)
+	ex := Explanation{Result: res}
+	dst := p.Dst.Unmap()
+	if p.SrcPort != 0 && f != nil {
+		ex.Maglev = maglevChoice(f, netip.AddrPortFrom(p.Src.Unmap(), p.SrcPort), netip.AddrPortFrom(dst, p.Port), p.Proto)
+	}
+	if res.Outcome == OutcomeError {
+		return ex
+	}
+	for _, c := range res.Candidates {
+		ec := ExplainedCandidate{Candidate: c}
+		if kind, ok := slotKinds[c.Rule.Action]; ok {
+			ec.Slots, ec.SlotsOf = slotsTo(f, c.Rule, kind, dst, p.Proto, p.Port, c.Endpoint)
+			if ec.Probability == 0 && ec.SlotsOf > 0 {
+				// The slot choice is the only random choice on a flow-hash path.
+				ec.Probability = float64(ec.Slots) / float64(ec.SlotsOf)
+			}
+		}
+		ex.Candidates = append(ex.Candidates, ec)
+		if alg := algorithmOf(c.Rule.Action); alg != "" && (ex.Algorithm == "" || alg == cluster.LBMaglev) {
+			ex.Algorithm = alg
+		}
+	}
+	for _, d := range res.Decisions {
+		switch d.Outcome {
+		case OutcomeDrop, OutcomeReject:
+			ex.Verdicts = append(ex.Verdicts, verdictOf(d))
+		case OutcomeAccept:
+			ex.Accept = AcceptNotServiceTraffic
+			if entryAddrKnown(f, dst) {
+				ex.Accept = AcceptUndefinedPort
+			}
+		}
+	}
+	return ex
+}
+
+// algorithmOf is the balancing algorithm an action kind picks an endpoint by ("" for none).
+func algorithmOf(k ActionKind) cluster.LBAlgorithm {
+	switch k {
+	case ActDNATJhashMap, ActDNATProtoPortJhashMap, ActDupJhashMap, ActFlowPick:
+		return cluster.LBMaglev
+	case ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap, ActDupSrcHashMap:
+		return cluster.LBSourceHash
+	case ActDNATRoundRobin:
+		return cluster.LBRoundRobin
+	case ActDNATTupleMap, ActDNATProtoPortMap, ActAffinityDNAT:
+		return cluster.LBRandom
+	}
+	return ""
+}
+
+// verdictOf explains a drop or reject decision by the chain of its rule.
+func verdictOf(d Decision) Verdict {
+	v := Verdict{Outcome: d.Outcome, Rule: d.Rule}
+	switch chain := d.Rule.Chain; {
+	case chain == ChainReject:
+		v.Reason = VerdictNoEndpoints
+	case chain == ChainServiceEndpointsCheck || chain == ChainNodePortEndpointsCheck:
+		v.Reason = VerdictNoLocalEndpoints
+	case chain == ChainClusterIPsCheck && d.Outcome == OutcomeReject:
+		v.Reason = VerdictClusterIPNoPort
+	case chain == ChainClusterIPsCheck:
+		v.Reason = VerdictClusterIPUnallocated
+	default:
+		if cn, ok := ParseChainName(chain); ok && cn.Role == ChainRoleFirewall {
+			v.Reason, v.ServicePort = VerdictSourceRange, cn.ServicePort()
+		}
+	}
+	return v
+}
+
+// entryAddrKnown says whether addr is the address of some Service entry in the table.
+func entryAddrKnown(f *Flat, addr netip.Addr) bool {
+	for _, set := range []string{MapServiceIPs, MapNoEndpointServices, MapFirewallIPs} {
+		for _, e := range f.Elements[set] {
+			if e.Addr == addr {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// slotsTo counts the slots of rule's map, for the packet's VIP port, that lead to ep, and the
+// rule's slot count.
+func slotsTo(f *Flat, rule RuleRef, kind SetKind, dst netip.Addr, proto uint8, port uint16, ep netip.AddrPort) (n, of uint32) {
+	ch := f.Chains[rule.Chain]
+	if ch == nil || rule.Index < 0 || rule.Index >= len(ch.Rules) {
+		return 0, 0
+	}
+	a := ch.Rules[rule.Index].Action
+	m := a.Map
+	if a.Kind == ActFlowPick {
+		m = MapGatewayRouteIDs
+	}
+	for _, e := range f.Elements[m] {
+		if (kind != KindProtoPortEndpoints && e.Addr.Unmap() != dst) || e.Proto != proto || e.Port != port || e.Index >= a.Value {
+			continue
+		}
+		got := netip.AddrPortFrom(e.DataAddr.Unmap(), e.DataPort)
+		if kind == KindTupleAddr || kind == KindTupleMark {
+			// A next hop: the node's address, the packet keeps its port.
+			got = netip.AddrPortFrom(e.DataAddr.Unmap(), ep.Port())
+		}
+		if got == ep {
+			n++
+		}
+	}
+	return n, a.Value
+}
+
+// maglevChoice finds a gateway's jhash rule in f and returns the slot the flow src -> dst hashes to
+// (as the kernel computes it, GatewaySlot) and what the slot map holds for it; nil when f has no
+// gateway rule or no element for the flow.
+func maglevChoice(f *Flat, src, dst netip.AddrPort, proto uint8) *MaglevChoice {
+	for _, name := range orderedNames(f.ChainOrder, f.Chains) {
+		for _, r := range f.Chains[name].Rules {
+			a := r.Action
+			if (a.Kind != ActDNATJhashMap && a.Kind != ActDupJhashMap) || a.Value == 0 {
+				continue
+			}
+			slot := GatewaySlot(src, dst, a.Value)
+			for _, e := range f.Elements[a.Map] {
+				if e.Addr.Unmap() == dst.Addr() && e.Proto == proto && e.Port == dst.Port() && e.Index == slot {
+					m := &MaglevChoice{Slot: slot, Slots: a.Value, Map: a.Map, Routed: a.Kind == ActDupJhashMap,
+						Backend: netip.AddrPortFrom(e.DataAddr.Unmap(), e.DataPort)}
+					if m.Routed {
+						m.Backend = netip.AddrPortFrom(e.DataAddr.Unmap(), 0)
+					}
+					return m
+				}
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,219 @@
+package dataplane
+
+import (
+	"math"
+	"net/netip"
+	"testing"
+
+	"github.com/vipgate/vipgate/cluster"
+)
+
+// TestExplainNode: Explain's values for the node fixture of the tracer tests (trace_test.go): the
+// candidates with their rule, probability and masquerade reason, the reasons of drops, rejects and
+// accepts. None of it is read from the trace's prose.
+func TestExplainNode(t *testing.T) {
+	f := trFlat(t, cluster.IPv4, false, trFixture())
+	type cand struct {
+		ep   string
+		masq MasqReason
+	}
+	for _, tc := range []struct {
+		name, src, dst string
+		port           uint16
+		fromHost       bool
+		outcome        Outcome
+		cands          []cand
+		alg            cluster.LBAlgorithm
+		verdicts       []VerdictReason
+		servicePort    string // of a VerdictSourceRange
+		accept         AcceptReason
+	}{
+		{name: "pod to ClusterIP", src: podHere, dst: "10.96.0.10", port: 80, outcome: OutcomeDNAT,
+			cands: []cand{{"10.244.1.10:8080", MasqNone}, {"10.244.2.10:8080", MasqNone}}, alg: cluster.LBRandom},
+		{name: "hairpin", src: "10.244.1.10", dst: "10.96.0.10", port: 80, outcome: OutcomeDNAT,
+			cands: []cand{{"10.244.1.10:8080", MasqHairpin}, {"10.244.2.10:8080", MasqNone}}, alg: cluster.LBRandom},
+		{name: "outside to ClusterIP", src: outside, dst: "10.96.0.10", port: 80, outcome: OutcomeDNAT,
+			cands: []cand{{"10.244.1.10:8080", MasqClusterIPFromOutside}, {"10.244.2.10:8080", MasqClusterIPFromOutside}}, alg: cluster.LBRandom},
+		{name: "LB IP eTP=Cluster", src: outside, dst: "198.51.100.10", port: 80, outcome: OutcomeDNAT,
+			cands: []cand{{"10.244.1.10:8080", MasqExternalCluster}, {"10.244.2.10:8080", MasqExternalCluster}}, alg: cluster.LBRandom},
+		{name: "LB IP eTP=Local from the host", src: trNodeIP4.String(), dst: "198.51.100.11", port: 80, fromHost: true, outcome: OutcomeDNAT,
+			cands: []cand{{"10.244.1.11:8080", MasqLocalFromHost}, {"10.244.2.11:8080", MasqLocalFromHost}}, alg: cluster.LBRandom},
+		{name: "LB IP eTP=Local from outside", src: outside, dst: "198.51.100.11", port: 80, outcome: OutcomeDNAT,
+			cands: []cand{{"10.244.1.11:8080", MasqNone}}, alg: cluster.LBRandom},
+		{name: "session affinity", src: podHere, dst: "10.96.0.19", port: 80, outcome: OutcomeDNAT,
+			cands: []cand{{"10.244.1.16:8080", MasqNone}, {"10.244.2.16:8080", MasqNone}, {"10.244.3.16:8080", MasqNone}}, alg: cluster.LBRandom},
+		{name: "no endpoints", src: podHere, dst: "10.96.0.11", port: 80, outcome: OutcomeReject, verdicts: []VerdictReason{VerdictNoEndpoints}},
+		{name: "eTP=Local, no local endpoint", src: outside, dst: "198.51.100.12", port: 80, outcome: OutcomeDrop, verdicts: []VerdictReason{VerdictNoLocalEndpoints}},
+		{name: "undefined port of a ClusterIP", src: podHere, dst: "10.96.0.10", port: 81, outcome: OutcomeReject, verdicts: []VerdictReason{VerdictClusterIPNoPort}},
+		{name: "unallocated ClusterIP", src: podHere, dst: "10.96.99.99", port: 80, outcome: OutcomeDrop, verdicts: []VerdictReason{VerdictClusterIPUnallocated}},
+		{name: "source range denied", src: bad, dst: "198.51.100.13", port: 80, outcome: OutcomeDrop,
+			verdicts: []VerdictReason{VerdictSourceRange}, servicePort: "ns1/lb-fw port 80/tcp"},
+		{name: "LB IP undefined port", src: outside, dst: "198.51.100.10", port: 81, outcome: OutcomeAccept, accept: AcceptUndefinedPort},
+		{name: "not Service traffic", src: outside, dst: "10.244.2.10", port: 8080, outcome: OutcomeAccept, accept: AcceptNotServiceTraffic},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ex := Explain(f, trHost, Packet{Src: netip.MustParseAddr(tc.src), Dst: netip.MustParseAddr(tc.dst), Proto: ProtoTCP, Port: tc.port, FromHost: tc.fromHost})
+			res := ex.Result
+			if res.Outcome != tc.outcome || len(ex.Candidates) != len(tc.cands) {
+				t.Fatalf("outcome %s with %d candidates, want %s with %d\n%s", res.Outcome, len(ex.Candidates), tc.outcome, len(tc.cands), res.Explain())
+			}
+			sum := 0.0
+			for i, c := range ex.Candidates {
+				if got := (cand{c.Endpoint.String(), c.MasqReason}); got != tc.cands[i] {
+					t.Errorf("candidate %d: %v, want %v\n%s", i, got, tc.cands[i], res.Explain())
+				}
+				if c.Masquerade != (c.MasqReason != MasqNone) || c.Masquerade != (c.MasqRule.Chain != "") {
+					t.Errorf("candidate %s: masquerade %v, reason %v, rule %+v", c.Endpoint, c.Masquerade, c.MasqReason, c.MasqRule)
+				}
+				if c.Rule.Chain == "" || c.Rule.Index < 0 || c.Rule.Text == "" {
+					t.Errorf("candidate %s has no DNAT rule: %+v", c.Endpoint, c.Rule)
+				}
+				if r := f.Chains[c.Rule.Chain]; r == nil || c.Rule.Index >= len(r.Rules) || r.Rules[c.Rule.Index].Action.Kind != c.Rule.Action {
+					t.Errorf("candidate %s: rule %+v is not in the table", c.Endpoint, c.Rule)
+				}
+				if c.Probability <= 0 {
+					t.Errorf("candidate %s: probability %v", c.Endpoint, c.Probability)
+				}
+				sum += c.Probability
+			}
+			if len(tc.cands) > 0 && math.Abs(sum-1) > 1e-9 {
+				t.Errorf("probabilities sum to %v, want 1", sum)
+			}
+			if ex.Algorithm != tc.alg {
+				t.Errorf("algorithm %q, want %q", ex.Algorithm, tc.alg)
+			}
+			var got []VerdictReason
+			for _, v := range ex.Verdicts {
+				got = append(got, v.Reason)
+				if v.Outcome != tc.outcome || v.Rule.Chain == "" {
+					t.Errorf("verdict %+v", v)
+				}
+				if v.ServicePort != tc.servicePort {
+					t.Errorf("verdict service port %q, want %q", v.ServicePort, tc.servicePort)
+				}
+			}
+			if len(got) != len(tc.verdicts) || (len(got) > 0 && got[0] != tc.verdicts[0]) {
+				t.Errorf("verdicts %v, want %v\n%s", got, tc.verdicts, res.Explain())
+			}
+			if ex.Accept != tc.accept {
+				t.Errorf("accept reason %v, want %v", ex.Accept, tc.accept)
+			}
+		})
+	}
+}
+
+// TestExplainSteps: the steps carry their kind and targets as values.
+func TestExplainSteps(t *testing.T) {
+	f := trFlat(t, cluster.IPv4, false, trFixture())
+	ex := Explain(f, trHost, Packet{Src: netip.MustParseAddr(outside), Dst: netip.MustParseAddr("10.96.0.10"), Proto: ProtoTCP, Port: 80})
+	kinds := map[StepKind]int{}
+	var jumpMasq, done int
+	for _, s := range ex.Result.Steps {
+		kinds[s.Kind]++
+		if s.Kind == StepMatch && s.Action == ActJump && s.Target == ChainMarkForMasquerade {
+			jumpMasq++
+		}
+		if s.Kind == StepDone && s.Endpoint.IsValid() {
+			done++
+		}
+		if (s.Kind == StepRouting) != (s.Hook == "routing") || (s.Rule >= 0) != (s.Kind <= StepRandomNotTaken) {
+			t.Errorf("step %q has kind %d", s, s.Kind)
+		}
+	}
+	for _, k := range []StepKind{StepNoMatch, StepMatch, StepBaseChain, StepChainEnd, StepPolicy, StepRouting, StepDone} {
+		if kinds[k] == 0 {
+			t.Errorf("no step of kind %d:\n%s", k, ex.Result.Explain())
+		}
+	}
+	if jumpMasq == 0 || done != len(ex.Candidates) {
+		t.Errorf("%d jumps to %s, %d done steps for %d candidates\n%s", jumpMasq, ChainMarkForMasquerade, done, len(ex.Candidates), ex.Result.Explain())
+	}
+	// Session affinity picks uniformly by `numgen random mod N == 0` rules: each of the three
+	// endpoints takes a third.
+	aff := Explain(f, trHost, Packet{Src: netip.MustParseAddr(podHere), Dst: netip.MustParseAddr("10.96.0.19"), Proto: ProtoTCP, Port: 80})
+	taken, notTaken := 0, 0
+	for _, s := range aff.Result.Steps {
+		taken += boolInt(s.Kind == StepRandomTaken)
+		notTaken += boolInt(s.Kind == StepRandomNotTaken)
+	}
+	if taken == 0 || notTaken == 0 || len(aff.Candidates) != 3 {
+		t.Errorf("%d random choices taken, %d not, %d candidates\n%s", taken, notTaken, len(aff.Candidates), aff.Result.Explain())
+	}
+	for _, c := range aff.Candidates {
+		if math.Abs(c.Probability-1.0/3) > 1e-9 || c.Rule.Action != ActAffinityDNAT {
+			t.Errorf("candidate %s: probability %v, rule %+v", c.Endpoint, c.Probability, c.Rule)
+		}
+	}
+	for _, c := range ex.Candidates {
+		if c.MarkRule.Chain != ChainServices {
+			t.Errorf("candidate %s marked for masquerade by %+v, want a rule of %s", c.Endpoint, c.MarkRule, ChainServices)
+		}
+	}
+}
+
+// TestExplainGateway: on a gateway table the candidates are picked by Maglev slots: Explain says how
+// many slots lead to each, the algorithm, the masquerade reason of snat: always, and, with a source
+// port, the one slot and backend the flow takes.
+func TestExplainGateway(t *testing.T) {
+	key := cluster.ServiceKey{Namespace: "gw", Name: "web"}
+	svc := &cluster.Service{Key: key, Type: cluster.TypeLoadBalancer, ClusterIPs: trAddrs("10.96.7.1"),
+		Ports:           []cluster.ServicePort{{Name: "http", Protocol: cluster.TCP, Port: 80, NodePort: 30080}},
+		LoadBalancerIPs: trAddrs("203.0.113.50")}
+	slice := &cluster.EndpointSlice{Namespace: "gw", Name: "web-1", Service: key, Family: cluster.IPv4,
+		Ports: []cluster.EndpointPort{{Name: "http", Protocol: cluster.TCP, Port: 8080}}, Endpoints: []cluster.Endpoint{trEp("10.244.1.11", "node1"), trEp("10.244.2.11", "node2")}}
+	st := &cluster.State{
+		Services:       map[cluster.ServiceKey]*cluster.Service{key: svc},
+		EndpointSlices: map[cluster.ServiceKey][]*cluster.EndpointSlice{key: {slice}},
+		Nodes: map[string]*cluster.Node{
+			"node1": {Name: "node1", Addresses: trAddrs("192.0.2.11")},
+			"node2": {Name: "node2", Addresses: trAddrs("192.0.2.12")},
+		},
+	}
+	for _, c := range []struct {
+		name string
+		cfg  GatewayConfig
+		out  Outcome
+		masq MasqReason
+	}{
+		{"nodePort snat always", GatewayConfig{Forwarding: cluster.ForwardNodePort, SNAT: cluster.SNATAlways}, OutcomeDNAT, MasqGatewaySNAT},
+		{"route", GatewayConfig{Forwarding: cluster.ForwardRoute}, OutcomeRoute, MasqNone},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := c.cfg
+			grs, err := BuildGatewayRuleset(cfg, cluster.IPv4, st, ExpectedHealth(cfg, st))
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := grs.Ruleset.Flatten()
+			src := netip.MustParseAddrPort("198.51.100.10:40001")
+			ex := Explain(f, HostInfo{}, Packet{Src: src.Addr(), SrcPort: src.Port(), Dst: netip.MustParseAddr("203.0.113.50"), Proto: ProtoTCP, Port: 80})
+			if ex.Result.Outcome != c.out || len(ex.Candidates) != 2 || ex.Algorithm != cluster.LBMaglev {
+				t.Fatalf("outcome %s, %d candidates, algorithm %q\n%s", ex.Result.Outcome, len(ex.Candidates), ex.Algorithm, ex.Result.Explain())
+			}
+			var slots uint32
+			for _, ca := range ex.Candidates {
+				if ca.MasqReason != c.masq || ca.Rule.Chain == "" || ca.SlotsOf == 0 || ca.Slots == 0 || ca.Probability <= 0 {
+					t.Errorf("candidate %+v", ca)
+				}
+				slots += ca.Slots
+			}
+			if slots != ex.Candidates[0].SlotsOf {
+				t.Errorf("the candidates have %d of %d slots", slots, ex.Candidates[0].SlotsOf)
+			}
+			m := ex.Maglev
+			if m == nil {
+				t.Fatalf("no Maglev choice for a flow with a source port")
+			}
+			if m.Slot != GatewaySlot(src, netip.MustParseAddrPort("203.0.113.50:80"), m.Slots) || m.Routed != (c.out == OutcomeRoute) {
+				t.Errorf("maglev %+v", m)
+			}
+			found := false
+			for _, ca := range ex.Candidates {
+				found = found || ca.Endpoint.Addr() == m.Backend.Addr()
+			}
+			if !found {
+				t.Errorf("maglev backend %s is not a candidate", m.Backend)
+			}
+		})
+	}
+}

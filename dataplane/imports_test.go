@@ -1,0 +1,234 @@
+package dataplane_test
+
+// The module's layering, checked like kube-proxy's .import-restrictions: for each package, which of
+// the module's packages it may depend on (directly or through others). Only non-test Go files count,
+// for the build's GOOS and GOARCH. The test reads the source with go/build, so it needs neither the
+// go command nor root, and runs in milliseconds.
+//
+// When it fails, the change just made crosses a layer boundary: move the code to the layer it
+// belongs to (usually: the lower package exports a type or an interface, the upper one adapts)
+// rather than widening a rule. A new package needs a rule here; say why it exists.
+
+import (
+	"errors"
+	"go/build"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const modulePath = "github.com/vipgate/vipgate"
+
+// importRule says what a package may import from the module: only packages within one of allowed
+// (a path relative to the module, matching itself and everything below it). A package matches the
+// rule with the longest pkg that is itself or a parent of it. Packages outside the module (the
+// standard library, dependencies) are not restricted here.
+type importRule struct {
+	pkg     string
+	allowed []string
+	why     string
+}
+
+var importRules = []importRule{
+	// The leaves of the dataplane. They must never import the dataplane itself (which imports them)
+	// nor anything above it, so that they build, test and can be reused on their own and the
+	// dataplane package does not grow back into one blob.
+	{"dataplane/healthcheck", []string{"cluster"},
+		"healthCheckNodePort and /healthz servers: they take the counts the sync reports, not the Proxier"},
+	{"dataplane/conntrack", []string{"cluster"},
+		"conntrack cleanup: dataplane.ConntrackView adapts a cluster.State; the leaf knows only views and StaleFlow"},
+	{"dataplane/ctsync", nil,
+		"the gateway's SNAT table and conntrackd supervision: standalone, driven by cmd/vipgate"},
+	// Any other package under dataplane/ (maglev.go is next) is a leaf too: it may use other leaves,
+	// never the dataplane package.
+	{"dataplane/", []string{"cluster", "dataplane/"},
+		"a dataplane leaf must not import the dataplane package, which imports it"},
+	// The dataplane turns desired state into nftables rules. It must not know how addresses are
+	// announced (speaker, l2, bgp): the node wires both to the same snapshots in cmd/vipgate.
+	{"dataplane", []string{"cluster", "dataplane/"},
+		"the dataplane programs the kernel from cluster.State; announcing is the speaker's job"},
+	// The desired-state model and its sources sit under everything that consumes them.
+	{"cluster", []string{"cluster"},
+		"cluster is the model every layer reads; it must not depend on any of them"},
+	// The speaker decides what to announce from the State; l2 and bgp are its protocol engines.
+	{"speaker", []string{"cluster", "bgp"},
+		"the speaker reads cluster.State and drives bgp; it does not need the dataplane (cmd passes what it needs)"},
+	{"l2", nil,
+		"ARP/NDP engine: protocol only, reusable and testable without the cluster model"},
+	{"bgp", []string{"bgp"},
+		"BGP/BFD engine: protocol only, it must not learn about Services (that is the speaker's job)"},
+	// Programs: they may import anything in the module, and nothing may import them (Go forbids
+	// importing a main package anyway).
+	{"cmd", []string{""}, "the binaries wire every layer together"},
+	{"deploy", []string{"deploy"}, "deployment helpers (image, dashboards), built apart from the daemon"},
+	{"test", []string{""}, "end-to-end tests and labs drive everything"},
+}
+
+// within reports whether path is prefix or below it ("" matches everything; "x/" only below x).
+func within(path, prefix string) bool {
+	switch {
+	case prefix == "":
+		return true
+	case strings.HasSuffix(prefix, "/"):
+		return strings.HasPrefix(path, prefix)
+	default:
+		return path == prefix || strings.HasPrefix(path, prefix+"/")
+	}
+}
+
+// ruleFor returns the most specific rule for pkg.
+func ruleFor(pkg string) (importRule, bool) {
+	var best importRule
+	found := false
+	for _, r := range importRules {
+		if within(pkg, r.pkg) && (!found || len(r.pkg) > len(best.pkg)) {
+			best, found = r, true
+		}
+	}
+	return best, found
+}
+
+// modulePackages returns the module's packages (relative paths) and their direct imports within the
+// module (relative paths), read from the non-test files of each directory.
+func modulePackages(t *testing.T, root string) map[string][]string {
+	t.Helper()
+	pkgs := map[string][]string{}
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		name := d.Name()
+		if path != root && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" || name == "vendor") {
+			return filepath.SkipDir
+		}
+		if path != root {
+			if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
+				return filepath.SkipDir // another module
+			}
+		}
+		p, err := build.Default.ImportDir(path, 0)
+		if err != nil {
+			var noGo *build.NoGoError
+			if errors.As(err, &noGo) {
+				return nil
+			}
+			return err
+		}
+		rel, err := filepath.Rel(root, path)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		var deps []string
+		for _, imp := range p.Imports {
+			if imp == modulePath {
+				deps = append(deps, "")
+			} else if dep, ok := strings.CutPrefix(imp, modulePath+"/"); ok {
+				deps = append(deps, dep)
+			}
+		}
+		pkgs[rel] = deps
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("reading the module's packages: %v", err)
+	}
+	return pkgs
+}
+
+// moduleRoot returns the directory of go.mod, checking that it is this module.
+func moduleRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		t.Fatalf("reading go.mod: %v", err)
+	}
+	if !strings.Contains(string(b), "module "+modulePath+"\n") {
+		t.Fatalf("%s is not the module %s", root, modulePath)
+	}
+	return root
+}
+
+func TestImportRules(t *testing.T) {
+	pkgs := modulePackages(t, moduleRoot(t))
+	for _, want := range []string{"dataplane", "dataplane/healthcheck", "dataplane/conntrack", "dataplane/ctsync", "cluster", "speaker", "l2", "bgp", "cmd/vipgate"} {
+		if _, ok := pkgs[want]; !ok {
+			t.Fatalf("package %s not found: the walk is broken", want)
+		}
+	}
+	names := make([]string, 0, len(pkgs))
+	for p := range pkgs {
+		names = append(names, p)
+	}
+	slices.Sort(names)
+	for _, pkg := range names {
+		rule, ok := ruleFor(pkg)
+		if !ok {
+			t.Errorf("package %s has no import rule: add one to importRules, with why", pkg)
+			continue
+		}
+		// Every module package pkg depends on, directly or not, with the chain that pulls it in.
+		via := map[string]string{}
+		queue := []string{pkg}
+		for len(queue) > 0 {
+			p := queue[0]
+			queue = queue[1:]
+			for _, dep := range pkgs[p] {
+				if _, seen := via[dep]; seen || dep == pkg {
+					continue
+				}
+				via[dep] = p
+				queue = append(queue, dep)
+			}
+		}
+		for dep := range via {
+			if slices.ContainsFunc(rule.allowed, func(a string) bool { return within(dep, a) }) {
+				continue
+			}
+			chain := []string{dep}
+			for p := via[dep]; p != pkg; p = via[p] {
+				chain = append(chain, p)
+			}
+			chain = append(chain, pkg)
+			slices.Reverse(chain)
+			t.Errorf("%s imports %s (%s), which its rule %q forbids: %s",
+				pkg, dep, strings.Join(chain, " -> "), rule.pkg, rule.why)
+		}
+	}
+}
+
+// TestImportRulesCatch checks the checker: a dataplane leaf importing the dataplane, or the cluster
+// model importing the speaker, is refused.
+func TestImportRulesCatch(t *testing.T) {
+	for _, c := range []struct{ pkg, dep string }{
+		{"dataplane/healthcheck", "dataplane"},
+		{"dataplane/conntrack", "dataplane"},
+		{"dataplane/maglev", "dataplane"},
+		{"dataplane/ctsync", "cluster"},
+		{"cluster", "dataplane"},
+		{"cluster/mlbstatus", "speaker"},
+		{"dataplane", "speaker"},
+		{"speaker", "dataplane"},
+		{"l2", "cluster"},
+		{"bgp/bfd", "speaker"},
+	} {
+		rule, ok := ruleFor(c.pkg)
+		if !ok {
+			t.Errorf("no rule for %s", c.pkg)
+			continue
+		}
+		if slices.ContainsFunc(rule.allowed, func(a string) bool { return within(c.dep, a) }) {
+			t.Errorf("rule %q lets %s import %s", rule.pkg, c.pkg, c.dep)
+		}
+	}
+}

@@ -1,0 +1,563 @@
+package speaker
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/vipgate/vipgate/bgp"
+	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/cluster/mlbstatus"
+)
+
+// The speaker controller: the runtime around the pure decisions (DecideL2, DecideBGP). It takes
+// the desired State and the membership's views, decides, and drives the I/O through small
+// interfaces — L2Announcer (l2.Announcer), BGPAnnouncer (bgp.Speaker), EventRecorder (the
+// Kubernetes source), StatusSink (mlbstatus.Writer) — so that it is unit-tested with recording
+// fakes. cmd/vipgate wires the real ones.
+
+// L2Where are the interfaces of one owned VIP (l2.Where): Answer where ARP/NDP requests for it are
+// answered, Announce those of them where a takeover is announced (nil: every one of Answer).
+type L2Where struct {
+	Answer   []string
+	Announce []string
+}
+
+// L2Announcer answers ARP/NDP for the VIPs this node owns (l2.Announcer.SetOwnedWhere). SetOwned
+// replaces the whole set: VIPs not in owned stop being answered before it returns. It is called
+// again on every resync, with the same set when nothing changed, so that a failed interface is
+// retried; an error about some VIPs must not stop the others being served.
+type L2Announcer interface {
+	SetOwned(owned map[netip.Addr]L2Where) error
+	Close() error
+}
+
+// BGPAnnouncer is the BGP speaker (bgp.Speaker): routes, sessions, their status, and the two ways
+// to stop (Shutdown drains with GRACEFUL_SHUTDOWN first, Stop keeps the routes for graceful
+// restart).
+type BGPAnnouncer interface {
+	SetAdvertisements(ads []bgp.Advertisement) error
+	SetPeers(peers []bgp.PeerConfig) error
+	Status() []bgp.PeerStatus
+	Shutdown(ctx context.Context, drain time.Duration) error
+	Stop(ctx context.Context) error
+}
+
+// Membership is what the controller needs of Members: it hands over the member lists of the
+// segments this node is in and reads the views back.
+type Membership interface {
+	SetSegments(peers map[string][]netip.Addr, segments [][]string)
+	SetWilling(w bool)
+	View() View
+	SegmentViews() map[uint64]View
+}
+
+// EventRecorder records a Kubernetes Event (cluster.KubeSource implements it).
+type EventRecorder interface {
+	Event(ref *corev1.ObjectReference, eventType, reason, message string)
+}
+
+// StatusSink takes what this node announces and the configuration problems it sees, for MetalLB's
+// ServiceL2Status, ServiceBGPStatus and ConfigurationState (mlbstatus.Writer implements it).
+type StatusSink interface {
+	SetSpeaker(services map[types.NamespacedName]mlbstatus.ServiceStatus, problems []string)
+}
+
+// ControllerOptions configure a Controller. L2 is required; the rest may be left zero.
+type ControllerOptions struct {
+	// Self is this node's name (the gateway's, on a gateway).
+	Self string
+	Log  hclog.Logger
+	// L2 answers ARP/NDP; the Controller closes it on Stop.
+	L2 L2Announcer
+	// Members is the membership (nil: L2 is refused, and L2Disabled says why on every L2 decision
+	// and in Warnings). The caller runs it and calls Recompute from its OnChange.
+	Members    Membership
+	L2Disabled string
+	// Insecure is a warning shown in Warnings (the membership runs without a key).
+	Insecure string
+	// FixedPeers are the members from the config (speaker.members); nil: the Nodes of the State
+	// that run a speaker (NodeMembers).
+	FixedPeers map[string][]netip.Addr
+	// Links lists this host's interfaces for DecideL2 (nil result: unknown, DefaultInterface
+	// answers). Called outside the Controller's lock on every decision.
+	Links            func() []Link
+	DefaultInterface string
+	// RouterID is the BGP router ID (an IPv4 address of this host); without one BGP does not start.
+	RouterID netip.Addr
+	// NewBGP starts the BGP speaker; it is called with the first State that has BGPPeers for this
+	// node. nil: BGP is not available (reported in Warnings when peers ask for it).
+	NewBGP func(routerID netip.Addr) (BGPAnnouncer, error)
+	// BGPDrain is how long Stop announces the routes with GRACEFUL_SHUTDOWN before withdrawing them
+	// (0: Stop keeps them, for graceful restart).
+	BGPDrain time.Duration
+	// Resync is how often Run decides again without a change (default 5s), so that a failed
+	// interface is retried.
+	Resync time.Duration
+}
+
+// DefaultResync is ControllerOptions.Resync's default.
+const DefaultResync = 5 * time.Second
+
+// Modes of an announcement, as MetalLB spells them in its Events.
+const (
+	ModeL2  = "layer2"
+	ModeBGP = "bgp"
+)
+
+// Controller announces this node's LoadBalancer IPs by L2 and BGP. Update hands it the desired
+// State, Recompute a membership change; both decide again and program the announcers. Every
+// method is safe for concurrent use.
+type Controller struct {
+	opts ControllerOptions
+	log  hclog.Logger
+
+	mu sync.Mutex
+	st *cluster.State
+	// segments are the L2 segments of st; owners keeps the VIPs' owners between decisions.
+	segments  []L2Segment
+	owners    *OwnerCache
+	switching bool
+	stopped   bool
+	decisions []VIPDecision
+	lastErr   string
+	// problems are the L2 configuration problems already logged ("ip service" -> reason).
+	problems map[string]string
+	alone    bool
+
+	// announced is what this node announces, per mode: the set that Events and status are about.
+	announced map[string]map[announcement]bool
+	events    EventRecorder
+	status    StatusSink
+
+	bgp          BGPAnnouncer
+	bgpErr       string
+	bgpDecisions []VIPDecision
+	bgpProblems  map[string]string
+	bgpPeers     map[cluster.ServiceKey][]string
+}
+
+// announcement is one LoadBalancer IP of one Service announced in one mode.
+type announcement struct {
+	ip  netip.Addr
+	svc cluster.ServiceKey
+}
+
+// NewController returns a Controller that acts once Update hands it a State.
+func NewController(opts ControllerOptions) *Controller {
+	if opts.Log == nil {
+		opts.Log = hclog.NewNullLogger()
+	}
+	if opts.Resync <= 0 {
+		opts.Resync = DefaultResync
+	}
+	return &Controller{opts: opts, log: opts.Log, owners: NewOwnerCache(), problems: map[string]string{},
+		announced: map[string]map[announcement]bool{}, bgpProblems: map[string]string{}}
+}
+
+// Run decides again every Resync until ctx ends.
+func (c *Controller) Run(ctx context.Context) {
+	t := time.NewTicker(c.opts.Resync)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			c.Recompute()
+		}
+	}
+}
+
+// SetEvents makes the Controller record Events: "nodeAssigned" when it starts announcing an IP,
+// and BGP objects it rejects or only partly supports.
+func (c *Controller) SetEvents(e EventRecorder) {
+	c.mu.Lock()
+	c.events = e
+	c.mu.Unlock()
+}
+
+// SetStatus hands the status resources' writer what is announced, now and after every decision.
+func (c *Controller) SetStatus(s StatusSink) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.status = s
+	c.publishStatus()
+}
+
+// Update takes a new desired State: the membership gets its segments, then L2 and BGP decide.
+func (c *Controller) Update(st *cluster.State) {
+	peers := c.opts.FixedPeers
+	if peers == nil {
+		peers = NodeMembers(st)
+	}
+	// The segments: which speakers vote on which VIPs. This node always runs a speaker.
+	names := []string{c.opts.Self}
+	for n := range peers {
+		names = append(names, n)
+	}
+	segs := L2Segments(st, names)
+	if segs == nil {
+		segs = []L2Segment{} // no L2 pool: no membership (nil would mean "one for all")
+	}
+	// The State, its segments and the membership's views of them must change together: a decision
+	// from new segments and old views (or the reverse) would drop this node's VIPs for an instant.
+	// Decisions wait (switching) until the membership has the new segments, then run once.
+	c.mu.Lock()
+	if c.stopped {
+		c.mu.Unlock()
+		return
+	}
+	c.st = st
+	c.segments = segs
+	c.switching = true
+	c.mu.Unlock()
+	if m := c.opts.Members; m != nil {
+		m.SetSegments(peers, SegmentsOf(segs, c.opts.Self))
+		// Now this node can answer: tell the others (a no-op after the first State).
+		m.SetWilling(true)
+	}
+	c.mu.Lock()
+	c.switching = false
+	c.mu.Unlock()
+	c.Recompute()
+	c.updateBGP(st)
+}
+
+// Recompute decides L2 again and hands the result to the L2 announcer. It runs on every State,
+// on every membership change and every Resync.
+func (c *Controller) Recompute() {
+	var links []Link
+	if c.opts.Links != nil {
+		links = c.opts.Links()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.st == nil || c.switching || c.stopped {
+		return
+	}
+	var view View
+	var segViews map[uint64]View
+	if m := c.opts.Members; m != nil {
+		view = m.View()
+		segViews = m.SegmentViews()
+	}
+	if c.opts.Members != nil && view.Total == 1 && !c.alone && len(c.st.Nodes) <= 1 && c.opts.FixedPeers == nil {
+		c.alone = true
+		c.log.Warn("no other speakers known (no Node objects and no speaker.members): this node announces alone; " +
+			"run every speaker with the same member list, or each one answers for every IP")
+	}
+	owned, decisions := DecideL2(L2Input{Self: c.opts.Self, Links: links, DefaultInterface: c.opts.DefaultInterface,
+		State: c.st, Segments: c.segments, SegmentViews: segViews, Owners: c.owners})
+	if c.opts.Members == nil {
+		for i := range decisions {
+			if decisions[i].Reason == "" || decisions[i].Owner == "" {
+				decisions[i].Reason = c.opts.L2Disabled
+			}
+		}
+	}
+	c.decisions = decisions
+	c.logProblems(decisions)
+	defer c.publishStatus()
+	now := map[announcement]string{}
+	for _, d := range decisions {
+		if d.Owner == c.opts.Self && len(d.Interfaces) > 0 {
+			now[announcement{d.IP, d.Service}] = ""
+		}
+	}
+	c.setAnnounced(ModeL2, now)
+	// Answer on every interface DecideL2 chose; announce takeovers on its preferred ones only.
+	where := make(map[netip.Addr]L2Where, len(owned))
+	for _, d := range decisions {
+		if ifs, ok := owned[d.IP]; ok {
+			where[d.IP] = L2Where{Answer: ifs, Announce: d.Announce}
+		}
+	}
+	if err := c.opts.L2.SetOwned(where); err != nil {
+		if e := err.Error(); e != c.lastErr {
+			c.lastErr = e
+			c.log.Warn("announcing LoadBalancer IPs", "err", err)
+		}
+	} else {
+		c.lastErr = ""
+	}
+}
+
+// setAnnounced replaces what this node announces in one mode with now (announcement -> detail for
+// the Event) and records a "nodeAssigned" Event for each announcement that starts (MetalLB's
+// Event). It is the one place the announced set changes: an announcement that ends is forgotten
+// here, so announcing it again is a new start. Called with c.mu held.
+func (c *Controller) setAnnounced(mode string, now map[announcement]string) {
+	prev := c.announced[mode]
+	next := make(map[announcement]bool, len(now))
+	for a, detail := range now {
+		next[a] = true
+		if prev[a] || c.events == nil {
+			continue
+		}
+		ref := &corev1.ObjectReference{APIVersion: "v1", Kind: "Service", Namespace: a.svc.Namespace, Name: a.svc.Name}
+		c.events.Event(ref, corev1.EventTypeNormal, "nodeAssigned",
+			fmt.Sprintf("announcing %s from node %q with protocol %q%s", a.ip, c.opts.Self, mode, detail))
+	}
+	for a := range prev {
+		if !next[a] {
+			c.log.Debug("no longer announcing", "ip", a.ip, "service", a.svc, "protocol", mode)
+		}
+	}
+	c.announced[mode] = next
+}
+
+// logProblems logs each configuration problem of the L2 decisions once (and again only after it
+// went away and came back). Called with c.mu held.
+func (c *Controller) logProblems(decisions []VIPDecision) {
+	seen := map[string]bool{}
+	for _, d := range decisions {
+		if !d.Problem {
+			continue
+		}
+		key := d.IP.String() + " " + d.Service.String()
+		seen[key] = true
+		if c.problems[key] != d.Reason {
+			c.problems[key] = d.Reason
+			c.log.Warn("LoadBalancer IP not announced by L2 as configured", "ip", d.IP, "service", d.Service, "reason", d.Reason)
+		}
+	}
+	for k := range c.problems {
+		if !seen[k] {
+			delete(c.problems, k)
+		}
+	}
+}
+
+// updateBGP programs the BGP sessions and routes the State asks of this node.
+func (c *Controller) updateBGP(st *cluster.State) {
+	peers, ads, decisions, problems := DecideBGP(BGPInput{Self: c.opts.Self, State: st})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return
+	}
+	c.bgpDecisions = decisions
+	c.bgpPeers = AdvertisedPeers(c.opts.Self, peers, ads, decisions)
+	defer c.publishStatus()
+	c.reportBGPProblems(problems)
+	peerNames := make([]string, 0, len(peers))
+	for _, p := range peers {
+		peerNames = append(peerNames, p.Name)
+	}
+	now := map[announcement]string{}
+	for _, d := range decisions {
+		if d.Owner == c.opts.Self {
+			now[announcement{d.IP, d.Service}] = " to peers " + strings.Join(peerNames, ", ")
+		}
+	}
+	c.setAnnounced(ModeBGP, now)
+	if c.bgp == nil {
+		if len(peers) == 0 {
+			return
+		}
+		b, err := c.startBGP()
+		if err != nil {
+			if e := err.Error(); e != c.bgpErr {
+				c.bgpErr = e
+				c.log.Error("not peering", "err", err)
+			}
+			return
+		}
+		c.bgp, c.bgpErr = b, ""
+	}
+	// Routes first, then sessions: a restarted speaker then announces everything in its first
+	// UPDATEs after graceful restart, and the routers see no flap.
+	if err := c.bgp.SetAdvertisements(ads); err != nil {
+		c.log.Warn("BGP advertisements", "err", err)
+	}
+	if err := c.bgp.SetPeers(peers); err != nil {
+		c.log.Warn("BGP peers", "err", err)
+	}
+}
+
+func (c *Controller) startBGP() (BGPAnnouncer, error) {
+	switch {
+	case c.opts.NewBGP == nil:
+		return nil, fmt.Errorf("BGP is not available here")
+	case !c.opts.RouterID.IsValid():
+		return nil, fmt.Errorf("BGP needs an IPv4 node IP as router ID")
+	}
+	b, err := c.opts.NewBGP(c.opts.RouterID)
+	if err != nil {
+		return nil, fmt.Errorf("starting BGP: %w", err)
+	}
+	return b, nil
+}
+
+// reportBGPProblems logs and records an Event for each BGP object problem when it appears or its
+// reason changes: "Rejected", or "Unsupported" for an object used without some of its fields.
+// Called with c.mu held.
+func (c *Controller) reportBGPProblems(problems []Problem) {
+	seen := make(map[string]string, len(problems))
+	for _, p := range problems {
+		seen[p.Object] = p.Reason
+		if c.bgpProblems[p.Object] == p.Reason {
+			continue
+		}
+		reason, msg := "Rejected", "rejected"
+		if p.Accepted {
+			// In use, a field ignored: never silent (log, Event, ConfigurationState).
+			reason, msg = "Unsupported", "accepted with an unsupported field"
+		}
+		c.log.Warn(msg, "object", p.Object, "reason", p.Reason)
+		if kind, nsName, ok := strings.Cut(p.Object, " "); ok && c.events != nil {
+			ns, name, _ := strings.Cut(nsName, "/")
+			apiVersion := "metallb.io/v1beta1"
+			if kind == "BGPPeer" {
+				apiVersion = "metallb.io/v1beta2"
+			}
+			c.events.Event(&corev1.ObjectReference{APIVersion: apiVersion, Kind: kind, Namespace: ns, Name: name},
+				corev1.EventTypeWarning, reason, p.Reason)
+		}
+	}
+	c.bgpProblems = seen
+}
+
+// publishStatus hands the status sink what this node announces and the configuration problems it
+// sees. Called with c.mu held.
+func (c *Controller) publishStatus() {
+	if c.status == nil || c.st == nil {
+		return
+	}
+	svcs := map[types.NamespacedName]mlbstatus.ServiceStatus{}
+	for k, ifs := range AnnouncedInterfaces(c.decisions) {
+		key := types.NamespacedName{Namespace: k.Namespace, Name: k.Name}
+		svcs[key] = mlbstatus.ServiceStatus{Interfaces: ifs, Peers: svcs[key].Peers}
+	}
+	for k, peers := range c.bgpPeers {
+		key := types.NamespacedName{Namespace: k.Namespace, Name: k.Name}
+		svcs[key] = mlbstatus.ServiceStatus{Interfaces: svcs[key].Interfaces, Peers: peers}
+	}
+	// The L2 owners of each Service's IPs (a dual-stack Service may have two): the node announcing
+	// it removes the others' ServiceL2Status, but not theirs.
+	for _, d := range c.decisions {
+		key := types.NamespacedName{Namespace: d.Service.Namespace, Name: d.Service.Name}
+		if st, ok := svcs[key]; ok && d.Owner != "" && !slices.Contains(st.L2Owners, d.Owner) {
+			st.L2Owners = append(st.L2Owners, d.Owner)
+			slices.Sort(st.L2Owners)
+			svcs[key] = st
+		}
+	}
+	problems := map[string]string{}
+	for _, r := range c.st.Rejected {
+		problems[r.Kind+" "+r.Object] = r.Reason
+	}
+	for o, r := range c.bgpProblems {
+		problems[o] = r
+	}
+	for k, r := range c.problems {
+		ip, svc, _ := strings.Cut(k, " ")
+		problems["Service "+svc+" IP "+ip] = r
+	}
+	c.status.SetSpeaker(svcs, mlbstatus.ProblemLines(problems))
+}
+
+// VIPStatus is one LoadBalancer IP as the Controller decided it, for /status.
+type VIPStatus struct {
+	IP      netip.Addr
+	Service cluster.ServiceKey
+	// Mode is "l2" or "bgp".
+	Mode string
+	// Announcer is the node that answers for the IP (L2), or this node (BGP) when it advertises it.
+	Announcer string
+	// Announced says whether this node announces it now.
+	Announced bool
+	// Peers are the BGP sessions and their states (BGP only).
+	Peers []string
+	// Reason says why this node does (not) announce it.
+	Reason string
+}
+
+// VIPs reports every LoadBalancer IP the last decisions covered: the L2 ones, then the BGP ones.
+func (c *Controller) VIPs() []VIPStatus {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]VIPStatus, 0, len(c.decisions)+len(c.bgpDecisions))
+	for _, d := range c.decisions {
+		out = append(out, VIPStatus{IP: d.IP, Service: d.Service, Mode: "l2", Announcer: d.Owner,
+			Announced: d.Owner == c.opts.Self && len(d.Interfaces) > 0, Reason: d.Reason})
+	}
+	var peers []string
+	if c.bgp != nil {
+		for _, p := range c.bgp.Status() {
+			peers = append(peers, fmt.Sprintf("%s %s (%s)", p.Name, p.Address, p.State))
+		}
+	}
+	for _, d := range c.bgpDecisions {
+		out = append(out, VIPStatus{IP: d.IP, Service: d.Service, Mode: "bgp", Announcer: d.Owner,
+			Announced: d.Owner == c.opts.Self, Peers: peers, Reason: d.Reason})
+	}
+	return out
+}
+
+// Announced lists what this node announces now in mode (ModeL2, ModeBGP): "ip service", sorted.
+func (c *Controller) Announced(mode string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]string, 0, len(c.announced[mode]))
+	for a := range c.announced[mode] {
+		out = append(out, a.ip.String()+" "+a.svc.String())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Warnings lists what /status should show about the speaker as a whole: L2 refused, membership
+// without a key, BGP not started, and the BGP objects with problems.
+func (c *Controller) Warnings() []string {
+	var out []string
+	for _, w := range []string{c.opts.L2Disabled, c.opts.Insecure} {
+		if w != "" {
+			out = append(out, w)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.bgpErr != "" {
+		out = append(out, "BGP not peering: "+c.bgpErr)
+	}
+	var problems []string
+	for o, r := range c.bgpProblems {
+		problems = append(problems, o+": "+r)
+	}
+	slices.Sort(problems)
+	return append(out, problems...)
+}
+
+// Stop stops answering ARP/NDP and stops BGP: with BGPDrain, the routes are announced with the
+// GRACEFUL_SHUTDOWN community for that long first; without, they are kept for graceful restart.
+// Later Updates do nothing.
+func (c *Controller) Stop() {
+	c.mu.Lock()
+	c.stopped = true
+	b := c.bgp
+	c.mu.Unlock()
+	if err := c.opts.L2.Close(); err != nil {
+		c.log.Warn("closing the L2 announcer", "err", err)
+	}
+	if b == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.opts.BGPDrain+10*time.Second)
+	defer cancel()
+	if c.opts.BGPDrain > 0 {
+		c.log.Info("BGP graceful shutdown: draining, then withdrawing", "drain", c.opts.BGPDrain)
+		_ = b.Shutdown(ctx, c.opts.BGPDrain)
+	} else {
+		_ = b.Stop(ctx)
+	}
+}
