@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane/maglev"
 )
 
 // NodeInfo is what the per-Service rules depend on besides the Service itself.
@@ -307,19 +308,19 @@ func (b *serviceBuilder) pick(e entry, proto uint8, eps []Endpoint, clusterMap b
 	}
 	if b.alg == cluster.LBMaglev {
 		// Maglev: M slots per entry, slot -> endpoint, the same table on every node.
-		size := MaglevSizeFor(len(eps))
+		size := maglev.SizeFor(len(eps))
 		names := make([]string, len(eps))
 		for i, ep := range eps {
 			names[i] = ep.AddrPort().String()
 		}
-		if table, err := MaglevTable(names, size); err == nil {
+		if table, err := maglev.Table(names, size); err == nil {
 			for slot, i := range table {
 				el.Index, el.DataAddr, el.DataPort = uint32(slot), eps[i].Addr, eps[i].Port
 				b.p.Elements = append(b.p.Elements, el)
 			}
 			return b.use(pickChainFor(cluster.LBMaglev, m, size))
 		}
-		// Unreachable (MaglevSizeFor leaves room for every endpoint); random below.
+		// Unreachable (maglev.SizeFor leaves room for every endpoint); random below.
 	}
 	for i, ep := range eps {
 		el.Index, el.DataAddr, el.DataPort = uint32(i), ep.Addr, ep.Port

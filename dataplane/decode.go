@@ -386,9 +386,11 @@ func DecodeTable(kt *KernelTable) (*Flat, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%s: chain %s rule %d (handle %d): %w", where, kc.Name, i, kr.Handle, err)
 			}
-			if kr.UserData != nil {
+			if c, ok := userDataComment(kr.UserData); ok {
+				// Only a comment record counts: other or malformed userdata leaves the chain to
+				// the guess of tables written before comments went to the kernel.
 				userdata = true
-				r.Comment, _ = userDataComment(kr.UserData)
+				r.Comment = c
 			}
 			ch.Rules = append(ch.Rules, r)
 		}

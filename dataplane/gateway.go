@@ -13,6 +13,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane/conntrack"
+	"github.com/vipgate/vipgate/dataplane/maglev"
 )
 
 // This file is the gateway's dataplane: a host in front of the cluster that owns the LoadBalancer IPs
@@ -56,7 +58,7 @@ type GatewayConfig struct {
 	// Nodes are used for nodePort forwarding when the State knows no nodes.
 	Nodes []cluster.Node
 	// MaglevSize is the number of slots per VIP port (a prime). 0: derived from the number of
-	// backends, MaglevSizeFor of the largest backend count of the family's VIP ports.
+	// backends, maglev.SizeFor of the largest backend count of the family's VIP ports.
 	MaglevSize    int
 	MasqueradeBit int
 	// Families lists the families to program (default: IPv4 and IPv6).
@@ -395,7 +397,7 @@ func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int, ids map[ne
 			names[i] = b.String()
 			p.Backends = append(p.Backends, Backend{Proto: e.Proto, Endpoint: b})
 		}
-		table, err := MaglevTable(names, size)
+		table, err := maglev.Table(names, size)
 		if err != nil {
 			return nil, time.Time{}, fmt.Errorf("%s: %w", e, err)
 		}
@@ -433,9 +435,9 @@ func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int, ids map[ne
 }
 
 // BuildGatewayBase builds the fixed part of a gateway table, with the set of every VIP it owns (with
-// cfg.MaglevSize slots per VIP port, DefaultMaglevSize if 0, and no source-hash chains).
+// cfg.MaglevSize slots per VIP port, maglev.DefaultSize if 0, and no source-hash chains).
 func BuildGatewayBase(cfg GatewayConfig, f cluster.Family, vips []netip.Addr) *Part {
-	return buildGatewayBase(cfg.withDefaults(), f, vips, cmp.Or(cfg.MaglevSize, DefaultMaglevSize), false)
+	return buildGatewayBase(cfg.withDefaults(), f, vips, cmp.Or(cfg.MaglevSize, maglev.DefaultSize), false)
 }
 
 // buildGatewayBase is BuildGatewayBase for tables of size slots per VIP port, with the source-hash
@@ -623,7 +625,7 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 		for _, e := range out.Entries {
 			most = max(most, len(e.Backends))
 		}
-		size = MaglevSizeFor(most)
+		size = maglev.SizeFor(most)
 	}
 	out.MaglevSize = size
 	for _, k := range keys {
@@ -680,7 +682,7 @@ type GatewaySyncReport struct {
 	Conflicts []cluster.Rejection
 	// StaleFlows are the gateway's conntrack entries of UDP/SCTP flows to backends that went away,
 	// and of every flow to a node drained past its deadline (nodePort forwarding).
-	StaleFlows []StaleFlowFilter
+	StaleFlows []conntrack.StaleFlow
 	// Draining names the nodes draining within their deadline; NextDrainDeadline is the first of
 	// their deadlines (zero: none), when the caller must sync again to end that node's flows.
 	Draining          []string
@@ -825,7 +827,7 @@ func (p *GatewayProxier) Flatten(f cluster.Family) *Flat {
 // gateway's conntrack would keep sending a client's UDP "connection" to it forever otherwise. TCP
 // connections to a vanished backend fail on their own, and flows whose backend stays keep it (conntrack
 // pins a flow to its backend; Maglev only changes the choice for new flows).
-func gatewayStaleFlows(old, nw *Part, expired map[netip.Addr]bool) []StaleFlowFilter {
+func gatewayStaleFlows(old, nw *Part, expired map[netip.Addr]bool) []conntrack.StaleFlow {
 	if old == nil {
 		return nil
 	}
@@ -835,7 +837,7 @@ func gatewayStaleFlows(old, nw *Part, expired map[netip.Addr]bool) []StaleFlowFi
 			keep[b] = true
 		}
 	}
-	var out []StaleFlowFilter
+	var out []conntrack.StaleFlow
 	seen := map[Backend]bool{}
 	for _, b := range old.Backends {
 		datagram := b.Proto == ProtoUDP || b.Proto == ProtoSCTP
@@ -843,7 +845,7 @@ func gatewayStaleFlows(old, nw *Part, expired map[netip.Addr]bool) []StaleFlowFi
 			continue
 		}
 		seen[b] = true
-		out = append(out, StaleFlowFilter{Proto: b.Proto, ReplySrc: b.Endpoint.Addr(), ReplySrcPort: b.Endpoint.Port()})
+		out = append(out, conntrack.StaleFlow{Proto: b.Proto, ReplySrc: b.Endpoint.Addr(), ReplySrcPort: b.Endpoint.Port()})
 	}
 	return out
 }

@@ -360,14 +360,14 @@ func (t *tracer) conntableAct(st pstate, ch *Chain, idx int, r Rule, text, by st
 			t.fail("%s: %v", by, err)
 			return st, false, true
 		}
-		t.step(st, ch.Name, idx, text, fmt.Sprintf("no match: a new flow is not in @%s yet", MapGatewayFlows))
+		t.stepOf(st, StepNoMatch, ch.Name, idx, text, fmt.Sprintf("no match: a new flow is not in @%s yet", MapGatewayFlows))
 		return st, true, true
 	case ActFlowDaisy:
 		if err := needSet(t.f, MapGatewayPrevIDs, KindTupleMark); err != nil {
 			t.fail("%s: %v", by, err)
 			return st, false, true
 		}
-		t.step(st, ch.Name, idx, text, "no match: a new connection starts with a SYN (only a connection in progress that this gateway does not know goes to its slot's previous node)")
+		t.stepOf(st, StepNoMatch, ch.Name, idx, text, "no match: a new connection starts with a SYN (only a connection in progress that this gateway does not know goes to its slot's previous node)")
 		return st, true, true
 	case ActFlowPick:
 		if a.Value == 0 {
@@ -383,10 +383,9 @@ func (t *tracer) conntableAct(st pstate, ch *Chain, idx int, r Rule, text, by st
 				t.fail("%s: node %s (id %d) chosen by Maglev is not in @%s", by, ep.Addr(), id, MapGatewayConns)
 				return
 			}
-			t.step(b, ch.Name, idx, text, fmt.Sprintf("match: Maglev picks node %s (id %d, %d of %d slots), @%s remembers it for the flow's later packets; sent unchanged, the original is dropped",
+			t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: Maglev picks node %s (id %d, %d of %d slots), @%s remembers it for the flow's later packets; sent unchanged, the original is dropped",
 				ep.Addr(), id, slots, a.Value, MapGatewayFlows))
-			t.finals = append(t.finals, final{outcome: OutcomeRoute,
-				cand: Candidate{Endpoint: netip.AddrPortFrom(ep.Addr(), b.port), Why: b.branch}, by: "routed by " + by})
+			t.sendTo(b, netip.AddrPortFrom(ep.Addr(), b.port), "routed by "+by)
 		})
 		return st, false, true
 	}

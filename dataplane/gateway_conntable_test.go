@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane/conntrack"
 )
 
 // conntableNodes lists the nodes a VIP's elements of one gateway map lead to.
@@ -190,7 +191,7 @@ func TestGatewayDrainDeadline(t *testing.T) {
 				}
 				return
 			}
-			want := StaleFlowFilter{Proto: ProtoTCP, ReplySrc: gwNode2, ReplySrcPort: 30080}
+			want := conntrack.StaleFlow{Proto: ProtoTCP, ReplySrc: gwNode2, ReplySrcPort: 30080}
 			if !slices.Contains(rep.StaleFlows, want) {
 				t.Errorf("stale flows after the deadline %v: want %v", rep.StaleFlows, want)
 			}

@@ -105,7 +105,7 @@ func (t *tracer) gatewayAct(st pstate, ch *Chain, idx int, r Rule, text, by stri
 	}
 	t.jhashBranches(st, ch, idx, text, a, KindTupleEndpoints, by, done, func(b pstate, ep netip.AddrPort, slots int) {
 		b.dst, b.port, b.dnat, b.dnatBy = ep.Addr(), ep.Port(), true, by
-		t.step(b, ch.Name, idx, text, fmt.Sprintf("match: DNAT to %s (%d of %d slots)", ep, slots, a.Value))
+		t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: DNAT to %s (%d of %d slots)", ep, slots, a.Value)).Endpoint = ep
 		done(b, vAccept, by)
 	})
 	return st, false

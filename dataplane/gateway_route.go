@@ -123,9 +123,8 @@ func (t *tracer) gatewayRouteAct(st pstate, ch *Chain, idx int, r Rule, text, by
 		return st, false
 	}
 	t.jhashBranches(st, ch, idx, text, a, KindTupleAddr, by, done, func(b pstate, ep netip.AddrPort, slots int) {
-		t.step(b, ch.Name, idx, text, fmt.Sprintf("match: sent unchanged to next hop %s (%d of %d slots); the original is dropped", ep.Addr(), slots, a.Value))
-		t.finals = append(t.finals, final{outcome: OutcomeRoute,
-			cand: Candidate{Endpoint: netip.AddrPortFrom(ep.Addr(), st.port), Why: b.branch}, by: "routed by " + by})
+		t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: sent unchanged to next hop %s (%d of %d slots); the original is dropped", ep.Addr(), slots, a.Value))
+		t.sendTo(b, netip.AddrPortFrom(ep.Addr(), st.port), "routed by "+by)
 	})
 	return st, false
 }
@@ -169,11 +168,11 @@ func (t *tracer) jhashBranches(st pstate, ch *Chain, idx int, text string, a Act
 	for _, tg := range targets {
 		b := st
 		if len(targets) > 1 {
-			b = st.fork(fmt.Sprintf("jhash slots %d of %d", slots[tg], a.Value))
+			b = st.fork(fmt.Sprintf("jhash slots %d of %d", slots[tg], a.Value), float64(slots[tg])/float64(a.Value))
 		}
 		if !tg.found {
 			// The kernel's map lookup fails for these slots: the rule does not match.
-			t.step(b, ch.Name, idx, text, fmt.Sprintf("no match: %s . <slot> not in @%s for %d slots", keyText, a.Map, slots[tg]))
+			t.stepOf(b, StepNoMatch, ch.Name, idx, text, fmt.Sprintf("no match: %s . <slot> not in @%s for %d slots", keyText, a.Map, slots[tg]))
 			t.exec(b, done)
 			continue
 		}

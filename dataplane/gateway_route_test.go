@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"math"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -37,6 +38,50 @@ func TestGatewayFlowsRoute(t *testing.T) {
 	for _, e := range grs.Entries {
 		if e.SNAT {
 			t.Errorf("%s: routed entries never SNAT", e)
+		}
+	}
+}
+
+// wantTypedTrace checks the typed fields the gateway's and the algorithms' trace hooks record: every
+// candidate has its rule and a known probability, the probabilities sum to 1, and every rule step
+// says whether its rule matched (no StepRule).
+func wantTypedTrace(t *testing.T, r Result, n int) {
+	t.Helper()
+	if len(r.Candidates) != n {
+		t.Fatalf("%d candidates, want %d:\n%s", len(r.Candidates), n, r.Explain())
+	}
+	sum := 0.0
+	for _, c := range r.Candidates {
+		if c.Probability <= 0 || c.Rule.Chain == "" {
+			t.Errorf("candidate %s: probability %v, rule %+v", c.Endpoint, c.Probability, c.Rule)
+		}
+		sum += c.Probability
+	}
+	if math.Abs(sum-1) > 1e-9 {
+		t.Errorf("probabilities sum to %v, want 1:\n%s", sum, r.Explain())
+	}
+	for _, s := range r.Steps {
+		if s.Kind == StepRule {
+			t.Errorf("step %q has kind StepRule", s)
+		}
+		if s.Kind == StepMatch && strings.Contains(s.Note, "DNAT to") && !s.Endpoint.IsValid() {
+			t.Errorf("DNAT step %q has no Endpoint", s)
+		}
+	}
+}
+
+// A routed Service's trace says each node's share of new flows (its Maglev slots over the table).
+func TestGatewayRouteTraceTyped(t *testing.T) {
+	cfg := GatewayConfig{Forwarding: cluster.ForwardRoute}
+	f := gwFlat(t, cfg, gwState(), Health{{gwNode1, 32001}: true})
+	r := Trace(f, HostInfo{}, Packet{Src: gwClient, Dst: netip.MustParseAddr("203.0.113.50"), Proto: ProtoTCP, Port: 80})
+	if r.Outcome != OutcomeRoute {
+		t.Fatalf("outcome %s:\n%s", r.Outcome, r.Explain())
+	}
+	wantTypedTrace(t, r, 2)
+	for _, c := range r.Candidates {
+		if c.Rule.Action != ActFlowPick && c.Rule.Action != ActDupJhashMap {
+			t.Errorf("candidate %s: rule %+v, want the Maglev pick", c.Endpoint, c.Rule)
 		}
 	}
 }

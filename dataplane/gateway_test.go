@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane/maglev"
 )
 
 // The gateway's flows as a specification, traced through the model (trace.go): which backends a
@@ -212,8 +213,8 @@ func TestGatewayProxierIncremental(t *testing.T) {
 	}
 	tx := rep.Txs[0]
 	t.Logf("node2 leaves eTP=Local VIP: %s", tx)
-	if len(tx.DelElements) != len(tx.AddElements) || len(tx.DelElements) < DefaultMaglevSize/3 || len(tx.DelElements) > DefaultMaglevSize*2/3 {
-		t.Errorf("want about half of %d slots replaced, got -%d +%d", DefaultMaglevSize, len(tx.DelElements), len(tx.AddElements))
+	if len(tx.DelElements) != len(tx.AddElements) || len(tx.DelElements) < maglev.DefaultSize/3 || len(tx.DelElements) > maglev.DefaultSize*2/3 {
+		t.Errorf("want about half of %d slots replaced, got -%d +%d", maglev.DefaultSize, len(tx.DelElements), len(tx.AddElements))
 	}
 	rep, err = p.Sync(gwState(), Health{{gwNode1, 32001}: true})
 	if err != nil || len(rep.Txs) != 0 {

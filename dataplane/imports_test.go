@@ -42,8 +42,10 @@ var importRules = []importRule{
 		"conntrack cleanup: dataplane.ConntrackView adapts a cluster.State; the leaf knows only views and StaleFlow"},
 	{"dataplane/ctsync", nil,
 		"the gateway's SNAT table and conntrackd supervision: standalone, driven by cmd/vipgate"},
-	// Any other package under dataplane/ (maglev.go is next) is a leaf too: it may use other leaves,
-	// never the dataplane package.
+	{"dataplane/maglev", nil,
+		"Maglev table construction: pure, the same on every gateway and node; the dataplane programs its tables"},
+	// Any other package under dataplane/ (gateway_health.go is next) is a leaf too: it may use other
+	// leaves, never the dataplane package.
 	{"dataplane/", []string{"cluster", "dataplane/"},
 		"a dataplane leaf must not import the dataplane package, which imports it"},
 	// The dataplane turns desired state into nftables rules. It must not know how addresses are

@@ -205,7 +205,7 @@ func (t *tracer) algoAct(st pstate, ch *Chain, idx int, r Rule, text, by string,
 		}
 		t.jhashBranches(st, ch, idx, text, a, KindProtoPortEndpoints, by, done, func(b pstate, ep netip.AddrPort, slots int) {
 			b.dst, b.port, b.dnat, b.dnatBy = ep.Addr(), ep.Port(), true, by
-			t.step(b, ch.Name, idx, text, fmt.Sprintf("match: DNAT to %s (%d of %d slots)", ep, slots, a.Value))
+			t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: DNAT to %s (%d of %d slots)", ep, slots, a.Value)).Endpoint = ep
 			done(b, vAccept, by)
 		})
 		return st, false, true
@@ -239,18 +239,17 @@ func (t *tracer) algoAct(st pstate, ch *Chain, idx int, r Rule, text, by string,
 			return st, false, true
 		}
 		if !found {
-			t.step(st, ch.Name, idx, text, fmt.Sprintf("no match: %s . %d (jhash of %s) not in @%s", keyText, slot, st.src, a.Map))
+			t.stepOf(st, StepNoMatch, ch.Name, idx, text, fmt.Sprintf("no match: %s . %d (jhash of %s) not in @%s", keyText, slot, st.src, a.Map))
 			return st, true, true
 		}
 		ep := netip.AddrPortFrom(e.DataAddr.Unmap(), e.DataPort)
 		if route {
-			t.step(st, ch.Name, idx, text, fmt.Sprintf("match: client %s hashes to slot %d of %d: sent unchanged to next hop %s; the original is dropped", st.src, slot, a.Value, ep.Addr()))
-			t.finals = append(t.finals, final{outcome: OutcomeRoute,
-				cand: Candidate{Endpoint: netip.AddrPortFrom(ep.Addr(), st.port), Why: st.branch}, by: "routed by " + by})
+			t.stepOf(st, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: client %s hashes to slot %d of %d: sent unchanged to next hop %s; the original is dropped", st.src, slot, a.Value, ep.Addr()))
+			t.sendTo(st, netip.AddrPortFrom(ep.Addr(), st.port), "routed by "+by)
 			return st, false, true
 		}
 		st.dst, st.port, st.dnat, st.dnatBy = ep.Addr(), ep.Port(), true, by
-		t.step(st, ch.Name, idx, text, fmt.Sprintf("match: client %s hashes to %d of %d: DNAT to %s", st.src, slot, a.Value, ep))
+		t.stepOf(st, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: client %s hashes to %d of %d: DNAT to %s", st.src, slot, a.Value, ep)).Endpoint = ep
 		done(st, vAccept, by)
 		return st, false, true
 	case ActDNATRoundRobin:
@@ -264,7 +263,7 @@ func (t *tracer) algoAct(st pstate, ch *Chain, idx int, r Rule, text, by string,
 		}
 		dnat := func(b pstate, note string) {
 			b.dst, b.port, b.dnat, b.dnatBy = a.Addr.Unmap(), a.Port, true, by
-			t.step(b, ch.Name, idx, text, fmt.Sprintf("%s: DNAT to %s", note, netip.AddrPortFrom(b.dst, b.port)))
+			t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("%s: DNAT to %s", note, netip.AddrPortFrom(b.dst, b.port))).Endpoint = netip.AddrPortFrom(b.dst, b.port)
 			done(b, vAccept, by)
 		}
 		if a.Value == 0 {
@@ -273,9 +272,9 @@ func (t *tracer) algoAct(st pstate, ch *Chain, idx int, r Rule, text, by string,
 		}
 		// The counter is kernel state: its turn both comes and does not.
 		label := fmt.Sprintf("%s#%d", ch.Name, idx)
-		dnat(st.fork(label+" its turn"), fmt.Sprintf("match: every %d-th new connection reaching this rule", a.Value))
-		notTaken := st.fork(label + " not its turn")
-		t.step(notTaken, ch.Name, idx, text, "no match: not this endpoint's turn")
+		dnat(st.fork(label+" its turn", 1/float64(a.Value)), fmt.Sprintf("match: every %d-th new connection reaching this rule", a.Value))
+		notTaken := st.fork(label+" not its turn", float64(a.Value-1)/float64(a.Value))
+		t.stepOf(notTaken, StepNoMatch, ch.Name, idx, text, "no match: not this endpoint's turn")
 		return notTaken, true, true
 	}
 	return st, false, false

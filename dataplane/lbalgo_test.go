@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane/maglev"
 )
 
 // lbAnnotated is the flow-test fixture with every Service annotated with alg.
@@ -49,6 +50,19 @@ func TestLBAlgorithmTrace(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Round-robin's trace says each endpoint's share: its turn comes for 1 in n of the new connections
+// reaching its rule, so the candidates' probabilities sum to 1.
+func TestRoundRobinTraceTyped(t *testing.T) {
+	f := trFlat(t, cluster.IPv4, false, lbAnnotated(cluster.LBRoundRobin))
+	r := Trace(f, trHost, Packet{Src: netip.MustParseAddr(podAway), Dst: netip.MustParseAddr("10.96.0.10"), Proto: ProtoTCP, Port: 80})
+	wantTypedTrace(t, r, 2)
+	for _, c := range r.Candidates {
+		if c.Rule.Action != ActDNATRoundRobin || math.Abs(c.Probability-0.5) > 1e-9 {
+			t.Errorf("candidate %s: probability %v, rule %+v", c.Endpoint, c.Probability, c.Rule)
+		}
 	}
 }
 
@@ -202,9 +216,9 @@ func TestMaglevSizeImbalance(t *testing.T) {
 	for _, n := range []int{3, 10, 50} {
 		for _, fam := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
 			t.Run(fmt.Sprintf("N=%d/IPv%d", n, fam), func(t *testing.T) {
-				m := MaglevSizeFor(n)
-				if m < 100*n || !isPrime(m) {
-					t.Fatalf("MaglevSizeFor(%d) = %d: want a prime >= %d", n, m, 100*n)
+				m := maglev.SizeFor(n)
+				if m < 100*n || !maglev.IsPrime(m) {
+					t.Fatalf("maglev.SizeFor(%d) = %d: want a prime >= %d", n, m, 100*n)
 				}
 				// A gateway (route forwarding) with n nodes and one VIP port.
 				st := &cluster.State{Services: map[cluster.ServiceKey]*cluster.Service{}, Nodes: map[string]*cluster.Node{}}
@@ -283,17 +297,4 @@ func maxDeviation(counts map[netip.Addr]int, even float64) float64 {
 		d = math.Max(d, math.Abs(float64(c)/even-1))
 	}
 	return d
-}
-
-func TestMaglevSizeFor(t *testing.T) {
-	for _, c := range []struct{ n, want int }{{0, 1021}, {1, 1021}, {10, 1021}, {11, 2039}, {20, 2039}, {21, 4093}, {50, 8191}, {163, 16381}, {300, 32749}, {655, 65537}, {5000, 65537}} {
-		if got := MaglevSizeFor(c.n); got != c.want {
-			t.Errorf("MaglevSizeFor(%d) = %d, want %d", c.n, got, c.want)
-		}
-	}
-	for _, m := range MaglevSizes {
-		if !isPrime(m) {
-			t.Errorf("%d is not prime", m)
-		}
-	}
 }

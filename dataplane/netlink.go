@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"unicode"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -216,15 +217,32 @@ const (
 	maxCommentLen = 127
 )
 
+// commentText is a comment as vipgate writes it, to the kernel (userdata) and in `nft -f` text alike:
+// no double quote (it would end nft's string), no control character (a newline would end the line,
+// an escape sequence would reach an operator's terminal), at most maxCommentLen bytes of valid UTF-8.
+func commentText(s string) string {
+	s = strings.Map(func(r rune) rune {
+		switch {
+		case r == '"':
+			return '\''
+		case unicode.IsControl(r):
+			return ' '
+		}
+		return r
+	}, s)
+	if len(s) > maxCommentLen {
+		s = strings.ToValidUTF8(s[:maxCommentLen], "")
+	}
+	return s
+}
+
 // ruleUserData returns the userdata that carries comment (nil for none). A comment longer than nft
 // allows is cut as render.go cuts it: a comment never fails a sync.
 func ruleUserData(comment string) []byte {
 	if comment == "" {
 		return nil
 	}
-	if len(comment) > maxCommentLen {
-		comment = strings.ToValidUTF8(comment[:maxCommentLen], "")
-	}
+	comment = commentText(comment)
 	ud := make([]byte, 0, 2+len(comment)+1)
 	ud = append(ud, udataRuleComment, byte(len(comment)+1))
 	ud = append(ud, comment...)
@@ -245,7 +263,9 @@ func userDataComment(ud []byte) (comment string, ok bool) {
 			if i := bytes.IndexByte(v, 0); i >= 0 {
 				v = v[:i]
 			}
-			return string(v), true
+			// Another process may have written this table: what it wrote is printed by explain and
+			// the tracer, so control characters (terminal escapes) do not pass.
+			return commentText(string(v)), true
 		}
 		ud = ud[2+n:]
 	}

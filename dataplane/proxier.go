@@ -59,11 +59,6 @@ type SyncReport struct {
 	Conflicts []cluster.Rejection
 }
 
-// StaleFlowFilter is conntrack.StaleFlow, the one filter type for conntrack entries to delete.
-//
-// Deprecated: use conntrack.StaleFlow. The alias remains for dataplane/gateway.go.
-type StaleFlowFilter = conntrack.StaleFlow
-
 // entryKey identifies one way into a Service across Services, for ownership.
 type entryKey struct {
 	nodePort bool

@@ -465,10 +465,5 @@ func actionText(f *Flat, fam nftFamily, a Action) (string, error) {
 // quote makes s an nft string literal. nft strings cannot escape a double quote, and comments are
 // limited to 128 bytes by the kernel.
 func quote(s string) string {
-	s = strings.ReplaceAll(s, `"`, "'")
-	s = strings.ReplaceAll(s, "\n", " ")
-	if len(s) > 127 {
-		s = strings.ToValidUTF8(s[:127], "")
-	}
-	return `"` + s + `"`
+	return `"` + commentText(s) + `"`
 }

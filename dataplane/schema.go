@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane/maglev"
 )
 
 // Names of the fixed chains and sets. They follow kube-proxy's nftables mode where the job is the same,
@@ -413,7 +414,7 @@ func parsePicker(rest string) (ChainName, bool) {
 		return ChainName{}, false
 	}
 	n, err := strconv.Atoi(rest[i+1:])
-	if err != nil || n <= 0 || (c.Algorithm == cluster.LBMaglev && !isPrime(n)) {
+	if err != nil || n <= 0 || (c.Algorithm == cluster.LBMaglev && !maglev.IsPrime(n)) {
 		return ChainName{}, false
 	}
 	c.Map, c.Size = rest[:i], n

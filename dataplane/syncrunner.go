@@ -108,8 +108,20 @@ func NewSyncRunner[R any](logger hclog.Logger, opts SyncRunnerOptions[R]) *SyncR
 	if opts.Name == "" {
 		opts.Name = "sync"
 	}
-	if opts.Backoff == (Backoff{}) {
-		opts.Backoff = DefaultSyncBackoff
+	// Each unset field takes the default, so a partly set Backoff never retries without a delay.
+	b, d := &opts.Backoff, DefaultSyncBackoff
+	if b.Initial <= 0 {
+		b.Initial = d.Initial
+	}
+	if b.Max <= 0 {
+		b.Max = max(d.Max, b.Initial)
+	}
+	b.Max = max(b.Max, b.Initial)
+	if b.Factor < 1 {
+		b.Factor = d.Factor
+	}
+	if b.Jitter <= 0 || b.Jitter >= 1 {
+		b.Jitter = d.Jitter
 	}
 	return &SyncRunner[R]{
 		opts:   opts,
@@ -206,6 +218,9 @@ func (r *SyncRunner[R]) Run(ctx context.Context) error {
 		}
 
 		rep, err := r.opts.Sync(ctx, st)
+		if err != nil && ctx.Err() != nil {
+			return ctx.Err() // a sync cut short by shutdown is not a failure to retry or report
+		}
 		if r.opts.Attempted != nil {
 			r.opts.Attempted(st, rep, err)
 		}

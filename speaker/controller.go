@@ -362,6 +362,7 @@ func (c *Controller) updateBGP(st *cluster.State) {
 	c.setAnnounced(ModeBGP, now)
 	if c.bgp == nil {
 		if len(peers) == 0 {
+			c.bgpErr = "" // nothing to peer with: an earlier "not peering" no longer holds
 			return
 		}
 		b, err := c.startBGP()

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/dataplane/maglev"
 )
 
 func TestParseDest(t *testing.T) {
@@ -125,8 +126,8 @@ nodes:
 			if rep.Outcome != c.outcome || rep.Maglev == nil || len(rep.Candidates) != 2 || rep.Service != "demo/web-gw port 80/TCP" {
 				t.Fatalf("outcome %s, maglev %+v, %d candidates, service %q\n%s", rep.Outcome, rep.Maglev, len(rep.Candidates), rep.Service, b.String())
 			}
-			if rep.Maglev.Slot != dataplane.GatewaySlot(src, dst, dataplane.DefaultMaglevSize) || !strings.Contains(b.String(), c.verb+" "+rep.Maglev.Backend) {
-				t.Errorf("maglev %+v (want slot %d)\n%s", rep.Maglev, dataplane.GatewaySlot(src, dst, dataplane.DefaultMaglevSize), b.String())
+			if rep.Maglev.Slot != dataplane.GatewaySlot(src, dst, maglev.DefaultSize) || !strings.Contains(b.String(), c.verb+" "+rep.Maglev.Backend) {
+				t.Errorf("maglev %+v (want slot %d)\n%s", rep.Maglev, dataplane.GatewaySlot(src, dst, maglev.DefaultSize), b.String())
 			}
 		})
 	}

@@ -79,8 +79,9 @@ const speakerResync = 5 * time.Second
 
 // speakerOptions is everything newSpeakerWith needs.
 type speakerOptions struct {
-	// Name is the node's (or gateway's) name, IPs its addresses (the first IPv4 one is the BGP
-	// router ID; the default interface is the one of the first that has one).
+	// Name is the node's (or gateway's) name, IPs its addresses (the last IPv4 one is the BGP
+	// router ID, as in every earlier version: changing it would reset sessions on upgrade; the
+	// default interface is the one of the first that has one).
 	Name   string
 	IPs    []netip.Addr
 	Config cluster.SpeakerConfig

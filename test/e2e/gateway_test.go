@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/dataplane/maglev"
 	"github.com/vipgate/vipgate/test/lab"
 )
 
@@ -121,7 +122,7 @@ func TestGateway(t *testing.T) {
 		backends := []string{
 			netip.AddrPortFrom(a1.IPv4, 8080).String(), netip.AddrPortFrom(a2.IPv4, 8080).String(), netip.AddrPortFrom(b1.IPv4, 8080).String(),
 		}
-		table, err := dataplane.MaglevTable(backends, dataplane.DefaultMaglevSize)
+		table, err := maglev.Table(backends, maglev.DefaultSize)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -141,7 +142,7 @@ func TestGateway(t *testing.T) {
 				t.Errorf("direct, snat auto: pod %s saw source %v, want the client %v", r.Pod, r.Src, client)
 				continue
 			}
-			want := backends[table[dataplane.GatewaySlot(r.Src, vip, dataplane.DefaultMaglevSize)]]
+			want := backends[table[dataplane.GatewaySlot(r.Src, vip, maglev.DefaultSize)]]
 			if r.Dst.String() != want {
 				t.Errorf("flow %v -> %v reached %v, the jhash slot and Maglev table predict %s", r.Src, vip, r.Dst, want)
 			}

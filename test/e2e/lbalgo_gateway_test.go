@@ -10,6 +10,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/dataplane/maglev"
 	"github.com/vipgate/vipgate/test/lab"
 )
 
@@ -83,8 +84,8 @@ func TestGatewayLBAlgorithms(t *testing.T) {
 		backends := []string{
 			netip.AddrPortFrom(a1.IPv4, 8080).String(), netip.AddrPortFrom(a2.IPv4, 8080).String(), netip.AddrPortFrom(b1.IPv4, 8080).String(),
 		}
-		m := dataplane.MaglevSizeFor(len(backends))
-		table, err := dataplane.MaglevTable(backends, m)
+		m := maglev.SizeFor(len(backends))
+		table, err := maglev.Table(backends, m)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,7 @@
-package dataplane
+// Package maglev builds Maglev consistent-hashing lookup tables (pure: no kernel, no cluster model).
+// The gateway and the node's maglev algorithm program them as nftables map elements; the dataplane
+// package computes the slot a flow takes (dataplane.GatewaySlot).
+package maglev
 
 import (
 	"fmt"
@@ -18,43 +21,43 @@ import (
 //
 // The table maps a slot (a hash of the flow's addresses and ports modulo the table size M) to a
 // backend. The gateway programs it as nftables map elements (vip, proto, port, slot) -> backend; the
-// kernel computes the slot with jhash (see gateway_ir.go).
+// kernel computes the slot with jhash (see dataplane/gateway_ir.go).
 
-// DefaultMaglevSize is the smallest table size: the number of slots, and so of map elements, per VIP
+// DefaultSize is the smallest table size: the number of slots, and so of map elements, per VIP
 // port (or, on a node, per Service entry with the maglev algorithm). It must be prime (the
 // permutations below then visit every slot).
-const DefaultMaglevSize = 1021
+const DefaultSize = 1021
 
-// MaxMaglevSize caps the derived table size: 65,537 slots are the Maglev paper's table. Measured on
+// MaxSize caps the derived table size: 65,537 slots are the Maglev paper's table. Measured on
 // this kernel (6.18; one map loaded with nft -f in a fresh namespace, slab growth and system time):
 // an element costs ~95 bytes of kernel memory, so 1,021 slots ~0.15 MiB, 8,191 ~0.8 MiB and 65,537
 // ~5.9 MiB and 0.14 s of kernel time per VIP port. Beyond ~650 backends per VIP port the table
 // stays at this cap and the imbalance grows past 1% (N/M).
-const MaxMaglevSize = 65537
+const MaxSize = 65537
 
-// MaglevSizes are the table sizes MaglevSizeFor chooses from: primes about doubling, so that the
+// Sizes are the table sizes SizeFor chooses from: primes about doubling, so that the
 // size (and with it every flow's slot) changes only when the number of backends doubles.
-var MaglevSizes = []int{DefaultMaglevSize, 2039, 4093, 8191, 16381, 32749, MaxMaglevSize}
+var Sizes = []int{DefaultSize, 2039, 4093, 8191, 16381, 32749, MaxSize}
 
-// MaglevSizeFor returns the table size for n backends: the smallest of MaglevSizes that is at least
+// SizeFor returns the table size for n backends: the smallest of Sizes that is at least
 // 100·n (Maglev's M > 100·N, for which the slot shares of the backends differ by at most ~1%),
-// capped at MaxMaglevSize. It depends on n alone, so every gateway that sees the same backends
+// capped at MaxSize. It depends on n alone, so every gateway that sees the same backends
 // derives the same size and so the same table.
-func MaglevSizeFor(n int) int {
-	for _, m := range MaglevSizes {
+func SizeFor(n int) int {
+	for _, m := range Sizes {
 		if m >= 100*n {
 			return m
 		}
 	}
-	return MaxMaglevSize
+	return MaxSize
 }
 
-// MaglevTable returns the Maglev lookup table of size m (a prime) for the named backends: entry i is
+// Table returns the Maglev lookup table of size m (a prime) for the named backends: entry i is
 // the index in names of the backend owning slot i. names must be distinct; their order does not
 // matter (ties are broken by name, so every caller with the same set gets the same table). With no
 // names it returns nil.
-func MaglevTable(names []string, m int) ([]int, error) {
-	if m < 2 || !isPrime(m) {
+func Table(names []string, m int) ([]int, error) {
+	if m < 2 || !IsPrime(m) {
 		return nil, fmt.Errorf("maglev table size %d is not a prime", m)
 	}
 	n := len(names)
@@ -74,8 +77,8 @@ func MaglevTable(names []string, m int) ([]int, error) {
 	skip := make([]uint64, n)
 	next := make([]uint64, n)
 	for k, i := range order {
-		offset[k] = maglevHash("offset", names[i]) % uint64(m)
-		skip[k] = maglevHash("skip", names[i])%uint64(m-1) + 1
+		offset[k] = hash("offset", names[i]) % uint64(m)
+		skip[k] = hash("skip", names[i])%uint64(m-1) + 1
 	}
 	table := make([]int, m)
 	for i := range table {
@@ -101,9 +104,9 @@ func MaglevTable(names []string, m int) ([]int, error) {
 	}
 }
 
-// maglevHash is a stable 64-bit hash of a backend name (FNV-1a with a salt), the same on every
+// hash is a stable 64-bit hash of a backend name (FNV-1a with a salt), the same on every
 // gateway and every Go version.
-func maglevHash(salt, name string) uint64 {
+func hash(salt, name string) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(salt))
 	h.Write([]byte{0})
@@ -115,7 +118,8 @@ func sortIndexByName(idx []int, names []string) {
 	slices.SortFunc(idx, func(a, b int) int { return strings.Compare(names[a], names[b]) })
 }
 
-func isPrime(n int) bool {
+// IsPrime reports whether n is a prime (a valid table size).
+func IsPrime(n int) bool {
 	if n < 2 {
 		return false
 	}
