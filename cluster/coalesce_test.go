@@ -84,3 +84,44 @@ func TestCoalescer(t *testing.T) {
 		})
 	}
 }
+
+// TestCoalescerDefaults runs the source's own tunables (kubeQuiet, kubeDebounce, kubeMaxDelay) on
+// the cases they were chosen for: a lone change at once, a Service update with its EndpointSlice
+// updates in two snapshots, and a rolling update of a change every millisecond (issue #19's churn)
+// cut into snapshots no change waits longer than kubeMaxDelay for.
+func TestCoalescerDefaults(t *testing.T) {
+	ms := func(d time.Duration) int { return int(d / time.Millisecond) }
+	quiet, debounce, maxDelay := ms(kubeQuiet), ms(kubeDebounce), ms(kubeMaxDelay)
+	if maxDelay < debounce || debounce < 1 || quiet < debounce {
+		t.Fatalf("tunables out of order: quiet %d ms, debounce %d ms, max delay %d ms", quiet, debounce, maxDelay)
+	}
+
+	if got := simulateCoalescer(quiet, debounce, maxDelay, []int{0}); !cmp.Equal(got, [][2]int{{0, 0}}) {
+		t.Errorf("a lone change: snapshots %v, want one at once", got)
+	}
+	burst := []int{0, 1, 2, 4}
+	if got, want := simulateCoalescer(quiet, debounce, maxDelay, burst), [][2]int{{0, 0}, {4 + debounce, 4}}; !cmp.Equal(got, want) {
+		t.Errorf("a Service update with its EndpointSlices: snapshots %v, want %v", got, want)
+	}
+
+	var stream []int
+	for e := range 1000 {
+		stream = append(stream, e)
+	}
+	got := simulateCoalescer(quiet, debounce, maxDelay, stream)
+	// Each event is in the first snapshot taken at or after it; none waits longer than maxDelay.
+	next, worst := 0, 0
+	for _, e := range stream {
+		for got[next][1] < e {
+			next++
+		}
+		worst = max(worst, got[next][0]-e)
+	}
+	if worst > maxDelay {
+		t.Errorf("under a stream a change waited %d ms for its snapshot, more than the max delay %d ms", worst, maxDelay)
+	}
+	// And the stream is still coalesced: about one snapshot per maxDelay, not one per change.
+	if n, most := len(got), 1000/maxDelay+2; n > most {
+		t.Errorf("a change every ms for 1 s took %d snapshots, want at most %d", n, most)
+	}
+}

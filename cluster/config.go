@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math/big"
 	"net/netip"
 	"os"
 	"regexp"
@@ -235,6 +236,12 @@ type GatewayConfig struct {
 	// FlowTimeout is how long an idle flow keeps its entry in the gateways' connection table
 	// (forwarding: route; 0: DefaultFlowTimeout).
 	FlowTimeout time.Duration
+	// RouteFastPath forwards route mode's packets from a netdev ingress chain with fwd rather than
+	// with dup at prerouting (docs/gateway.md; default DefaultRouteFastPath with forwarding: route);
+	// RouteFastPathDevices are the interfaces VIP traffic arrives on (empty: every up interface but
+	// loopback).
+	RouteFastPath        bool
+	RouteFastPathDevices []string
 	// Name is this gateway's name among the gateways of its group (default: the host name). It is
 	// the member name of the speakers' membership and the node name MetalLB selectors see.
 	Name string
@@ -325,6 +332,7 @@ type gatewayConfigFile struct {
 	MaglevTableSize     int                `json:"maglevTableSize"`
 	DrainTimeout        string             `json:"drainTimeout"`
 	FlowTimeout         string             `json:"flowTimeout"`
+	RouteFastPath       *routeFastPathFile `json:"routeFastPath"`
 	Name                string             `json:"name"`
 	Labels              map[string]string  `json:"labels"`
 	Speaker             *speakerConfigFile `json:"speaker"`
@@ -821,6 +829,9 @@ func ParseGatewayConfig(data []byte) (*GatewayConfig, error) {
 			return nil, errors.New("flowTimeout: 0 is not allowed (leave it out for the default 1h)")
 		}
 	}
+	if c.RouteFastPath, c.RouteFastPathDevices, err = parseRouteFastPath(f.RouteFastPath, Forwarding(f.Forwarding)); err != nil {
+		return nil, err
+	}
 	if c.GatewayIPs, err = parseAddrList("gatewayIPs", f.GatewayIPs); err != nil {
 		return nil, err
 	}
@@ -890,7 +901,9 @@ func (c *GatewayConfig) Validate() error {
 	if c.FlowTimeout != 0 && (c.FlowTimeout < time.Second || c.FlowTimeout > 24*time.Hour) {
 		return fmt.Errorf("flowTimeout: %s is out of range 1s-24h", c.FlowTimeout)
 	}
-	if c.MaglevTableSize != 0 && (c.MaglevTableSize < 251 || c.MaglevTableSize > 65537 || !isPrime(c.MaglevTableSize)) {
+	// The prime test is math/big's, as maglev.IsPrime's (cluster may not import the dataplane's
+	// leaves): exact for every int, so the two cannot disagree about a size.
+	if c.MaglevTableSize != 0 && (c.MaglevTableSize < 251 || c.MaglevTableSize > 65537 || !big.NewInt(int64(c.MaglevTableSize)).ProbablyPrime(0)) {
 		return fmt.Errorf("maglevTableSize: %d is not a prime between 251 and 65537 (e.g. 1021, 4093, 16381)", c.MaglevTableSize)
 	}
 	if errs := validation.IsDNS1123Subdomain(c.Name); len(errs) > 0 {
@@ -1051,14 +1064,57 @@ func familiesOf(addrs []netip.Addr) []Family {
 	return fs
 }
 
-func isPrime(n int) bool {
-	if n < 2 {
-		return false
+// routeFastPathFile is the gateway file's routeFastPath: {enabled: true, devices: [eth0]}.
+type routeFastPathFile struct {
+	Enabled *bool    `json:"enabled"`
+	Devices []string `json:"devices"`
+}
+
+// DefaultRouteFastPath says whether forwarding: route uses the netdev fast path when the file does
+// not say: it does (docs/gateway.md, "Per-packet cost"); `routeFastPath: {enabled: false}` keeps
+// the dup shape only.
+const DefaultRouteFastPath = true
+
+// parseRouteFastPath reads routeFastPath for forwarding fwd ("" is the default, nodePort).
+func parseRouteFastPath(f *routeFastPathFile, fwd Forwarding) (bool, []string, error) {
+	if f == nil {
+		return DefaultRouteFastPath && fwd == ForwardRoute, nil, nil
 	}
-	for d := 2; d*d <= n; d++ {
-		if n%d == 0 {
-			return false
+	on := DefaultRouteFastPath
+	if f.Enabled != nil {
+		on = *f.Enabled
+	}
+	if fwd != ForwardRoute && (f.Enabled != nil && on || len(f.Devices) > 0) {
+		return false, nil, fmt.Errorf("routeFastPath: only with forwarding: %s", ForwardRoute)
+	}
+	for _, d := range f.Devices {
+		if err := ValidInterfaceName(d); err != nil {
+			return false, nil, fmt.Errorf("routeFastPath.devices: %q is not an interface name: %w", d, err)
 		}
 	}
-	return true
+	return on && fwd == ForwardRoute, slices.Clone(f.Devices), nil
+}
+
+// ValidInterfaceName says why d cannot be a Linux interface name, as the kernel's dev_valid_name
+// does (nil: it can): such a name in the config could only ever fail to be hooked, at every sync.
+func ValidInterfaceName(d string) error {
+	switch {
+	case d == "":
+		return errors.New("empty")
+	case len(d) > 15:
+		return fmt.Errorf("%d bytes, longer than 15 (IFNAMSIZ-1)", len(d))
+	case d == "." || d == "..":
+		return errors.New("a path component, not a name")
+	}
+	for _, r := range d {
+		switch {
+		case r == '/' || r == ':':
+			return fmt.Errorf("%q is not allowed", r)
+		case r == '"' || r == 0:
+			return fmt.Errorf("%q is not allowed here", r) // the kernel would take '"': nft text would not
+		case r <= ' ' || r == 0x7f:
+			return errors.New("white space or control characters")
+		}
+	}
+	return nil
 }

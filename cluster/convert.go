@@ -92,9 +92,28 @@ func SpecialAddrClass(a netip.Addr) string {
 // address would have been ("a Service entry", "an endpoint").
 func checkNotSpecial(f string, a netip.Addr, what string) error {
 	if class := SpecialAddrClass(a); class != "" {
-		return fieldErr(f, "%s is a special address (%s), never %s: it would capture traffic of the node itself or of its network", a, class, what)
+		return &AddrError{Addr: a, Err: fieldErr(f, "%s is a special address (%s), never %s: it would capture traffic of the node itself or of its network", a, class, what)}
 	}
 	return nil
+}
+
+// AddrError is an object's error about one of its addresses (a special address where none may
+// be). A Rejection made from it carries the address (Rejection.Addr, see ErrorAddr), so that
+// programs find the rejections of an address without reading their text.
+type AddrError struct {
+	Addr netip.Addr
+	Err  error
+}
+
+func (e *AddrError) Error() string { return e.Err.Error() }
+func (e *AddrError) Unwrap() error { return e.Err }
+
+// ErrorAddr returns the address err is about (an *AddrError in its chain), zero if none.
+func ErrorAddr(err error) netip.Addr {
+	if ae, ok := errors.AsType[*AddrError](err); ok {
+		return ae.Addr
+	}
+	return netip.Addr{}
 }
 
 // fieldErr builds an error that names the offending field first, so a log line or a Rejection tells
@@ -271,7 +290,11 @@ func serviceFamilies(spec *corev1.ServiceSpec, out *Service) error {
 	if len(ips) == 0 && spec.ClusterIP != "" {
 		ips, field = []string{spec.ClusterIP}, "spec.clusterIP"
 	} else if spec.ClusterIP != "" && len(ips) > 0 && spec.ClusterIP != ips[0] {
-		return fieldErr("spec.clusterIP", "%q differs from spec.clusterIPs[0] %q", spec.ClusterIP, ips[0])
+		err := fieldErr("spec.clusterIP", "%q differs from spec.clusterIPs[0] %q", spec.ClusterIP, ips[0])
+		if a, perr := netip.ParseAddr(spec.ClusterIP); perr == nil {
+			return &AddrError{Addr: a.Unmap(), Err: err} // explain finds the rejection by either address it names
+		}
+		return err
 	}
 
 	// ExternalName Services are never proxied (kube-proxy skips them even if a cluster IP is set).
@@ -313,10 +336,10 @@ func serviceFamilies(spec *corev1.ServiceSpec, out *Service) error {
 		}
 		fam := FamilyOf(a)
 		if i < len(out.IPFamilies) && out.IPFamilies[i] != fam {
-			return fieldErr(f, "%s is %s but spec.ipFamilies[%d] is %s", a, familyName(fam), i, familyName(out.IPFamilies[i]))
+			return &AddrError{Addr: a, Err: fieldErr(f, "%s is %s but spec.ipFamilies[%d] is %s", a, familyName(fam), i, familyName(out.IPFamilies[i]))}
 		}
 		if i == 1 && FamilyOf(out.ClusterIPs[0]) == fam {
-			return fieldErr(f, "%s has the same family as %s (dual-stack needs one IPv4 and one IPv6)", a, out.ClusterIPs[0])
+			return &AddrError{Addr: a, Err: fieldErr(f, "%s has the same family as %s (dual-stack needs one IPv4 and one IPv6)", a, out.ClusterIPs[0])}
 		}
 		out.ClusterIPs = append(out.ClusterIPs, a)
 	}
@@ -651,16 +674,20 @@ func EndpointSliceFromAPI(es *discoveryv1.EndpointSlice) (*EndpointSlice, error)
 		if e.NodeName != nil {
 			ep.NodeName = *e.NodeName
 		}
+		var topo EndpointTopology
 		if e.Zone != nil {
-			ep.Zone = *e.Zone
+			topo.Zone = *e.Zone
 		}
 		if e.Hints != nil {
 			for _, z := range e.Hints.ForZones {
-				ep.ZoneHints = append(ep.ZoneHints, z.Name)
+				topo.ZoneHints = append(topo.ZoneHints, z.Name)
 			}
 			for _, n := range e.Hints.ForNodes {
-				ep.NodeHints = append(ep.NodeHints, n.Name)
+				topo.NodeHints = append(topo.NodeHints, n.Name)
 			}
+		}
+		if topo.Zone != "" || topo.ZoneHints != nil || topo.NodeHints != nil {
+			ep.Topology = &topo
 		}
 		out.Endpoints = append(out.Endpoints, ep)
 	}

@@ -345,7 +345,8 @@ func TestEndpointSliceFromAPIGood(t *testing.T) {
 			want: &EndpointSlice{Namespace: "demo", Name: "web-abc12", Service: svc, Family: IPv4,
 				Ports: []EndpointPort{{Name: "", Protocol: TCP, Port: 8080}},
 				Endpoints: []Endpoint{
-					{Addresses: addrs("10.244.1.5"), NodeName: "node-a", Zone: "z1", ZoneHints: []string{"z1"}, NodeHints: []string{"node-a"}},
+					{Addresses: addrs("10.244.1.5"), NodeName: "node-a",
+						Topology: &EndpointTopology{Zone: "z1", ZoneHints: []string{"z1"}, NodeHints: []string{"node-a"}}},
 					{Addresses: addrs("10.244.2.5"), Serving: true, Terminating: true},
 				}},
 		},

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -317,14 +318,14 @@ func (f *FileSource) build(objs []located, rejected []Rejection) *State {
 		Nodes:          map[string]*Node{},
 		Rejected:       rejected,
 	}
-	reject := func(o located, reason string) {
-		st.Rejected = append(st.Rejected, Rejection{Kind: o.kind, Object: o.name, Source: o.source, Reason: reason})
+	reject := func(o located, reason string, addr netip.Addr) {
+		st.Rejected = append(st.Rejected, Rejection{Kind: o.kind, Object: o.name, Source: o.source, Reason: reason, Addr: addr})
 	}
 	// firstSeen remembers where each object was defined first, to say so when rejecting a duplicate.
 	firstSeen := map[string]string{}
 	duplicate := func(o located, key string) bool {
 		if first, ok := firstSeen[key]; ok {
-			reject(o, fmt.Sprintf("duplicate %s %s: already defined in %s", o.kind, o.name, first))
+			reject(o, fmt.Sprintf("duplicate %s %s: already defined in %s", o.kind, o.name, first), netip.Addr{})
 			return true
 		}
 		firstSeen[key] = o.source
@@ -337,13 +338,13 @@ func (f *FileSource) build(objs []located, rejected []Rejection) *State {
 		case o.proxied && f.proxyFilter.Ignores(o.proxyLabels):
 			// Labelled for another proxy, or headless: the Kubernetes source would never see it.
 		case o.err != nil:
-			reject(o, o.err.Error())
+			reject(o, o.err.Error(), ErrorAddr(o.err))
 		case o.service != nil:
 			if duplicate(o, "Service/"+o.service.Key.String()) {
 				continue
 			}
-			if reason := claims.conflict(o.service); reason != "" {
-				reject(o, reason)
+			if reason, addr, taken := claims.conflict(o.service); taken {
+				reject(o, reason, addr)
 				continue
 			}
 			claims.add(o.service)
@@ -385,34 +386,49 @@ func (f *FileSource) build(objs []located, rejected []Rejection) *State {
 // serviceClaims records the cluster IPs and node ports taken so far. In a cluster the API server's
 // allocators keep them unique; files have no allocator, and two Services on one cluster IP or node port
 // would make the dataplane's choice arbitrary, so the later Service is refused.
-type serviceClaims map[string]ServiceKey
+type serviceClaims map[serviceClaim]ServiceKey
+
+// serviceClaim is one thing a Service takes: a cluster IP (addr) or a node port (proto, nodePort).
+type serviceClaim struct {
+	addr     netip.Addr
+	proto    Protocol
+	nodePort uint16
+}
+
+func (c serviceClaim) String() string {
+	if c.addr.IsValid() {
+		return "cluster IP " + c.addr.String()
+	}
+	return fmt.Sprintf("nodePort %s/%d", c.proto, c.nodePort)
+}
 
 // claimKeys lists what a Service takes: its cluster IPs and its node ports (the health-check node port
 // is TCP).
-func claimKeys(svc *Service) []string {
-	var keys []string
+func claimKeys(svc *Service) []serviceClaim {
+	var keys []serviceClaim
 	for _, a := range svc.ClusterIPs {
-		keys = append(keys, "cluster IP "+a.String())
+		keys = append(keys, serviceClaim{addr: a})
 	}
 	for _, p := range svc.Ports {
 		if p.NodePort != 0 {
-			keys = append(keys, fmt.Sprintf("nodePort %s/%d", p.Protocol, p.NodePort))
+			keys = append(keys, serviceClaim{proto: p.Protocol, nodePort: p.NodePort})
 		}
 	}
 	if svc.HealthCheckNodePort != 0 {
-		keys = append(keys, fmt.Sprintf("nodePort %s/%d", TCP, svc.HealthCheckNodePort))
+		keys = append(keys, serviceClaim{proto: TCP, nodePort: svc.HealthCheckNodePort})
 	}
 	return keys
 }
 
-// conflict says which earlier Service already holds something svc claims ("" if none).
-func (c serviceClaims) conflict(svc *Service) string {
+// conflict says which earlier Service already holds something svc claims (ok false if none), and
+// the cluster IP it is about (zero for a node port).
+func (c serviceClaims) conflict(svc *Service) (reason string, addr netip.Addr, ok bool) {
 	for _, k := range claimKeys(svc) {
-		if owner, ok := c[k]; ok {
-			return fmt.Sprintf("%s is already used by Service %s", k, owner)
+		if owner, taken := c[k]; taken {
+			return fmt.Sprintf("%s is already used by Service %s", k, owner), k.addr, true
 		}
 	}
-	return ""
+	return "", netip.Addr{}, false
 }
 
 func (c serviceClaims) add(svc *Service) {

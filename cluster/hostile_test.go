@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -66,6 +67,9 @@ func TestSpecialAddressesRejected(t *testing.T) {
 				if !strings.Contains(err.Error(), c.field) || !strings.Contains(err.Error(), sa.class) {
 					t.Errorf("error %q names neither %s nor %q", err, c.field, sa.class)
 				}
+				if got := ErrorAddr(err); got != a {
+					t.Errorf("ErrorAddr(%q) = %v, want %s", err, got, a)
+				}
 			})
 		}
 		t.Run("endpoint="+sa.addr, func(t *testing.T) {
@@ -90,6 +94,67 @@ func TestSpecialAddressesRejected(t *testing.T) {
 	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.6"}}
 	if _, err := ServiceFromAPI(svc); err != nil {
 		t.Errorf("ordinary addresses refused: %v", err)
+	}
+}
+
+// TestRejectionAddr: a rejection about one address carries it (Rejection.Addr), from both sources:
+// a special address, and in files a cluster IP another Service took first; a rejection about no
+// one address (a node port taken, a parse error) carries none.
+func TestRejectionAddr(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "a.yaml", `apiVersion: v1
+kind: Service
+metadata: {name: first, namespace: demo}
+spec: {clusterIP: 10.96.0.20, type: NodePort, ports: [{port: 80, nodePort: 30080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: same-ip, namespace: demo}
+spec: {clusterIP: 10.96.0.20, ports: [{port: 81}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: same-nodeport, namespace: demo}
+spec: {clusterIP: 10.96.0.21, type: NodePort, ports: [{port: 80, nodePort: 30080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: loopback, namespace: demo}
+spec: {clusterIP: 10.96.0.22, externalIPs: ["127.0.0.1"], ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: not-an-ip, namespace: demo}
+spec: {clusterIP: 10.96.0.23, externalIPs: ["x"], ports: [{port: 80}]}
+`)
+	st := loadWithin(t, NewFileSource(dir, hclog.NewNullLogger()))
+	want := map[string]netip.Addr{
+		"demo/same-ip":       netip.MustParseAddr("10.96.0.20"),
+		"demo/same-nodeport": {},
+		"demo/loopback":      netip.MustParseAddr("127.0.0.1"),
+		"demo/not-an-ip":     {},
+	}
+	for _, r := range st.Rejected {
+		if w, ok := want[r.Object]; !ok || r.Addr != w {
+			t.Errorf("file source: %s has Addr %v, want %v", r, r.Addr, w)
+		}
+		delete(want, r.Object)
+	}
+	if len(want) != 0 {
+		t.Errorf("file source: not rejected: %v", want)
+	}
+
+	b := newKubeBuilder(hclog.NewNullLogger(), nil)
+	svc := apiService("loopback", "u1", "1", "10.96.0.24")
+	svc.Spec.ExternalIPs = []string{"127.0.0.1"}
+	kst := b.build(kubeObjects{services: []*corev1.Service{svc, apiService("bad", "u2", "1", "not-an-ip")}})
+	if len(kst.Rejected) != 2 {
+		t.Fatalf("Kubernetes source rejected %v, want loopback and bad", kst.Rejected)
+	}
+	for _, r := range kst.Rejected {
+		if w := map[string]netip.Addr{"default/loopback": netip.MustParseAddr("127.0.0.1")}[r.Object]; r.Addr != w {
+			t.Errorf("Kubernetes source: %s has Addr %v, want %v", r, r.Addr, w)
+		}
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -34,8 +33,9 @@ var (
 	// serviceCIDRRetryMax bounds the delay between retries, and is the delay while the answer is
 	// Forbidden (RBAC can be fixed without a restart, but not in a second).
 	serviceCIDRRetryMax = 5 * time.Minute
-	// serviceCIDRDiscovery returns the discovery client ServiceCIDR discovery asks (tests wrap it).
-	serviceCIDRDiscovery = func(c kubernetes.Interface) discovery.DiscoveryInterface { return c.Discovery() }
+	// serviceCIDRResources asks the API server for the resources of networking.k8s.io/v1 (tests
+	// wrap it).
+	serviceCIDRResources = discoverServiceCIDRs
 )
 
 // serviceCIDRWatch keeps the cluster's ServiceCIDR objects (networking.k8s.io/v1), the ranges the API
@@ -108,7 +108,7 @@ func watchServiceCIDRs(ctx context.Context, factory informers.SharedInformerFact
 // probe asks discovery whether ServiceCIDRs are served and, if so, whether the RBAC allows listing
 // them.
 func (w *serviceCIDRWatch) probe(ctx context.Context) (serviceCIDRAnswer, error) {
-	list, err := serviceCIDRDiscovery(w.client).ServerResourcesForGroupVersion(serviceCIDRGroupVersion)
+	list, err := serviceCIDRResources(ctx, w.client)
 	switch {
 	case apierrors.IsNotFound(err):
 		return serviceCIDRsNotServed, nil
@@ -127,6 +127,22 @@ func (w *serviceCIDRWatch) probe(ctx context.Context) (serviceCIDRAnswer, error)
 		return serviceCIDRsForbidden, err
 	}
 	return serviceCIDRsServed, nil
+}
+
+// discoverServiceCIDRs is discovery's ServerResourcesForGroupVersion for networking.k8s.io/v1 with
+// ctx: discovery's own method does not take one, and a probe of an API server that does not answer
+// would hold up shutdown until the client's timeout (none by default).
+func discoverServiceCIDRs(ctx context.Context, c kubernetes.Interface) (*metav1.APIResourceList, error) {
+	rc := c.Discovery().RESTClient()
+	if rc == nil {
+		// A fake clientset's discovery has no REST client; it answers at once.
+		return c.Discovery().ServerResourcesForGroupVersion(serviceCIDRGroupVersion)
+	}
+	list := &metav1.APIResourceList{GroupVersion: serviceCIDRGroupVersion}
+	if err := rc.Get().AbsPath("/apis/" + serviceCIDRGroupVersion).Do(ctx).Into(list); err != nil {
+		return nil, err
+	}
+	return list, nil
 }
 
 // logAnswer logs a failed probe when it differs from the last one logged (last, returned updated):
@@ -181,7 +197,8 @@ func (w *serviceCIDRWatch) retry(ctx context.Context, answer serviceCIDRAnswer, 
 				return
 			}
 			w.factory.Start(ctx.Done())
-			if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+			var sw cacheSyncWait
+			if !sw.wait(ctx, w.logger, "the ServiceCIDR caches", inf.HasSynced) {
 				return // ctx ended
 			}
 			w.mu.Lock()

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"slices"
 	"strings"
@@ -18,10 +20,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	kubefake "k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/vipgate/vipgate/test/apiserver"
@@ -67,28 +69,26 @@ func TestServiceCIDRPrefixes(t *testing.T) {
 }
 
 // flakyDiscovery answers ServiceCIDR discovery (networking.k8s.io/v1) with errs, one per call, then
-// as its DiscoveryInterface does.
+// as discovery does.
 type flakyDiscovery struct {
-	discovery.DiscoveryInterface
+	next  func(context.Context, kubernetes.Interface) (*metav1.APIResourceList, error)
 	mu    sync.Mutex
 	errs  []error
 	calls int
 }
 
-func (d *flakyDiscovery) ServerResourcesForGroupVersion(gv string) (*metav1.APIResourceList, error) {
-	if gv == serviceCIDRGroupVersion {
-		d.mu.Lock()
-		d.calls++
-		var err error
-		if len(d.errs) > 0 {
-			err, d.errs = d.errs[0], d.errs[1:]
-		}
-		d.mu.Unlock()
-		if err != nil {
-			return nil, err
-		}
+func (d *flakyDiscovery) resources(ctx context.Context, c kubernetes.Interface) (*metav1.APIResourceList, error) {
+	d.mu.Lock()
+	d.calls++
+	var err error
+	if len(d.errs) > 0 {
+		err, d.errs = d.errs[0], d.errs[1:]
 	}
-	return d.DiscoveryInterface.ServerResourcesForGroupVersion(gv)
+	d.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return d.next(ctx, c)
 }
 
 func (d *flakyDiscovery) callCount() int {
@@ -100,19 +100,40 @@ func (d *flakyDiscovery) callCount() int {
 // useFlakyDiscovery makes ServiceCIDR discovery go through a flakyDiscovery answering errs first, with
 // short retry delays, until the test ends.
 func useFlakyDiscovery(t *testing.T, errs ...error) *flakyDiscovery {
-	prevDisc, prevMin, prevMax := serviceCIDRDiscovery, serviceCIDRRetryMin, serviceCIDRRetryMax
-	t.Cleanup(func() { serviceCIDRDiscovery, serviceCIDRRetryMin, serviceCIDRRetryMax = prevDisc, prevMin, prevMax })
+	prevDisc, prevMin, prevMax := serviceCIDRResources, serviceCIDRRetryMin, serviceCIDRRetryMax
+	t.Cleanup(func() { serviceCIDRResources, serviceCIDRRetryMin, serviceCIDRRetryMax = prevDisc, prevMin, prevMax })
 	serviceCIDRRetryMin, serviceCIDRRetryMax = 20*time.Millisecond, 200*time.Millisecond
-	fd := &flakyDiscovery{errs: errs}
-	serviceCIDRDiscovery = func(c kubernetes.Interface) discovery.DiscoveryInterface {
-		fd.mu.Lock()
-		defer fd.mu.Unlock()
-		if fd.DiscoveryInterface == nil {
-			fd.DiscoveryInterface = c.Discovery()
-		}
-		return fd
-	}
+	fd := &flakyDiscovery{errs: errs, next: prevDisc}
+	serviceCIDRResources = fd.resources
 	return fd
+}
+
+// TestServiceCIDRProbeCancel: ServiceCIDR discovery of an API server that never answers ends with
+// the context (shutdown), not with the client's timeout (none by default).
+func TestServiceCIDRProbeCancel(t *testing.T) {
+	asked := make(chan struct{}, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case asked <- struct{}{}:
+		default:
+		}
+		<-r.Context().Done() // never answers; the client's cancellation ends the request
+	}))
+	defer srv.Close()
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &serviceCIDRWatch{client: client, logger: hclog.NewNullLogger(), logged: map[string]string{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-asked
+		cancel()
+	}()
+	answer, err := w.probe(ctx)
+	if answer != serviceCIDRsUnknown || !errors.Is(err, context.Canceled) {
+		t.Errorf("probe after cancellation: %v, %v; want unknown, context canceled", answer, err)
+	}
 }
 
 // syncBuffer is a log sink for several goroutines.

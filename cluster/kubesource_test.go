@@ -131,10 +131,7 @@ func TestKubeSource(t *testing.T) {
 	must(c.DiscoveryV1().EndpointSlices("default").Create(ctx, markedSlice, metav1.CreateOptions{}))
 	// No kubernetes.io/service-name label: nobody can tell which Service it belongs to.
 	must(c.DiscoveryV1().EndpointSlices("default").Create(ctx, kubeTestSlice("orphan", "", "10.244.1.12"), metav1.CreateOptions{}))
-	must(c.CoreV1().Nodes().Create(ctx, &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: "node1", Labels: map[string]string{ZoneLabel: "zone-a"}},
-		Status:     corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.11"}}},
-	}, metav1.CreateOptions{}))
+	srv.CreateNode(t, "node1", map[string]string{ZoneLabel: "zone-a"}, netip.MustParseAddr("192.0.2.11"))
 
 	// The API server creates its own "kubernetes" Service shortly after it is ready; the first
 	// snapshot is checked for it below, so wait for it here.
@@ -146,25 +143,11 @@ func TestKubeSource(t *testing.T) {
 		}
 	}
 
-	rec := newStateRecorder()
 	src := NewKubeSource(srv.RESTConfig(), "node1", hclog.New(&hclog.LoggerOptions{Name: "kube", Level: hclog.Debug, Output: testWriter{t}}))
 	if got := src.String(); got != "kubernetes "+srv.URL {
 		t.Errorf("String() = %q", got)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- src.Run(runCtx, rec.onChange) }()
-	t.Cleanup(func() {
-		stop()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("Run did not return after cancel")
-		}
-	})
+	rec := runTestSource(t, ctx, src)
 
 	first := rec.wait(t, "the first snapshot", func(*State) bool { return true })
 	t.Run("first snapshot", func(t *testing.T) {

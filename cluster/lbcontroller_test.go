@@ -31,11 +31,7 @@ func TestLBControllerAgainstAPIServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c := srv.Client
-	for _, ns := range []string{"vipgate-system", "metallb-system", "apps"} {
-		if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	srv.CreateNamespaces(t, "vipgate-system", "metallb-system", "apps")
 	pool := func(name string, addrs ...string) {
 		t.Helper()
 		list := make([]any, len(addrs))
@@ -250,11 +246,7 @@ func TestLBControllerScale5000(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	c := srv.Client
-	for _, ns := range []string{"vipgate-system", "metallb-system", "apps"} {
-		if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	srv.CreateNamespaces(t, "vipgate-system", "metallb-system", "apps")
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
 		"metadata": map[string]any{"name": "big", "namespace": "metallb-system"},

@@ -55,7 +55,8 @@ func (c *LBController) runFinalizers(ctx context.Context) {
 	}
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+	var sw cacheSyncWait
+	if !sw.wait(ctx, c.log, "the Service caches of the finalizer loop", inf.Informer().HasSynced) {
 		return
 	}
 	go func() {

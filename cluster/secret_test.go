@@ -58,7 +58,7 @@ func TestKubeSourceBGPSecrets(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	must := mustFor(t)
-	must(c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "vipgate-system"}}, metav1.CreateOptions{}))
+	srv.CreateNamespaces(t, "vipgate-system")
 	mk := func(ns, name string, typ corev1.SecretType, pw string) *corev1.Secret {
 		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Type: typ,
 			Data: map[string][]byte{"password": []byte(pw), "username": []byte("u")}}

@@ -52,13 +52,9 @@ func TestKubeSourceSpeakerPods(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	must := mustFor(t)
-	must(c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "vipgate-system"}}, metav1.CreateOptions{}))
-	for _, ns := range []string{"vipgate-system", "default"} {
-		// No controller manager here creates the default ServiceAccount pods need.
-		must(c.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}))
-	}
+	srv.CreateNamespaces(t, "vipgate-system", "default")
 	for _, n := range []string{"n1", "n2", "n3", "n4"} {
-		must(c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}))
+		srv.CreateNode(t, n, nil)
 	}
 	agent := map[string]string{"app.kubernetes.io/name": "vipgate", "app.kubernetes.io/component": "node", "app.kubernetes.io/instance": "vipgate"}
 	mk := func(ns, name, node string, labels map[string]string) *corev1.Pod {

@@ -202,7 +202,11 @@ func batchBytes(tb testing.TB, tx *Tx) (int, int) {
 	if err := newEncoder(tx, bt).encode(tx); err != nil {
 		tb.Fatal(err)
 	}
-	buf, _ := marshalBatch(bt.msgs)
+	bufs, _ := bt.finish()
+	size := 0
+	for _, c := range bufs {
+		size += len(c)
+	}
 	comments := 0
 	for _, ch := range append(slices.Clone(tx.AddChains), tx.FlushChains...) {
 		for _, r := range ch.Rules {
@@ -211,7 +215,7 @@ func batchBytes(tb testing.TB, tx *Tx) (int, int) {
 			}
 		}
 	}
-	return len(buf), comments
+	return size, comments
 }
 
 // BenchmarkKernelFullSyncComments: a full sync of 10,000 Services with the rule comments in the

@@ -24,6 +24,9 @@ type NodeInfo struct {
 	// Screen refuses external and LoadBalancer IPs the node's policy does not allow (nil: all
 	// allowed).
 	Screen *AddressScreen
+	// shared, if set, holds one copy of each shared chain name the parts built with it use: the
+	// proxier's parts keep the names (a full sync builds the same few for every Service).
+	shared map[string]string
 }
 
 // Comments of the per-Service rules, as the rules carry them (netlink.go writes them into the rule's
@@ -47,6 +50,13 @@ type entry struct {
 // few chains only it needs (externalTrafficPolicy=Local, source ranges, session affinity). A headless
 // or ExternalName Service, or one with no ClusterIP of this family, owns nothing.
 func BuildService(n NodeInfo, svc *cluster.Service, eps []*cluster.EndpointSlice) *Part {
+	return buildService(n, svc, eps, false)
+}
+
+// buildService is BuildService; with pack set the part's elements and backends come packed
+// (compact.go), as the proxier keeps them, without the slices of Elements and Backends the packed
+// form replaces ever being allocated.
+func buildService(n NodeInfo, svc *cluster.Service, eps []*cluster.EndpointSlice, pack bool) *Part {
 	p := &Part{}
 	if svc == nil || svc.Headless || svc.Type == cluster.TypeExternalName {
 		return p
@@ -61,7 +71,7 @@ func BuildService(n NodeInfo, svc *cluster.Service, eps []*cluster.EndpointSlice
 	if !clusterIP.IsValid() {
 		return p
 	}
-	b := &serviceBuilder{n: n, svc: svc, p: p, uses: map[string]bool{}, chains: map[string]bool{}}
+	b := &serviceBuilder{n: n, svc: svc, p: p}
 	// A bad vipgate.io/lb-algorithm keeps the default and is reported with the Service's refusals
 	// (log, Event, /status), as a refused address is.
 	alg, err := cluster.ServiceLBAlgorithm(svc)
@@ -75,41 +85,78 @@ func BuildService(n NodeInfo, svc *cluster.Service, eps []*cluster.EndpointSlice
 	if svc.Type == cluster.TypeLoadBalancer {
 		b.lbIPs = n.Screen.screen(b.familyAddrs(svc.LoadBalancerIPs), false, &p.Refused)
 	}
-	// The elements are built in a reused scratch slice and kept in one of their exact size: a full
-	// sync holds ~150,000 of them, and memory the process touches for the first time is what a
-	// full sync pays most for (page faults) after the kernel's own work.
+	// The elements are built in a reused scratch slice and kept in one of their exact size (or
+	// packed): a full sync holds ~150,000 of them, and memory the process touches for the first
+	// time is what a full sync pays most for (page faults) after the kernel's own work. Packed, the
+	// backends are built in a scratch slice too.
 	scratch := elementScratch.Get().(*[]Element)
 	p.Elements = append((*scratch)[:0], Element{Set: SetClusterIPs, Addr: clusterIP})
+	var bscratch *[]Backend
+	var epScratch *[]Endpoint
+	if pack {
+		bscratch = backendScratch.Get().(*[]Backend)
+		p.Backends = (*bscratch)[:0]
+		epScratch = endpointScratch.Get().(*[]Endpoint)
+		b.endpoints = (*epScratch)[:0]
+	}
 	targets := ResolveTargetPorts(svc.Ports, eps)
 	for j, sp := range svc.Ports {
 		b.port(sp, clusterIP, eps, targets, j)
 	}
-	built := p.Elements
-	p.Elements = slices.Clone(built)
+	built, backends := p.Elements, p.Backends
+	var pp *packedPart
+	ok := false
+	if pack {
+		pp, ok = packElements(built, backends)
+	}
+	if ok {
+		p.packed, p.Elements, p.Backends = pp, nil, nil
+	} else {
+		p.Elements = slices.Clone(built)
+		if pack {
+			p.Backends = slices.Clone(backends)
+		}
+	}
 	clear(built) // no references kept from the pool
 	*scratch = built[:0]
 	elementScratch.Put(scratch)
-	p.Uses = make([]string, 0, len(b.uses))
-	for u := range b.uses {
-		p.Uses = append(p.Uses, u)
+	if pack {
+		clear(backends)
+		*bscratch = backends[:0]
+		backendScratch.Put(bscratch)
+		eps := b.endpoints[:cap(b.endpoints)]
+		clear(eps) // the hints are the state's slices
+		*epScratch = eps[:0]
+		endpointScratch.Put(epScratch)
 	}
+	p.Uses = make([]string, len(b.uses))
+	copy(p.Uses, b.uses)
 	slices.Sort(p.Uses)
 	return p
 }
 
-var elementScratch = sync.Pool{New: func() any { s := make([]Element, 0, 64); return &s }}
+var (
+	elementScratch = sync.Pool{New: func() any { s := make([]Element, 0, 64); return &s }}
+	backendScratch = sync.Pool{New: func() any { s := make([]Backend, 0, 64); return &s }}
+	// endpointScratch holds serviceBuilder.endpoints.
+	endpointScratch = sync.Pool{New: func() any { s := make([]Endpoint, 0, 64); return &s }}
+)
 
 type serviceBuilder struct {
-	n      NodeInfo
-	svc    *cluster.Service
-	p      *Part
-	uses   map[string]bool
-	chains map[string]bool
+	n   NodeInfo
+	svc *cluster.Service
+	p   *Part
+	// uses lists the shared chains the part uses, once each (a Service uses one or two; a slice
+	// costs less than a map in a full sync, which builds every Service).
+	uses []string
 	// externalIPs and lbIPs are the Service's external and LoadBalancer IPs of this family that
 	// passed the node's screen.
 	externalIPs, lbIPs []netip.Addr
 	// alg is the Service's balancing algorithm (vipgate.io/lb-algorithm; LBDefault is random).
 	alg cluster.LBAlgorithm
+	// endpoints is scratch space for a port's endpoints (see portEndpoints): nil, or a slice of
+	// endpointScratch.
+	endpoints []Endpoint
 }
 
 func (b *serviceBuilder) familyAddrs(in []netip.Addr) []netip.Addr {
@@ -122,19 +169,38 @@ func (b *serviceBuilder) familyAddrs(in []netip.Addr) []netip.Addr {
 	return out
 }
 
+// hasChain says whether the part has its chain called name (a Service has a few at most).
+func (b *serviceBuilder) hasChain(name string) bool {
+	return slices.ContainsFunc(b.p.Chains, func(c *Chain) bool { return c.Name == name })
+}
+
 func (b *serviceBuilder) addChain(c *Chain) {
-	if b.chains[c.Name] {
+	if b.hasChain(c.Name) {
 		return
 	}
-	b.chains[c.Name] = true
 	b.p.Chains = append(b.p.Chains, c)
 }
 
 func (b *serviceBuilder) use(chain string) string {
 	for _, u := range sharedUses(chain) {
-		b.uses[u] = true
+		u = b.sharedName(u)
+		if !slices.Contains(b.uses, u) {
+			b.uses = append(b.uses, u)
+		}
 	}
-	return chain
+	return b.sharedName(chain)
+}
+
+// sharedName returns the copy of shared chain name s that NodeInfo.shared holds, if it is set.
+func (b *serviceBuilder) sharedName(s string) string {
+	if b.n.shared == nil {
+		return s
+	}
+	if c, ok := b.n.shared[s]; ok {
+		return c
+	}
+	b.n.shared[s] = s
+	return s
 }
 
 func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slices_ []*cluster.EndpointSlice, targets TargetPorts, j int) {
@@ -150,7 +216,8 @@ func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slic
 		nodePort = 0
 	}
 	external := len(externalIPs) > 0 || len(lbIPs) > 0 || nodePort != 0
-	all := PortEndpoints(targets, j, slices_, b.n.Family, b.n.NodeName)
+	all := portEndpoints(b.endpoints, targets, j, slices_, b.n.Family, b.n.NodeName)
+	b.endpoints = all[:0] // the next port's scratch
 	cat := Categorize(all, svc, external, b.n.NodeName, b.n.Zone)
 	externalLocal := svc.ExternalPolicyLocal && external
 
@@ -340,7 +407,7 @@ func (b *serviceBuilder) pick(e entry, proto uint8, eps []Endpoint, clusterMap b
 // replaced (an endpoint change). No set: chains and plain rules are what the kernel charges least for.
 func (b *serviceBuilder) roundRobinChain(eps []Endpoint, name, policy string) string {
 	chain := perPortChain(ChainRoleRoundRobin, name, policy)
-	if b.chains[chain] {
+	if b.hasChain(chain) {
 		return chain
 	}
 	rules := make([]Rule, 0, len(eps))
@@ -423,7 +490,7 @@ func (b *serviceBuilder) externalTarget(e entry, proto uint8, name string, local
 // (the kernel finds a set by name with a walk of a list; see dataplane/README.md).
 func (b *serviceBuilder) affinityChain(eps []Endpoint, name, policy string) string {
 	chain := perPortChain(ChainRoleAffinity, name, policy)
-	if b.chains[chain] {
+	if b.hasChain(chain) {
 		return chain
 	}
 	mapOf := map[uint16]string{} // endpoint port -> map

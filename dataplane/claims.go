@@ -49,17 +49,27 @@ func newClaimTable() *claimTable {
 	return &claimTable{owner: map[entryKey]claim{}, others: map[entryKey][]claim{}, lost: map[cluster.ServiceKey]map[entryKey]bool{}}
 }
 
-// claimsOf lists the distinct entries of a Service's part with the kind of each (a Service whose
-// external IP equals its own cluster IP claims the entry once, as a cluster IP).
-func claimsOf(svc *cluster.Service, part *Part) map[entryKey]claim {
-	out := make(map[entryKey]claim, len(part.Entries))
+// entryClaim is one entry a Service claims, and how.
+type entryClaim struct {
+	k entryKey
+	c claim
+}
+
+// claimsOf appends to out the distinct entries of a Service's part with the kind of each (a Service
+// whose external IP equals its own cluster IP claims the entry once, as a cluster IP), in the order
+// of the part's entries. A Service has a handful: a linear search, and a slice the caller reuses,
+// where a map per Service was ~5 MiB of garbage in a full sync of 10,000 Services.
+func claimsOf(out []entryClaim, svc *cluster.Service, part *Part) []entryClaim {
 	for _, e := range part.Entries {
 		k := entryKey{e.NodePort, e.Addr, e.Proto, e.Port}
 		c := claim{svc: svc, external: !e.NodePort && !slices.Contains(svc.ClusterIPs, e.Addr)}
-		if old, ok := out[k]; ok && !old.external {
-			continue
+		i := slices.IndexFunc(out, func(x entryClaim) bool { return x.k == k })
+		switch {
+		case i < 0:
+			out = append(out, entryClaim{k, c})
+		case out[i].c.external:
+			out[i].c = c
 		}
-		out[k] = c
 	}
 	return out
 }
@@ -152,6 +162,7 @@ func (t *claimTable) filter(key cluster.ServiceKey, part *Part) *Part {
 	if len(lost) == 0 || part == nil {
 		return part
 	}
+	part = part.unpacked() // the elements of a packed part are in its packed form
 	np := *part
 	np.Elements = nil
 	for _, el := range part.Elements {
@@ -186,7 +197,7 @@ func (t *claimTable) conflicts() []cluster.Rejection {
 				}
 			}
 			why := orderReason(o, mine)
-			out = append(out, cluster.Rejection{Kind: "Service", Object: key.String(),
+			out = append(out, cluster.Rejection{Kind: "Service", Object: key.String(), Addr: k.addr,
 				Reason: fmt.Sprintf("%s is held by Service %s (%s); not programmed for this Service", what, o.svc.Key, why)})
 		}
 	}

@@ -126,7 +126,7 @@ func TestClaimsClusterIPWins(t *testing.T) {
 			if got := holder(t, p, st, "10.96.0.10", ProtoTCP, 80); got != tc.attackerName {
 				t.Errorf("10.96.0.10 TCP 80 goes to %q, want %s (uncontested)", got, tc.attackerName)
 			}
-			want := []cluster.Rejection{{Kind: "Service", Object: "claims/" + tc.attackerName,
+			want := []cluster.Rejection{{Kind: "Service", Object: "claims/" + tc.attackerName, Addr: netip.MustParseAddr("10.96.0.10"),
 				Reason: "udp 10.96.0.10:53 is held by Service claims/kube-dns (a cluster IP entry always wins over an external or LoadBalancer IP entry); not programmed for this Service"}}
 			if diff := cmp.Diff(want, rep.Conflicts); diff != "" {
 				t.Errorf("conflicts (-want +got):\n%s", diff)
@@ -210,7 +210,7 @@ func TestClaimsOldestWins(t *testing.T) {
 				if tc.want == "aaa" {
 					loser = "zzz"
 				}
-				want := []cluster.Rejection{{Kind: "Service", Object: "claims/" + loser,
+				want := []cluster.Rejection{{Kind: "Service", Object: "claims/" + loser, Addr: netip.MustParseAddr("203.0.113.7"),
 					Reason: "tcp 203.0.113.7:443 is held by Service claims/" + tc.want + " (" + tc.why + "); not programmed for this Service"}}
 				if diff := cmp.Diff(want, rep.Conflicts); diff != "" {
 					t.Errorf("order %v: conflicts (-want +got):\n%s", order, diff)

@@ -65,6 +65,10 @@ type KernelTable struct {
 	Rules    map[string][]*nftables.Rule
 	Sets     []KernelSet
 	Elements map[string][]KernelElement
+	// Netdev tables (gateway_netdev.go): the devices of each base chain's hook, and the names of the
+	// namespace's interfaces by index (fwd names its device by index).
+	Devices map[string][]string
+	Ifnames map[uint32]string
 }
 
 // nftDataVerdict is NFT_DATA_VERDICT, the data type the kernel reports for verdict maps.
@@ -130,6 +134,14 @@ func (n *NetlinkProgrammer) ReadKernelTable(f cluster.Family, name string) (*Ker
 		return nil, err
 	}
 	defer raw.Close()
+	if isNetdev(f) {
+		if kt.Devices, err = dumpChainDevices(raw, f, name); err != nil {
+			return nil, fmt.Errorf("listing chains of %s %s: %w", fname, name, err)
+		}
+		if kt.Ifnames, err = n.ifnames(); err != nil {
+			return nil, fmt.Errorf("listing interfaces: %w", err)
+		}
+	}
 	ruleExprs, err := dumpRuleExprs(raw, f, name)
 	if err != nil {
 		return nil, fmt.Errorf("listing rules of %s %s: %w", fname, name, err)
@@ -165,6 +177,9 @@ func (e *TableNotFoundError) Error() string {
 }
 
 func familyName(f cluster.Family) string {
+	if isNetdev(f) {
+		return "netdev"
+	}
 	if f == cluster.IPv6 {
 		return "ip6"
 	}
@@ -347,7 +362,8 @@ func DecodeTable(kt *KernelTable) (*Flat, error) {
 	fam := familyName(kt.Family)
 	where := fmt.Sprintf("table %s %s", fam, kt.Name)
 	f := &Flat{Family: kt.Family, Table: kt.Name, Chains: map[string]*Chain{}, Sets: map[string]*Set{}, Elements: map[string][]Element{}}
-	enc := &encoder{f: kt.Family, sets: map[string]*nftables.Set{}, kinds: f.Sets, chains: map[string]*nftables.Chain{}}
+	enc := &encoder{f: ipFamily(kt.Family), netdev: isNetdev(kt.Family), sets: map[string]*nftables.Set{}, kinds: f.Sets, chains: map[string]*nftables.Chain{},
+		ifnames: kt.Ifnames, ifindex: ifindexOf(kt.Ifnames)}
 
 	for _, ks := range kt.Sets {
 		s, err := decodeSet(enc, ks)
@@ -359,7 +375,7 @@ func DecodeTable(kt *KernelTable) (*Flat, error) {
 	}
 	for _, name := range f.SetOrder {
 		s := f.Sets[name]
-		els, err := decodeElements(kt.Family, s, kt.Elements[name])
+		els, err := decodeElements(ipFamily(kt.Family), s, kt.Elements[name])
 		if err != nil {
 			return nil, fmt.Errorf("%s: set %s: %w", where, name, err)
 		}
@@ -376,7 +392,7 @@ func DecodeTable(kt *KernelTable) (*Flat, error) {
 	// not put comments there (or without comments at all), see restoreComments.
 	legacy := map[string]bool{}
 	for _, kc := range kt.Chains {
-		ch, err := decodeChain(kc)
+		ch, err := decodeChain(kc, isNetdev(kt.Family), kt.Devices[kc.Name])
 		if err != nil {
 			return nil, fmt.Errorf("%s: chain %s: %w", where, kc.Name, err)
 		}
@@ -771,9 +787,26 @@ func rangePrefix(start, end netip.Addr) (netip.Prefix, error) {
 	return netip.Prefix{}, fmt.Errorf("interval [%s, %s) is not a single prefix", start, end)
 }
 
-func decodeChain(kc *nftables.Chain) (*Chain, error) {
+func decodeChain(kc *nftables.Chain, netdev bool, devices []string) (*Chain, error) {
 	ch := &Chain{Name: kc.Name}
 	if kc.Hooknum == nil {
+		return ch, nil
+	}
+	if netdev {
+		// The netdev family's hooks are numbered apart: ingress is 0, as prerouting is in ip.
+		if *kc.Hooknum != *nftables.ChainHookIngress || kc.Type != nftables.ChainTypeFilter {
+			return nil, fmt.Errorf("hook %d type %q: vipgate's netdev chains are filter chains at ingress", *kc.Hooknum, kc.Type)
+		}
+		if len(devices) == 0 {
+			return nil, errors.New("an ingress chain without devices")
+		}
+		ch.Type, ch.Hook, ch.Devices = FilterType, HookIngress, devices
+		if kc.Priority != nil {
+			ch.Priority = int(*kc.Priority)
+		}
+		if kc.Policy != nil && *kc.Policy != nftables.ChainPolicyAccept {
+			return nil, fmt.Errorf("policy %d: vipgate's base chains accept", *kc.Policy)
+		}
 		return ch, nil
 	}
 	hooks := []struct {
@@ -812,12 +845,14 @@ func decodeChain(kc *nftables.Chain) (*Chain, error) {
 // matchKinds and actionKinds are the vocabularies of model.go, in the order candidates are tried.
 var (
 	matchKinds = []MatchKind{MatchCtStateNew, MatchCtStatusDNAT, MatchDaddrInSet, MatchSaddrInSet, MatchSaddrNotInSet,
-		MatchSaddrInPrefix, MatchFibSaddrLocal, MatchMarkAny, MatchHairpin, MatchNumgenZero}
+		MatchSaddrInPrefix, MatchFibSaddrLocal, MatchMarkAny, MatchHairpin, MatchNumgenZero,
+		MatchFragment, MatchPktTypeHost} // gateway_netdev.go
 	actionKinds = []ActionKind{ActJump, ActGoto, ActReturn, ActDrop, ActReject, ActMarkSet, ActMasqClearMark, ActMasquerade,
 		ActVmapTuple, ActVmapProtoPort, ActDNATTupleMap, ActDNATProtoPortMap, ActAffinityDNAT, ActAffinityRefresh, ActAffinityRecall,
 		ActDNATJhashMap, ActDupJhashMap, // the gateway's (gateway_ir.go, gateway_route.go)
 		ActDNATProtoPortJhashMap, ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap, ActDupSrcHashMap, ActDNATRoundRobin, // lbalgo.go
-		ActFlowRecall, ActFlowPick, ActFlowDaisy} // gateway_conntable.go
+		ActFlowRecall, ActFlowPick, ActFlowDaisy, // gateway_conntable.go
+		ActFwdJhashMap} // gateway_netdev.go
 )
 
 // hints are the parameters a run of expressions offers to candidate matches and actions: the first
@@ -923,6 +958,15 @@ func (h hints) action(k ActionKind) Action {
 // decodeRule decodes one rule: matches from the front, then one action that takes the rest.
 func decodeRule(enc *encoder, xs []expr.Any) (Rule, error) {
 	var r Rule
+	if enc.netdev {
+		// A netdev rule starts with the dependency of its payload matches (gateway_netdev.go).
+		dep := enc.protoDependency()
+		if len(xs) < len(dep) || !sameExprs(dep, xs[:len(dep)]) {
+			return r, fmt.Errorf("no meta protocol match in front of [%s]", exprsText(xs))
+		}
+		xs = xs[len(dep):]
+	}
+	dev := enc.fwdDevice(xs)
 	pos := 0
 	for {
 		rest := xs[pos:]
@@ -930,6 +974,7 @@ func decodeRule(enc *encoder, xs []expr.Any) (Rule, error) {
 		// The action, if it accounts for everything that is left.
 		for _, k := range actionKinds {
 			a := h.action(k)
+			a.Device = dev
 			want, err := enc.action(a)
 			if err != nil {
 				continue // e.g. a hinted set that the table does not have
@@ -1071,7 +1116,7 @@ func FlatEqual(a, b *Flat) (bool, string) {
 		if x == nil || y == nil {
 			return false, fmt.Sprintf("chain %s only on one side", n)
 		}
-		if x.Type != y.Type || x.Hook != y.Hook || x.Priority != y.Priority || len(x.Rules) != len(y.Rules) {
+		if x.Type != y.Type || x.Hook != y.Hook || x.Priority != y.Priority || len(x.Rules) != len(y.Rules) || !slices.Equal(x.Devices, y.Devices) {
 			return false, fmt.Sprintf("chain %s: %+v vs %+v", n, *x, *y)
 		}
 		for i := range x.Rules {

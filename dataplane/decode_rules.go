@@ -108,6 +108,12 @@ func completeRuleExprs(kt *KernelTable, raw map[string]map[uint64][]rawExpr) err
 						return fmt.Errorf("chain %s rule (handle %d): decoding dup: %w", chain, r.Handle, err)
 					}
 					full = append(full, d)
+				case x.name == "fwd" && isNetdev(kt.Family):
+					d, err := decodeFwd(x.data)
+					if err != nil {
+						return fmt.Errorf("chain %s rule (handle %d): decoding fwd: %w", chain, r.Handle, err)
+					}
+					full = append(full, d)
 				default:
 					return fmt.Errorf("chain %s rule (handle %d): expression %q is not one vipgate uses", chain, r.Handle, x.name)
 				}

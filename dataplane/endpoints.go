@@ -79,11 +79,21 @@ func ResolveTargetPorts(svcPorts []cluster.ServicePort, slices_ []*cluster.Endpo
 // own slice. Duplicates (the same addr:port in two slices) are kept once, preferring a ready copy. The
 // result is sorted by address and port so that the endpoint index in the maps is stable.
 func PortEndpoints(targets TargetPorts, j int, slices_ []*cluster.EndpointSlice, family cluster.Family, nodeName string) []Endpoint {
+	return portEndpoints(nil, targets, j, slices_, family, nodeName)
+}
+
+// portEndpoints is PortEndpoints building the result in buf (grown as needed): the proxier's full
+// sync collects the endpoints of every Service port, and needs each list only while it builds that
+// port.
+func portEndpoints(buf []Endpoint, targets TargetPorts, j int, slices_ []*cluster.EndpointSlice, family cluster.Family, nodeName string) []Endpoint {
 	total := 0
 	for _, es := range slices_ {
 		total += len(es.Endpoints)
 	}
-	out := make([]Endpoint, 0, total)
+	out := slices.Grow(buf[:0], total)
+	if out == nil {
+		out = []Endpoint{} // empty, not nil, as ever
+	}
 	// Duplicates are found by a scan of out while it is small (most Services), by a map beyond.
 	var seen map[netip.AddrPort]int
 	if total > 32 {
@@ -120,8 +130,8 @@ func PortEndpoints(targets TargetPorts, j int, slices_ []*cluster.EndpointSlice,
 				Serving:     ep.Serving,
 				Terminating: ep.Terminating,
 				Local:       nodeName != "" && ep.NodeName == nodeName,
-				ZoneHints:   ep.ZoneHints,
-				NodeHints:   ep.NodeHints,
+				ZoneHints:   ep.ZoneHints(),
+				NodeHints:   ep.NodeHints(),
 			}
 			if i, ok := index(e.AddrPort()); ok {
 				if !out[i].Ready && e.Ready {

@@ -1,7 +1,9 @@
 package dataplane
 
 import (
+	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 
 	"github.com/vipgate/vipgate/cluster"
@@ -170,6 +172,7 @@ var slotKinds = map[ActionKind]SetKind{
 	ActDNATJhashMap:          KindTupleEndpoints,
 	ActDNATProtoPortJhashMap: KindProtoPortEndpoints,
 	ActDupJhashMap:           KindTupleAddr,
+	ActFwdJhashMap:           KindTupleAddr,
 	// The connection table's pick looks its slots up in MapGatewayRouteIDs (gateway_conntable.go).
 	ActFlowPick: KindTupleMark,
 }
@@ -216,7 +219,7 @@ func Explain(f *Flat, h HostInfo, p Packet) Explanation {
 // algorithmOf is the balancing algorithm an action kind picks an endpoint by ("" for none).
 func algorithmOf(k ActionKind) cluster.LBAlgorithm {
 	switch k {
-	case ActDNATJhashMap, ActDNATProtoPortJhashMap, ActDupJhashMap, ActFlowPick:
+	case ActDNATJhashMap, ActDNATProtoPortJhashMap, ActDupJhashMap, ActFwdJhashMap, ActFlowPick:
 		return cluster.LBMaglev
 	case ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap, ActDupSrcHashMap:
 		return cluster.LBSourceHash
@@ -295,13 +298,14 @@ func maglevChoice(f *Flat, src, dst netip.AddrPort, proto uint8) *MaglevChoice {
 	for _, name := range orderedNames(f.ChainOrder, f.Chains) {
 		for _, r := range f.Chains[name].Rules {
 			a := r.Action
-			if (a.Kind != ActDNATJhashMap && a.Kind != ActDupJhashMap) || a.Value == 0 {
+			routed := a.Kind == ActDupJhashMap || a.Kind == ActFwdJhashMap
+			if (a.Kind != ActDNATJhashMap && !routed) || a.Value == 0 {
 				continue
 			}
 			slot := GatewaySlot(src, dst, a.Value)
 			for _, e := range f.Elements[a.Map] {
 				if e.Addr.Unmap() == dst.Addr() && e.Proto == proto && e.Port == dst.Port() && e.Index == slot {
-					m := &MaglevChoice{Slot: slot, Slots: a.Value, Map: a.Map, Routed: a.Kind == ActDupJhashMap,
+					m := &MaglevChoice{Slot: slot, Slots: a.Value, Map: a.Map, Routed: routed,
 						Backend: netip.AddrPortFrom(e.DataAddr.Unmap(), e.DataPort)}
 					if m.Routed {
 						m.Backend = netip.AddrPortFrom(e.DataAddr.Unmap(), 0)
@@ -312,4 +316,73 @@ func maglevChoice(f *Flat, src, dst netip.AddrPort, proto uint8) *MaglevChoice {
 		}
 	}
 	return nil
+}
+
+// FastPathExplanation is a packet's trace through a gateway's fast path netdev table
+// (gateway_netdev.go) as it arrives on one ingress device: whether the fast path forwards it, or
+// passes it on to the IP stack, where the family's table decides (another trace).
+type FastPathExplanation struct {
+	Explanation
+	// Device is the ingress device traced ("" when none has an ingress chain); Devices are the
+	// devices with an ingress chain (the same rules on each).
+	Device  string
+	Devices []string
+	// Taken says the fast path forwards the packet (fwd): the family's table does not see it.
+	// NodeDevice is the device fwd sends it by.
+	Taken      bool
+	NodeDevice string
+}
+
+// ExplainFastPath traces p, arriving on device dev ("": the first device with an ingress chain;
+// every ingress chain holds the same rules), through the netdev table nd. A device without an
+// ingress chain, or a packet from this host, is not the fast path's: the explanation's Result
+// accepts it, and the family's table decides.
+func ExplainFastPath(nd *Flat, dev string, h HostInfo, p Packet) FastPathExplanation {
+	var out FastPathExplanation
+	if nd == nil {
+		out.Result = Result{Outcome: OutcomeError, Reason: "no netdev table to trace"}
+		return out
+	}
+	byDev := map[string]string{}
+	for _, n := range orderedNames(nd.ChainOrder, nd.Chains) {
+		if c := nd.Chains[n]; c.Hook == HookIngress {
+			for _, d := range c.Devices {
+				if _, ok := byDev[d]; !ok {
+					byDev[d] = n
+					out.Devices = append(out.Devices, d)
+				}
+			}
+		}
+	}
+	slices.Sort(out.Devices)
+	if dev == "" && len(out.Devices) > 0 {
+		dev = out.Devices[0]
+	}
+	chain, ok := byDev[dev]
+	if !ok {
+		reason := fmt.Sprintf("no ingress chain of table netdev %s on device %s: the IP stack takes the packet", nd.Table, dev)
+		if dev == "" {
+			reason = fmt.Sprintf("table netdev %s has no ingress chain: the IP stack takes the packet", nd.Table)
+		}
+		out.Result = Result{Outcome: OutcomeAccept, Reason: reason}
+		return out
+	}
+	out.Device = dev
+	// Only dev's ingress chain sees the packet: the table without the other devices' chains.
+	one := *nd
+	one.Chains = make(map[string]*Chain, len(nd.Chains))
+	for n, c := range nd.Chains {
+		if c.Hook != HookIngress || n == chain {
+			one.Chains[n] = c
+		}
+	}
+	out.Explanation = Explain(&one, h, p)
+	out.Taken = out.Result.Outcome == OutcomeRoute
+	for _, c := range out.Result.Candidates {
+		if ch := nd.Chains[c.Rule.Chain]; ch != nil && c.Rule.Index >= 0 && c.Rule.Index < len(ch.Rules) && ch.Rules[c.Rule.Index].Action.Device != "" {
+			out.NodeDevice = ch.Rules[c.Rule.Index].Action.Device
+			break
+		}
+	}
+	return out
 }

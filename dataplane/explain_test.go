@@ -3,6 +3,8 @@ package dataplane
 import (
 	"math"
 	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/vipgate/vipgate/cluster"
@@ -215,5 +217,85 @@ func TestExplainGateway(t *testing.T) {
 				t.Errorf("maglev backend %s is not a candidate", m.Backend)
 			}
 		})
+	}
+}
+
+// TestExplainFastPath: a packet arriving on an ingress device of the fast path's netdev table
+// (GatewayNetdevRuleset) is forwarded by fwd through the nodes' device when it is a VIP port's with
+// nodes, and passed on to the family's table otherwise: another device, no VIP, a packet from the
+// host. Without a fast path, GatewayNetdevRuleset says why.
+func TestExplainFastPath(t *testing.T) {
+	st := gwState()
+	fp := &GatewayFastPath{Devices: []string{"s1", "s0"}, NodeDevice: func(netip.Addr) (string, bool, error) { return "eth1", true, nil }}
+	cfg := GatewayConfig{Forwarding: cluster.ForwardRoute, FastPath: fp}
+	grs, err := BuildGatewayRuleset(cfg, cluster.IPv4, st, Health{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nrs, why := GatewayNetdevRuleset(cfg, cluster.IPv4, st, grs)
+	if nrs == nil {
+		t.Fatalf("no fast path: %s", why)
+	}
+	nd := nrs.Flatten()
+	if nd.Table != "vipgate-fwd4" || !isNetdev(nd.Family) {
+		t.Fatalf("netdev table %s of family %#x", nd.Table, nd.Family)
+	}
+	vip := netip.MustParseAddr("203.0.113.50")
+	for _, c := range []struct {
+		name, dev, dst string
+		fromHost       bool
+		srcPort        uint16
+		device         string // the device traced
+		taken          bool
+	}{
+		{name: "VIP on s1", dev: "s1", dst: "203.0.113.50", device: "s1", taken: true},
+		{name: "VIP, any device", dst: "203.0.113.50", srcPort: 40001, device: "s0", taken: true},
+		{name: "a device without a chain", dev: "eth9", dst: "203.0.113.50"},
+		{name: "no VIP", dev: "s0", dst: "203.0.113.99", device: "s0"},
+		{name: "from the host", dev: "s0", dst: "203.0.113.50", fromHost: true, device: "s0"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ex := ExplainFastPath(nd, c.dev, HostInfo{}, Packet{Src: gwClient, Dst: netip.MustParseAddr(c.dst), Proto: ProtoTCP, Port: 80, SrcPort: c.srcPort, FromHost: c.fromHost})
+			if ex.Taken != c.taken || ex.Device != c.device || !slices.Equal(ex.Devices, []string{"s0", "s1"}) {
+				t.Fatalf("taken %v device %q devices %v, want %v %q [s0 s1]\n%s", ex.Taken, ex.Device, ex.Devices, c.taken, c.device, ex.Result.Explain())
+			}
+			if !c.taken {
+				if ex.Result.Outcome != OutcomeAccept || ex.NodeDevice != "" {
+					t.Errorf("not taken: outcome %s, node device %q; want ACCEPT (on to the IP stack)", ex.Result.Outcome, ex.NodeDevice)
+				}
+				return
+			}
+			if ex.Result.Outcome != OutcomeRoute || ex.NodeDevice != "eth1" || len(ex.Candidates) != 2 || ex.Algorithm != cluster.LBMaglev {
+				t.Errorf("outcome %s, node device %q, %d candidates, algorithm %q; want ROUTE by eth1 to 2 nodes by Maglev\n%s",
+					ex.Result.Outcome, ex.NodeDevice, len(ex.Candidates), ex.Algorithm, ex.Result.Explain())
+			}
+			for _, s := range ex.Result.Steps {
+				if s.Chain != "" && strings.HasPrefix(s.Chain, ChainGatewayIngress) && s.Chain != ChainGatewayIngress+c.device {
+					t.Errorf("the trace passes the chain of another device: %s", s)
+				}
+			}
+			if c.srcPort != 0 {
+				// The flow's slot, as the family's table would pick it (the same maps).
+				fam := Explain(grs.Ruleset.Flatten(), HostInfo{}, Packet{Src: gwClient, Dst: vip, Proto: ProtoTCP, Port: 80, SrcPort: c.srcPort})
+				if ex.Maglev == nil || fam.Maglev == nil || *ex.Maglev != *fam.Maglev || !ex.Maglev.Routed {
+					t.Errorf("the fast path's slot %+v, the family table's %+v: want the same, routed", ex.Maglev, fam.Maglev)
+				}
+			}
+		})
+	}
+
+	for _, c := range []struct {
+		name string
+		cfg  GatewayConfig
+		why  string
+	}{
+		{"off", GatewayConfig{Forwarding: cluster.ForwardRoute}, "off"},
+		{"nodePort", GatewayConfig{Forwarding: cluster.ForwardNodePort, FastPath: fp}, "off"},
+		{"not on-link", GatewayConfig{Forwarding: cluster.ForwardRoute, FastPath: &GatewayFastPath{Devices: []string{"s0"},
+			NodeDevice: func(netip.Addr) (string, bool, error) { return "eth1", false, nil }}}, "not on a directly connected subnet"},
+	} {
+		if nrs, why := GatewayNetdevRuleset(c.cfg, cluster.IPv4, st, grs); nrs != nil || !strings.Contains(why, c.why) {
+			t.Errorf("%s: table %v, why %q; want none, why %q", c.name, nrs != nil, why, c.why)
+		}
 	}
 }

@@ -92,7 +92,7 @@ func fuzzState(data []byte) *cluster.State {
 				ep := cluster.Endpoint{Addresses: []netip.Addr{a}, Ready: ready, Serving: ready || f.pick(2) == 0,
 					Terminating: !ready && f.pick(2) == 0, NodeName: []string{"node1", "node2"}[f.pick(2)]}
 				if f.pick(5) == 0 {
-					ep.ZoneHints = []string{"zone-a"}
+					ep.Topology = &cluster.EndpointTopology{ZoneHints: []string{"zone-a"}}
 				}
 				es.Endpoints = append(es.Endpoints, ep)
 			}

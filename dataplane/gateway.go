@@ -70,6 +70,10 @@ type GatewayConfig struct {
 	// route; default DefaultGatewayFlowTimeout), and how long after a Maglev table change the
 	// previous table's moved slots are daisy chained.
 	FlowTimeout time.Duration
+	// FastPath, with forwarding: route, also programs each family's route forwarding in a netdev
+	// table whose ingress chains fwd the packets to the nodes (gateway_netdev.go); nil: only the
+	// family's table, which dups them.
+	FastPath *GatewayFastPath
 }
 
 func (c GatewayConfig) withDefaults() GatewayConfig {
@@ -599,7 +603,7 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 		for _, e := range entries {
 			id := entryID{e.VIP, e.Proto, e.Port}
 			if o, ok := owner[id]; ok && o != k {
-				out.Conflicts = append(out.Conflicts, cluster.Rejection{Kind: "Service", Object: k.String(),
+				out.Conflicts = append(out.Conflicts, cluster.Rejection{Kind: "Service", Object: k.String(), Addr: e.VIP,
 					Reason: fmt.Sprintf("%s is already used by Service %s; not forwarded for this Service", e, o)})
 				continue
 			}
@@ -690,6 +694,9 @@ type GatewaySyncReport struct {
 	// NextDaisyEnd is when the first daisy chaining window (forwarding: route, FlowTimeout after a
 	// VIP port's Maglev table changed) ends (zero: none): the caller must sync again to end it.
 	NextDaisyEnd time.Time
+	// NoFastPath says, per family, why the route forwarding fast path (GatewayConfig.FastPath) is
+	// not programmed ("IPv4: <why>"); a family without nodes is not listed (nothing to forward).
+	NoFastPath []string
 }
 
 // GatewayProxier owns the gateway's dataplane state, as Proxier does the node's: one goroutine calls
@@ -709,6 +716,18 @@ type GatewayProxier struct {
 	hist gatewayHistory
 	// now is the clock of the drain deadlines (time.Now; tests set it).
 	now func() time.Time
+	// ndev and ndevSets are each family's netdev table (FastPath), ndevWhy why a family has no fast
+	// path ("" when it has one), for logging a change once.
+	ndev     map[cluster.Family]*Ruleset
+	ndevSets map[cluster.Family]map[string]*Set
+	ndevWhy  map[cluster.Family]string
+	// ndevPlan is the plan each netdev table was written for: its device indexes (fwd holds the
+	// nodes' device by index, a base chain its device by registration), and the plan a failed
+	// lookup keeps (netdevPlan.transient).
+	ndevPlan map[cluster.Family]netdevPlan
+	// ndevStale: a failed netdev transaction left a table that could not be deleted either; the
+	// next sync deletes or rewrites it.
+	ndevStale map[cluster.Family]bool
 }
 
 // NewGatewayProxier returns a GatewayProxier that programs through prog. The first Sync replaces the
@@ -735,6 +754,10 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 	drain := gatewayDrain{keep, expired, p.hist, now}
 	newFams := map[cluster.Family]*GatewayRuleset{}
 	newSets := map[cluster.Family]map[string]*Set{}
+	newNdev := map[cluster.Family]*Ruleset{}
+	newNdevSets := map[cluster.Family]map[string]*Set{}
+	ndevWhy := map[cluster.Family]string{}
+	ndevPlans := map[cluster.Family]netdevPlan{}
 	for _, f := range p.cfg.Families {
 		var prev *GatewayRuleset
 		if !p.needFull {
@@ -782,6 +805,43 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 			rep.Txs = append(rep.Txs, tx)
 		}
 		newFams[f], newSets[f] = grs, sets
+		// The fast path's netdev table after the family's table: the IP stack's path is complete
+		// before the netdev chains take packets away from it.
+		plan := netdevPlan{why: "off"}
+		if p.cfg.Forwarding == cluster.ForwardRoute && p.cfg.FastPath != nil {
+			plan = planNetdev(p.cfg.FastPath, gatewayNodeAddrs(p.cfg, st, f, expired))
+			if prev, ok := p.ndevPlan[f]; ok && plan.transient && p.ndev[f] != nil {
+				// A lookup that failed (a link flap) is no reason to drop the fast path: that
+				// would delete the netdev table and the flows in its gateway-flows.
+				p.log.Warn("route forwarding fast path: keeping the previous plan", "family", f, "why", plan.why)
+				plan = prev
+			}
+			ndevWhy[f] = plan.why
+			if plan.bigMTU != "" && plan.bigMTU != p.ndevPlan[f].bigMTU {
+				p.log.Warn("route forwarding fast path: packets larger than the nodes' MTU are lost", "family", f, "why", plan.bigMTU)
+			}
+		}
+		switch {
+		case plan.why == "":
+			nrs := gatewayNetdevRuleset(p.cfg, f, grs, plan)
+			var old *Ruleset
+			nsets := map[string]*Set{}
+			// A new index of a device (re-created under its name) rewrites the table: the diff
+			// compares names.
+			if prev := p.ndevPlan[f]; !p.needFull && p.ndev[f] != nil && prev.nodeIndex == plan.nodeIndex && slices.Equal(prev.ingressIndex, plan.ingressIndex) {
+				old, nsets = p.ndev[f], p.ndevSets[f]
+			}
+			ntx := &Tx{Family: nrs.Family, Table: nrs.Table, Full: old == nil}
+			diffGatewayTables(old, nrs, nsets, ntx)
+			if !ntx.Empty() {
+				rep.Txs = append(rep.Txs, ntx)
+			}
+			newNdev[f], newNdevSets[f], ndevPlans[f] = nrs, nsets, plan
+		case p.needFull || p.ndev[f] != nil || p.ndevStale[f]:
+			// No fast path (now): a full sync, or the end of one, deletes the netdev table, which
+			// an earlier configuration or run may have left (an empty Full netdev Tx deletes).
+			rep.Txs = append(rep.Txs, &Tx{Family: NetdevFamily(f), Table: NetdevTableName(p.cfg.Table, f), Full: true})
+		}
 		if !grs.NextDaisyEnd.IsZero() && (rep.NextDaisyEnd.IsZero() || grs.NextDaisyEnd.Before(rep.NextDaisyEnd)) {
 			rep.NextDaisyEnd = grs.NextDaisyEnd
 		}
@@ -799,24 +859,79 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 		return cmp.Or(cmp.Compare(a.Object, b.Object), cmp.Compare(a.Reason, b.Reason))
 	})
 	rep.Conflicts = slices.Compact(rep.Conflicts)
+	applied := make([]*Tx, 0, len(rep.Txs))
+	stale := map[cluster.Family]bool{}
 	for _, tx := range rep.Txs {
-		if err := p.prog.Apply(tx); err != nil {
-			p.needFull, p.fams, p.sets = true, nil, nil
-			p.log.Error("gateway sync failed; the kernel keeps the previous ruleset, next sync replaces the table",
-				"tx", tx.String(), "err", err)
-			return rep, fmt.Errorf("programming IPv%d table %s: %w", tx.Family, tx.Table, err)
+		err := p.prog.Apply(tx)
+		if err == nil {
+			applied = append(applied, tx)
+			continue
+		}
+		if isNetdev(tx.Family) {
+			// The netdev table is a failure domain of its own: the family's table forwards every
+			// packet without it (dup). So the sync goes on without the fast path, and a later one
+			// writes the netdev table from scratch; forcing the family's table to be re-created
+			// would empty its gateway-flows (every flow's node) and keep failing with it.
+			f := ipFamily(tx.Family)
+			why := fmt.Sprintf("programming %s: %v", txTableName(tx), err)
+			if deletion := tx.Full && len(tx.AddChains) == 0 && len(tx.AddSets) == 0; !deletion {
+				// What the failed batch left (it is atomic: the previous netdev table) may be wrong
+				// now, e.g. a chain of a device that is gone: delete it.
+				if derr := p.prog.Apply(&Tx{Family: tx.Family, Table: tx.Table, Full: true}); derr != nil {
+					why += fmt.Sprintf("; deleting the table: %v", derr)
+					stale[f] = true
+				}
+			} else {
+				stale[f] = true // the failed transaction was the deletion
+			}
+			delete(newNdev, f)
+			delete(newNdevSets, f)
+			delete(ndevPlans, f)
+			ndevWhy[f] = why
+			continue
+		}
+		p.needFull, p.fams, p.sets = true, nil, nil
+		p.log.Error("gateway sync failed; the kernel keeps the previous ruleset, next sync replaces the table",
+			"tx", tx.String(), "err", err)
+		return rep, fmt.Errorf("programming %s: %w", txTableName(tx), err)
+	}
+	rep.Txs = applied
+	for _, f := range p.cfg.Families {
+		why, ok := ndevWhy[f]
+		if !ok {
+			continue
+		}
+		if why != "" && why != whyNoNodes {
+			rep.NoFastPath = append(rep.NoFastPath, fmt.Sprintf("IPv%d: %s", f, why))
+		}
+		// Logged when it changes: a failure that persists (a misspelt device) is tried again at
+		// every sync, and would fill the log otherwise.
+		if old, ok := p.ndevWhy[f]; !ok || old != why {
+			if why != "" {
+				p.log.Warn("no route forwarding fast path; the family's table forwards alone (dup)", "family", f, "why", why)
+			} else {
+				p.log.Info("route forwarding fast path on", "family", f, "table", newNdev[f].Table)
+			}
 		}
 	}
 	p.fams, p.sets, p.needFull = newFams, newSets, false
+	p.ndev, p.ndevSets, p.ndevWhy, p.ndevPlan, p.ndevStale = newNdev, newNdevSets, ndevWhy, ndevPlans, stale
 	p.hist.prune(rep.Entries)
 	rep.Duration = time.Since(start)
 	return rep, nil
 }
 
-// Flatten returns the current gateway table of family f (nil before the first successful sync).
+// Flatten returns the current gateway table of family f, or with NetdevFamily(f) its fast path's netdev
+// table (nil before the first successful sync).
 func (p *GatewayProxier) Flatten(f cluster.Family) *Flat {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if isNetdev(f) {
+		if rs := p.ndev[ipFamily(f)]; rs != nil {
+			return rs.Flatten()
+		}
+		return nil
+	}
 	if g := p.fams[f]; g != nil {
 		return g.Ruleset.Flatten()
 	}

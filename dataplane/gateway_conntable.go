@@ -202,16 +202,24 @@ func (e *encoder) flowKey() []expr.Any {
 		&expr.Hash{SourceRegister: in, DestRegister: reg32, Length: 40, Modulus: gatewayFlowModulus, Seed: GatewayFlowSeed, Type: expr.HashTypeJenkins}}
 }
 
-// connDup sends a copy of the packet to the node of its VIP port whose id is the packet mark; no
+// connNode looks up the node of the packet's VIP port whose id is the packet mark, into dreg; no
 // match (the rule ends) when the VIP port has no such node.
-func (e *encoder) connDup() ([]expr.Any, error) {
-	l, err := e.mapLookup(MapGatewayConns, reg32, reg1)
+func (e *encoder) connNode(dreg uint32) ([]expr.Any, error) {
+	l, err := e.mapLookup(MapGatewayConns, reg32, dreg)
 	if err != nil {
 		return nil, err
 	}
 	key, next := e.tupleKey()
-	return append(key, &expr.Meta{Key: expr.MetaKeyMARK, Register: next}, l, &expr.Dup{RegAddr: reg1}), nil
+	return append(key, &expr.Meta{Key: expr.MetaKeyMARK, Register: next}, l), nil
 }
+
+// Registers of the fast path's fwd (gateway_netdev.go) after a gateway-flows add: the node's
+// address stays in fwdAddrReg (reg32 12..15) while the flow key (up to reg32 9) and the mark (reg32 4)
+// are loaded for the add, and the device index goes to fwdDevReg.
+const (
+	fwdAddrReg = reg32 + 12
+	fwdDevReg  = reg32 + 11
+)
 
 // flowUpdate writes the packet's gateway-flows entry with the packet mark as data: op update also
 // restarts an existing entry's timeout, op add leaves an existing entry as it is.
@@ -238,7 +246,9 @@ func (e *encoder) flowUpdate(op uint32) ([]expr.Any, error) {
 // IPv6 the same with the flow key's hash in reg32 0 (its 40-byte input, 0..9, is consumed by the
 // hash before the conns key overwrites 1..9), the conns key in 1..7 and the address in 8..11. The
 // nft spelling (conntableActionText) is unchanged: nft lists the rule as the text says.
-func (e *encoder) flowRecall() ([]expr.Any, error) {
+//
+// In the netdev table (dev set) the update comes before a fwd through dev, which ends the rule.
+func (e *encoder) flowRecall(dev string) ([]expr.Any, error) {
 	k := uint32(reg32 + 4) // the gateway-conns key, after the flow key
 	if e.f == cluster.IPv6 {
 		k = reg32 + 1
@@ -262,12 +272,21 @@ func (e *encoder) flowRecall() ([]expr.Any, error) {
 		// a map's data (netlink_parse_concat_expr: consumed > 0).
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: mark},
 		e.loadDaddr(k), loadL4Proto(k+e.addrRegs()), loadDport(k+e.addrRegs()+1),
-		conns, &expr.Dup{RegAddr: mark + 1},
-		// Reached only when the node is still one of the VIP port's (the conns lookup matched):
-		// update restarts the entry's timeout.
-		&expr.Dynset{SrcRegKey: reg32, SrcRegData: mark, SetName: s.Name, SetID: s.ID, Operation: unix.NFT_DYNSET_OP_UPDATE},
-		&expr.Verdict{Kind: expr.VerdictDrop})
-	return xs, nil
+		conns)
+	if dev == "" {
+		xs = append(xs, &expr.Dup{RegAddr: mark + 1})
+	}
+	// Reached only when the node is still one of the VIP port's (the conns lookup matched):
+	// update restarts the entry's timeout.
+	xs = append(xs, &expr.Dynset{SrcRegKey: reg32, SrcRegData: mark, SetName: s.Name, SetID: s.ID, Operation: unix.NFT_DYNSET_OP_UPDATE})
+	if dev == "" {
+		return append(xs, &expr.Verdict{Kind: expr.VerdictDrop}), nil
+	}
+	fwd, err := e.fwdTo(mark+1, mark+1+e.addrRegs(), dev)
+	if err != nil {
+		return nil, err
+	}
+	return append(xs, fwd...), nil
 }
 
 // conntableAction encodes the connection table's action kinds; ok is false for other kinds.
@@ -275,7 +294,7 @@ func (e *encoder) conntableAction(a Action) (xs []expr.Any, ok bool, err error) 
 	var first []expr.Any
 	switch a.Kind {
 	case ActFlowRecall:
-		xs, err := e.flowRecall()
+		xs, err := e.flowRecall(a.Device)
 		return xs, true, err
 	case ActFlowPick, ActFlowDaisy:
 		m := MapGatewayRouteIDs
@@ -297,7 +316,11 @@ func (e *encoder) conntableAction(a Action) (xs []expr.Any, ok bool, err error) 
 	default:
 		return nil, false, nil
 	}
-	dup, err := e.connDup()
+	addr := uint32(reg1)
+	if a.Device != "" {
+		addr = fwdAddrReg
+	}
+	node, err := e.connNode(addr)
 	if err != nil {
 		return nil, true, err
 	}
@@ -305,7 +328,15 @@ func (e *encoder) conntableAction(a Action) (xs []expr.Any, ok bool, err error) 
 	if err != nil {
 		return nil, true, err
 	}
-	return append(append(append(first, dup...), up...), &expr.Verdict{Kind: expr.VerdictDrop}), true, nil
+	if a.Device == "" {
+		xs := append(append(first, node...), &expr.Dup{RegAddr: reg1})
+		return append(append(xs, up...), &expr.Verdict{Kind: expr.VerdictDrop}), true, nil
+	}
+	fwd, err := e.fwdTo(addr, fwdDevReg, a.Device)
+	if err != nil {
+		return nil, true, err
+	}
+	return append(append(append(first, node...), up...), fwd...), true, nil
 }
 
 // flowKeyText is the nft spelling of the gateway-flows key.
@@ -322,7 +353,19 @@ func conntableActionText(f *Flat, fam nftFamily, a Action) (string, bool, error)
 	key := ip + " daddr . meta l4proto . th dport"
 	flow := flowKeyText(ip)
 	tail := fmt.Sprintf("dup to %[3]s . meta mark map @%[4]s add @%[1]s { %[2]s : meta mark } drop", MapGatewayFlows, flow, key, MapGatewayConns)
+	recall := fmt.Sprintf("dup to %s . meta mark map @%s update @%s { %s : meta mark } drop", key, MapGatewayConns, MapGatewayFlows, flow)
 	var err error
+	if a.Device != "" {
+		// The fast path (gateway_netdev.go): fwd ends the rule, so the node's membership in
+		// gateway-conns is tested before the add or update, as the dup's lookup does above.
+		fwd, ferr := fwdText(fam, fmt.Sprintf("%s . meta mark map @%s", key, MapGatewayConns), a.Device)
+		if ferr != nil {
+			return "", true, ferr
+		}
+		check := fmt.Sprintf("%s . meta mark @%s", key, MapGatewayConns)
+		tail = fmt.Sprintf("%s add @%s { %s : meta mark } %s", check, MapGatewayFlows, flow, fwd)
+		recall = fmt.Sprintf("%s update @%s { %s : meta mark } %s", check, MapGatewayFlows, flow, fwd)
+	}
 	for _, c := range []struct {
 		name string
 		kind SetKind
@@ -333,7 +376,6 @@ func conntableActionText(f *Flat, fam nftFamily, a Action) (string, bool, error)
 	}
 	switch a.Kind {
 	case ActFlowRecall:
-		recall := fmt.Sprintf("dup to %s . meta mark map @%s update @%s { %s : meta mark } drop", key, MapGatewayConns, MapGatewayFlows, flow)
 		return fmt.Sprintf("meta mark set %s map @%s %s", flow, MapGatewayFlows, recall), true, err
 	case ActFlowPick:
 		if a.Value == 0 {
@@ -381,6 +423,12 @@ func (t *tracer) conntableAct(st pstate, ch *Chain, idx int, r Rule, text, by st
 			key.Index = id
 			if _, found, err := t.lookup(MapGatewayConns, key, KindTupleAddr); err != nil || !found {
 				t.fail("%s: node %s (id %d) chosen by Maglev is not in @%s", by, ep.Addr(), id, MapGatewayConns)
+				return
+			}
+			if a.Device != "" {
+				t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: Maglev picks node %s (id %d, %d of %d slots), @%s remembers it for the flow's later packets; fwd unchanged by device %s",
+					ep.Addr(), id, slots, a.Value, MapGatewayFlows, a.Device))
+				t.sendTo(b, netip.AddrPortFrom(ep.Addr(), b.port), fmt.Sprintf("forwarded by %s to %s dev %s", by, ep.Addr(), a.Device))
 				return
 			}
 			t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: Maglev picks node %s (id %d, %d of %d slots), @%s remembers it for the flow's later packets; sent unchanged, the original is dropped",

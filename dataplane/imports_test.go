@@ -44,8 +44,10 @@ var importRules = []importRule{
 		"the gateway's SNAT table and conntrackd supervision: standalone, driven by cmd/vipgate"},
 	{"dataplane/maglev", nil,
 		"Maglev table construction: pure, the same on every gateway and node; the dataplane programs its tables"},
-	// Any other package under dataplane/ (gateway_health.go is next) is a leaf too: it may use other
-	// leaves, never the dataplane package.
+	{"dataplane/healthprobe", nil,
+		"the gateway's healthCheckNodePort prober: HTTP and targets only, generic in the gateway's target type; cmd/vipgate wires it to the gateway"},
+	// Any other package under dataplane/ is a leaf too: it may use other leaves, never the dataplane
+	// package.
 	{"dataplane/", []string{"cluster", "dataplane/"},
 		"a dataplane leaf must not import the dataplane package, which imports it"},
 	// The dataplane turns desired state into nftables rules. It must not know how addresses are
@@ -163,7 +165,7 @@ func moduleRoot(t *testing.T) string {
 
 func TestImportRules(t *testing.T) {
 	pkgs := modulePackages(t, moduleRoot(t))
-	for _, want := range []string{"dataplane", "dataplane/healthcheck", "dataplane/conntrack", "dataplane/ctsync", "cluster", "speaker", "l2", "bgp", "cmd/vipgate"} {
+	for _, want := range []string{"dataplane", "dataplane/healthcheck", "dataplane/conntrack", "dataplane/ctsync", "dataplane/maglev", "dataplane/healthprobe", "cluster", "speaker", "l2", "bgp", "cmd/vipgate"} {
 		if _, ok := pkgs[want]; !ok {
 			t.Fatalf("package %s not found: the walk is broken", want)
 		}
@@ -216,6 +218,8 @@ func TestImportRulesCatch(t *testing.T) {
 		{"dataplane/healthcheck", "dataplane"},
 		{"dataplane/conntrack", "dataplane"},
 		{"dataplane/maglev", "dataplane"},
+		{"dataplane/healthprobe", "dataplane"},
+		{"dataplane/healthprobe", "cluster"},
 		{"dataplane/ctsync", "cluster"},
 		{"cluster", "dataplane"},
 		{"cluster/mlbstatus", "speaker"},

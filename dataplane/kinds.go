@@ -87,6 +87,14 @@ var actionKindDescs = map[ActionKind]*actionKindDesc{
 		trace: traceAffinityRecall},
 }
 
+func init() {
+	// The route forwarding fast path's stateless rule (gateway_netdev.go). Registered here, not in
+	// the literal: its trace follows the rules it forks through the tracer, which reads this map
+	// (an initialization cycle for the compiler).
+	actionKindDescs[ActFwdJhashMap] = &actionKindDesc{encode: encodeFwdJhashMap, text: fwdJhashMapText, hint: fwdJhashMapHint,
+		trace: traceFwdJhashMap}
+}
+
 // setKindDynamic says whether sets of kind k are filled by packets (see setKindDesc.dynamic).
 func setKindDynamic(k SetKind) bool {
 	d := setKindDescs[k]

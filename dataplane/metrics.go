@@ -124,7 +124,7 @@ func (m *Metrics) ObserveSync(st *cluster.State, rep *SyncReport, err error) {
 		}
 		c.Chains += len(tx.AddChains) - len(tx.DelChains)
 		c.Sets += len(tx.AddSets) - len(tx.DelSets)
-		for _, e := range tx.AddElements {
+		for e := range tx.AddedElements() {
 			c.Elements[e.Set]++
 		}
 		for _, e := range tx.DelElements {

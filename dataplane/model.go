@@ -135,6 +135,9 @@ type Action struct {
 	Value uint32
 	Addr  netip.Addr
 	Port  uint16
+	// Device, in a netdev table, is the interface a route action's packet leaves by (`fwd ... device
+	// Device`, gateway_netdev.go); empty elsewhere.
+	Device string
 }
 
 // Rule is a conjunction of matches and one action.
@@ -180,6 +183,8 @@ type Chain struct {
 	Priority int
 	Rules    []Rule
 	Comment  string
+	// Devices are the interfaces of a netdev ingress base chain (gateway_netdev.go).
+	Devices []string
 }
 
 // IsBase says whether the chain is attached to a hook.
@@ -274,6 +279,9 @@ type Part struct {
 	// Refused lists the Service's external and LoadBalancer IPs of this family that the node's
 	// policy kept out (AddressScreen), for the report.
 	Refused []Refusal
+	// packed, when set, holds Elements and Backends (then nil) in the proxier's packed form
+	// (compact.go): only the parts a Proxier keeps between syncs are packed.
+	packed *packedPart
 }
 
 // Backend is an endpoint a Service port DNATs to.
@@ -332,7 +340,7 @@ func (r *Ruleset) Flatten() *Flat {
 			}
 			f.Sets[s.Name] = s
 		}
-		for _, e := range p.Elements {
+		for e := range p.allElements() {
 			f.Elements[e.Set] = append(f.Elements[e.Set], e)
 		}
 	}

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"iter"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"unicode"
@@ -91,6 +93,9 @@ func (n *NetlinkProgrammer) socketBuffers(c *netlink.Conn) error {
 }
 
 func tableFamily(f cluster.Family) nftables.TableFamily {
+	if isNetdev(f) {
+		return nftables.TableFamilyNetdev // gateway_netdev.go
+	}
 	if f == cluster.IPv6 {
 		return nftables.TableFamilyIPv6
 	}
@@ -103,7 +108,9 @@ func (n *NetlinkProgrammer) Apply(tx *Tx) error {
 	if err != nil {
 		return err
 	}
-	if err := newEncoder(tx, b).encode(tx); err != nil {
+	enc := newEncoder(tx, b)
+	enc.ifindex = ifindexIn(n.NetNSFd)
+	if err := enc.encode(tx); err != nil {
 		return err
 	}
 	if err := n.send(b); err != nil {
@@ -128,18 +135,25 @@ func (n *NetlinkProgrammer) DeleteTable(f cluster.Family, name string) error {
 }
 
 type encoder struct {
-	f      cluster.Family
-	t      *nftables.Table
-	c      *nftables.Conn // queues into b
-	b      *batch
-	sets   map[string]*nftables.Set // created in this batch (carry IDs) or referenced
-	kinds  map[string]*Set
-	chains map[string]*nftables.Chain
+	f cluster.Family // the packets' IP family
+	// netdev: the table is of the netdev family (gateway_netdev.go): every rule starts with the
+	// `meta protocol` its payload matches depend on. ifindex finds a fwd device's index (nil: in
+	// the current network namespace).
+	netdev  bool
+	ifindex func(string) (int, error)
+	// ifnames names the interfaces by index when decoding a netdev table (decode.go).
+	ifnames map[uint32]string
+	t       *nftables.Table
+	c       *nftables.Conn // queues into b
+	b       *batch
+	sets    map[string]*nftables.Set // created in this batch (carry IDs) or referenced
+	kinds   map[string]*Set
+	chains  map[string]*nftables.Chain
 }
 
 // newEncoder returns an encoder of tx into b.
 func newEncoder(tx *Tx, b *batch) *encoder {
-	return &encoder{f: tx.Family, t: &nftables.Table{Name: tx.Table, Family: tableFamily(tx.Family)}, c: b.lib, b: b,
+	return &encoder{f: ipFamily(tx.Family), netdev: isNetdev(tx.Family), t: &nftables.Table{Name: tx.Table, Family: tableFamily(tx.Family)}, c: b.lib, b: b,
 		sets: map[string]*nftables.Set{}, kinds: tx.Sets, chains: map[string]*nftables.Chain{}}
 }
 
@@ -158,7 +172,9 @@ func (e *encoder) encode(tx *Tx) error {
 		// re-creates it. The kernel applies all of it atomically: no packet sees an empty table.
 		e.c.AddTable(e.t)
 		e.c.DelTable(e.t)
-		e.c.AddTable(e.t)
+		if !e.netdev || len(tx.AddSets) > 0 || len(tx.AddChains) > 0 {
+			e.c.AddTable(e.t)
+		} // else an empty netdev table: deleted (gateway_netdev.go, no fast path)
 	}
 	for _, s := range tx.AddSets {
 		ns, err := e.nftSet(s)
@@ -171,6 +187,10 @@ func (e *encoder) encode(tx *Tx) error {
 		e.sets[s.Name] = ns
 	}
 	for _, ch := range tx.AddChains {
+		if len(ch.Devices) > 1 {
+			// google/nftables v0.3.0 writes one NFTA_HOOK_DEV; gateway_netdev.go makes a chain per device.
+			return fmt.Errorf("chain %s: %d devices; one per chain", ch.Name, len(ch.Devices))
+		}
 		e.c.AddChain(e.nftChain(ch))
 	}
 	for _, ch := range tx.FlushChains {
@@ -187,13 +207,16 @@ func (e *encoder) encode(tx *Tx) error {
 			}
 		}
 	}
+	if e.netdev {
+		e.b.fwd = uint32(e.natFamily()) // take rewrites the rules (gateway_netdev.go)
+	}
 	if err := e.b.take(); err != nil {
 		return err
 	}
-	if err := e.elements(tx.DelElements, false); err != nil {
+	if err := e.elements(slices.Values(tx.DelElements), false); err != nil {
 		return err
 	}
-	if err := e.elements(tx.AddElements, true); err != nil {
+	if err := e.elements(tx.AddedElements(), true); err != nil {
 		return err
 	}
 	for _, name := range tx.DelChains {
@@ -287,6 +310,11 @@ func (e *encoder) nftChain(c *Chain) *nftables.Chain {
 			hook = nftables.ChainHookOutput
 		case HookPostrouting:
 			hook = nftables.ChainHookPostrouting
+		case HookIngress:
+			hook = nftables.ChainHookIngress
+			if len(c.Devices) > 0 {
+				ch.Device = c.Devices[0]
+			}
 		}
 		ch.Hooknum = hook
 		ch.Priority = nftables.ChainPriorityRef(nftables.ChainPriority(c.Priority))
@@ -361,33 +389,45 @@ func (e *encoder) setRef(name string) (*nftables.Set, error) {
 	return s, nil
 }
 
-func (e *encoder) elements(els []Element, add bool) error {
-	// Grouped by set, in the order the sets first appear: one run of list messages per set.
-	bySet := map[string][]int{}
-	var order []string
-	for i, el := range els {
-		if _, seen := bySet[el.Set]; !seen {
-			order = append(order, el.Set)
-		}
-		bySet[el.Set] = append(bySet[el.Set], i)
+// elements writes els, in one pass: a set's elements go in its own run of list messages, in their
+// order, each message added to the batch as it fills; the last, partly filled, messages follow in
+// the order in which the sets first appear. (The kernel applies the batch as a whole: the order of
+// the messages of different sets does not matter.) One pass keeps a full sync from building an index
+// of its ~146,000 elements by set, or a slice of them at all (Tx.AddedElements reads the packed parts).
+func (e *encoder) elements(els iter.Seq[Element], add bool) error {
+	type setWriter struct {
+		kind *Set
+		w    *elementLists
 	}
+	writers := map[string]*setWriter{}
+	var order []*setWriter
+	var last *setWriter
 	var key, val [64]byte
-	for _, name := range order {
-		k, ok := e.kinds[name]
-		if !ok {
-			return fmt.Errorf("element for unknown set %q", name)
-		}
-		s, err := e.setRef(name)
-		if err != nil {
-			return err
-		}
-		w := &elementLists{b: e.b, set: s, add: add}
-		for _, i := range bySet[name] {
-			if err := e.writeElement(w, key[:], val[:], k, els[i]); err != nil {
-				return fmt.Errorf("set %s: %w", name, err)
+	for el := range els {
+		sw := last
+		if sw == nil || sw.w.set.Name != el.Set {
+			sw = writers[el.Set]
+			if sw == nil {
+				k, ok := e.kinds[el.Set]
+				if !ok {
+					return fmt.Errorf("element for unknown set %q", el.Set)
+				}
+				s, err := e.setRef(el.Set)
+				if err != nil {
+					return err
+				}
+				sw = &setWriter{kind: k, w: &elementLists{b: e.b, set: s, add: add}}
+				writers[el.Set] = sw
+				order = append(order, sw)
 			}
+			last = sw
 		}
-		w.close()
+		if err := e.writeElement(sw.w, key[:], val[:], sw.kind, el); err != nil {
+			return fmt.Errorf("set %s: %w", el.Set, err)
+		}
+	}
+	for _, sw := range order {
+		sw.w.close()
 	}
 	return nil
 }
@@ -589,6 +629,9 @@ func (e *encoder) dnatFromMap() expr.Any {
 
 func (e *encoder) rule(r Rule) ([]expr.Any, error) {
 	var out []expr.Any
+	if e.netdev {
+		out = e.protoDependency()
+	}
 	for _, m := range r.Matches {
 		x, err := e.match(m)
 		if err != nil {
@@ -666,6 +709,10 @@ func (e *encoder) match(m Match) ([]expr.Any, error) {
 			&expr.Numgen{Register: reg1, Modulus: m.Value, Type: unix.NFT_NG_RANDOM},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: hostU32(0)},
 		}, nil
+	case MatchFragment:
+		return e.fragmentMatch(), nil // gateway_netdev.go
+	case MatchPktTypeHost:
+		return pktTypeHostMatch(), nil // gateway_netdev.go
 	}
 	return nil, fmt.Errorf("unknown match kind %d", m.Kind)
 }

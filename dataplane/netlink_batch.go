@@ -61,15 +61,35 @@ func (c *collector) dial(req []netlink.Message) ([]netlink.Message, error) {
 	return nil, nil
 }
 
-// batch is one transaction's messages, in order.
+// batch is one transaction's messages, in order, as they go to the kernel: written straight into
+// chunks of wire bytes (nlmsghdr and payload), which send hands to one sendmsg as an I/O vector. A
+// full sync of 10,000 Services is ~10 MiB of messages; they used to be collected as messages and
+// then copied into one buffer of the batch's size, both alive at the sync's peak. A chunk grows to
+// chunkMax bytes (a small batch, an endpoint change, takes a small one); a message never spans two.
 type batch struct {
 	family byte // NFPROTO_IPV4 / NFPROTO_IPV6
 	table  string
-	msgs   []netlink.Message
-	// lib queues the library's messages; take moves them into msgs.
+	chunks [][]byte
+	// n counts the messages, seq numbers them (the batch's begin message is 1); last is the offset
+	// of the last one's header in the last chunk.
+	n, seq uint32
+	last   int
+	// fwd, when set, is the nfproto rewriteFwd gives the library's rules as take moves them in (a
+	// netdev table, gateway_netdev.go).
+	fwd uint32
+	// lib queues the library's messages; take moves them into the batch.
 	lib *nftables.Conn
 	col *collector
 }
+
+const (
+	chunkMin = 16 << 10
+	chunkMax = 1 << 20
+)
+
+// nfgenBatchHeader is the payload of the batch's begin and end messages: res_id is the big-endian
+// subsystem.
+var nfgenBatchHeader = []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, nfnlSubsysNftables}
 
 func newBatch(f cluster.Family, table string) (*batch, error) {
 	col := &collector{}
@@ -77,15 +97,72 @@ func newBatch(f cluster.Family, table string) (*batch, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &batch{family: byte(tableFamily(f)), table: table, lib: lib, col: col}, nil
+	b := &batch{family: byte(tableFamily(f)), table: table, lib: lib, col: col}
+	b.put(netlink.HeaderType(unix.NFNL_MSG_BATCH_BEGIN), netlink.Request, nfgenBatchHeader)
+	b.n = 0 // the begin message is not one of the batch's messages
+	return b, nil
 }
 
-// take appends the library's queued messages to the batch.
+// put appends one message, numbered, without an ack asked for (finish asks for the last one's).
+func (b *batch) put(typ netlink.HeaderType, flags netlink.HeaderFlags, data []byte) {
+	size := nlmsgHeaderLen + nlaAlign(len(data))
+	var c []byte
+	if k := len(b.chunks); k > 0 {
+		c = b.chunks[k-1]
+	}
+	if cap(c)-len(c) < size {
+		n := chunkMin
+		if c != nil {
+			n = min(2*cap(c), chunkMax)
+		}
+		c = make([]byte, 0, max(n, size))
+		b.chunks = append(b.chunks, c)
+	}
+	b.seq++
+	b.n++
+	b.last = len(c)
+	// The length includes the padding, as netlink.Conn writes it; the port ID is left 0: the
+	// kernel answers the sending socket whatever it says.
+	c = binary.NativeEndian.AppendUint32(c, uint32(size))
+	c = binary.NativeEndian.AppendUint16(c, uint16(typ))
+	// No ack but the last message's (finish), and no echo: google/nftables asks for NEWRULE to be
+	// echoed back, which makes the kernel copy every new rule into a notification to this socket
+	// at commit — ~36,000 at 100,000 Services, unread, and able to overflow the receive buffer.
+	c = binary.NativeEndian.AppendUint16(c, uint16(flags&^(netlink.Acknowledge|netlink.Echo)))
+	c = binary.NativeEndian.AppendUint32(c, b.seq)
+	c = binary.NativeEndian.AppendUint32(c, 0)
+	c = append(c, data...)
+	for i := len(data); i < nlaAlign(len(data)); i++ {
+		c = append(c, 0)
+	}
+	b.chunks[len(b.chunks)-1] = c
+}
+
+// finish asks for an ack of the last message and ends the batch; it returns the batch's chunks and
+// the last message's sequence number. Nothing is put into b after it.
+func (b *batch) finish() ([][]byte, uint32) {
+	c := b.chunks[len(b.chunks)-1]
+	flags := binary.NativeEndian.Uint16(c[b.last+6:])
+	binary.NativeEndian.PutUint16(c[b.last+6:], flags|uint16(netlink.Acknowledge))
+	last := b.seq
+	b.put(netlink.HeaderType(unix.NFNL_MSG_BATCH_END), netlink.Request, nfgenBatchHeader)
+	return b.chunks, last
+}
+
+// take moves the library's queued messages into the batch.
 func (b *batch) take() error {
 	if err := b.lib.Flush(); err != nil {
 		return err // a marshalling error; nothing was sent
 	}
-	b.msgs = append(b.msgs, b.col.msgs...)
+	if b.fwd != 0 {
+		if err := rewriteFwdMsgs(b.col.msgs, b.fwd); err != nil { // gateway_netdev.go
+			return err // nothing was sent
+		}
+	}
+	for _, m := range b.col.msgs {
+		b.put(m.Header.Type, m.Header.Flags, m.Data)
+	}
+	clear(b.col.msgs)
 	b.col.msgs = b.col.msgs[:0]
 	return nil
 }
@@ -139,14 +216,18 @@ type elementLists struct {
 	b       *batch
 	set     *nftables.Set
 	add     bool
-	buf     []byte // the current message's payload
-	listPos int    // offset of the elements attribute in buf
+	buf     []byte // the current message's payload; reused for the next one once put in the batch
+	opened  bool
+	listPos int // offset of the elements attribute in buf
 	count   int
 }
 
 func (w *elementLists) open() {
-	w.buf = make([]byte, 0, 68<<10)
-	w.buf = append(w.buf, w.b.family, unix.NFNETLINK_V0, 0, 0) // nfgenmsg, res_id 0
+	if w.buf == nil {
+		w.buf = make([]byte, 0, 68<<10)
+	}
+	w.opened = true
+	w.buf = append(w.buf[:0], w.b.family, unix.NFNETLINK_V0, 0, 0) // nfgenmsg, res_id 0
 	w.buf = appendAttrString(w.buf, unix.NFTA_SET_ELEM_LIST_TABLE, w.b.table)
 	w.buf = appendAttrString(w.buf, unix.NFTA_SET_ELEM_LIST_SET, w.set.Name)
 	if w.set.ID != 0 {
@@ -165,13 +246,13 @@ func (w *elementLists) close() {
 	if w.add {
 		typ, flags = msgNewSetElem, netlink.Request|netlink.Create
 	}
-	w.b.msgs = append(w.b.msgs, netlink.Message{Header: netlink.Header{Type: typ, Flags: flags}, Data: w.buf})
-	w.buf = nil
+	w.b.put(typ, flags, w.buf)
+	w.opened, w.count = false, 0 // a second close without an open sends nothing again
 }
 
 // element appends one element: key (and interval flag), and for additions its data.
 func (w *elementLists) element(key, val []byte, verdict *expr.Verdict, intervalEnd bool) {
-	if w.buf == nil {
+	if !w.opened {
 		w.open()
 	}
 	mark := len(w.buf)
@@ -227,7 +308,7 @@ func (w *elementLists) appendElement(b, key, val []byte, verdict *expr.Verdict, 
 // Service deletions took 12-16 ms p50 from batch to ack, against 1.7 / 0.1 ms with the socket kept
 // (alternating runs, 2026-11-24; not measured on a quiet machine). Additions never waited.
 func (n *NetlinkProgrammer) send(b *batch) error {
-	if len(b.msgs) == 0 {
+	if b.n == 0 {
 		return nil
 	}
 	conn, err := n.takeConn()
@@ -242,9 +323,8 @@ func (n *NetlinkProgrammer) send(b *batch) error {
 			conn.Close() // it may hold replies of this batch: never reuse it
 		}
 	}()
-	buf, lastSeq := marshalBatch(b.msgs)
-	b.msgs = nil // their bytes are in buf now: collectable while the kernel works through the batch
-	if err := sendmsg(conn, buf); err != nil {
+	bufs, lastSeq := b.finish()
+	if err := sendmsg(conn, bufs); err != nil {
 		if errors.Is(err, syscall.EMSGSIZE) || errors.Is(err, syscall.ENOBUFS) {
 			return fmt.Errorf("nftables batch too large for the socket buffer: %w", err)
 		}
@@ -296,56 +376,35 @@ func (n *NetlinkProgrammer) keepConn(c *netlink.Conn) {
 // nlmsgHeaderLen is the size of struct nlmsghdr: length, type, flags, sequence, port ID.
 const nlmsgHeaderLen = 16
 
-// marshalBatch writes msgs between the batch's begin and end messages into one buffer of exactly the
-// batch's size, numbered from 1, with an ack asked for the last of msgs only; it returns the buffer
-// and that message's sequence number. (netlink.Conn.SendMessages would marshal each message into a
-// buffer of its own and append them all into a growing one: at 10,000 Services ~45 MB of garbage made
-// at the moment the model, the transaction and the messages are all alive, the peak of a full sync.)
-func marshalBatch(msgs []netlink.Message) ([]byte, uint32) {
-	hdr := []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, nfnlSubsysNftables} // res_id: big-endian subsystem
-	size := 2 * (nlmsgHeaderLen + nlaAlign(len(hdr)))
-	for _, m := range msgs {
-		size += nlmsgHeaderLen + nlaAlign(len(m.Data))
-	}
-	buf := make([]byte, 0, size)
-	var seq uint32
-	put := func(typ netlink.HeaderType, flags netlink.HeaderFlags, data []byte) {
-		seq++
-		// The length includes the padding, as netlink.Conn writes it; the port ID is left 0: the
-		// kernel answers the sending socket whatever it says.
-		buf = binary.NativeEndian.AppendUint32(buf, uint32(nlmsgHeaderLen+nlaAlign(len(data))))
-		buf = binary.NativeEndian.AppendUint16(buf, uint16(typ))
-		buf = binary.NativeEndian.AppendUint16(buf, uint16(flags))
-		buf = binary.NativeEndian.AppendUint32(buf, seq)
-		buf = binary.NativeEndian.AppendUint32(buf, 0)
-		buf = append(buf, data...)
-		for i := len(data); i < nlaAlign(len(data)); i++ {
-			buf = append(buf, 0)
-		}
-	}
-	put(netlink.HeaderType(unix.NFNL_MSG_BATCH_BEGIN), netlink.Request, hdr)
-	for i, m := range msgs {
-		flags := m.Header.Flags &^ netlink.Acknowledge
-		if i == len(msgs)-1 {
-			flags |= netlink.Acknowledge
-		}
-		put(m.Header.Type, flags, m.Data)
-	}
-	last := seq
-	put(netlink.HeaderType(unix.NFNL_MSG_BATCH_END), netlink.Request, hdr)
-	return buf, last
-}
-
-// sendmsg writes buf to the kernel in one sendmsg on c's socket. The kernel processes a netfilter
-// batch within that call.
-func sendmsg(c *netlink.Conn, buf []byte) error {
+// sendmsg writes bufs, one batch, to the kernel in one sendmsg on c's socket. The kernel copies the
+// I/O vector into one message buffer and processes a netfilter batch within that call.
+func sendmsg(c *netlink.Conn, bufs [][]byte) error {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return err
 	}
+	// The kernel refuses a message longer than the socket's send buffer (less 32 bytes) with
+	// EMSGSIZE: socketBuffers asks for 64 MiB (128 MiB after the kernel doubles it), and a batch
+	// past that (a full sync of well over 100,000 Services, more in IPv6) gets the room it needs.
+	total := 0
+	for _, b := range bufs {
+		total += len(b)
+	}
 	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		cur, e := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF)
+		if e == nil && total+64 > cur {
+			// The kernel doubles what it is given; the margin covers its accounting.
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, total/2+1<<20)
+		}
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("a batch of %d bytes needs a larger socket send buffer: %w", total, serr)
+	}
 	err = rc.Write(func(fd uintptr) bool {
-		serr = unix.Sendmsg(int(fd), buf, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
+		_, serr = unix.SendmsgBuffers(int(fd), bufs, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
 		return serr != unix.EAGAIN // the socket is non-blocking: wait until it takes the batch
 	})
 	if err != nil {

@@ -44,14 +44,29 @@ func RenderString(f *Flat) string {
 type nftFamily struct {
 	table    string // "ip" / "ip6": table family and payload protocol
 	addrType string // "ipv4_addr" / "ipv6_addr"
+	// netdev: the table is of the netdev family, its packets of this IP family (gateway_netdev.go).
+	netdev bool
+}
+
+// tableFamily is the nft keyword of the table's family.
+func (f nftFamily) tableFamily() string {
+	if f.netdev {
+		return "netdev"
+	}
+	return f.table
 }
 
 func familyOf(f cluster.Family) (nftFamily, error) {
+	if isNetdev(f) {
+		fam, err := familyOf(ipFamily(f))
+		fam.netdev = true
+		return fam, err
+	}
 	switch f {
 	case cluster.IPv4:
-		return nftFamily{"ip", "ipv4_addr"}, nil
+		return nftFamily{table: "ip", addrType: "ipv4_addr"}, nil
 	case cluster.IPv6:
-		return nftFamily{"ip6", "ipv6_addr"}, nil
+		return nftFamily{table: "ip6", addrType: "ipv6_addr"}, nil
 	}
 	return nftFamily{}, fmt.Errorf("unknown IP family %d", f)
 }
@@ -67,21 +82,21 @@ func render(w *bufio.Writer, f *Flat) error {
 	if f.Table == "" {
 		return fmt.Errorf("rendering: table has no name")
 	}
-	fmt.Fprintf(w, "table %s %s {\n", fam.table, f.Table)
+	fmt.Fprintf(w, "table %s %s {\n", fam.tableFamily(), f.Table)
 	for _, name := range orderedNames(f.SetOrder, f.Sets) {
 		if err := renderSet(w, f, fam, f.Sets[name]); err != nil {
-			return fmt.Errorf("rendering table %s %s: %w", fam.table, f.Table, err)
+			return fmt.Errorf("rendering table %s %s: %w", fam.tableFamily(), f.Table, err)
 		}
 	}
 	// Elements of sets the table does not declare would be lost silently: refuse them.
 	for name, els := range f.Elements {
 		if _, ok := f.Sets[name]; !ok && len(els) > 0 {
-			return fmt.Errorf("rendering table %s %s: %d elements for undeclared set %q", fam.table, f.Table, len(els), name)
+			return fmt.Errorf("rendering table %s %s: %d elements for undeclared set %q", fam.tableFamily(), f.Table, len(els), name)
 		}
 	}
 	for _, name := range orderedNames(f.ChainOrder, f.Chains) {
 		if err := renderChain(w, f, fam, f.Chains[name]); err != nil {
-			return fmt.Errorf("rendering table %s %s: %w", fam.table, f.Table, err)
+			return fmt.Errorf("rendering table %s %s: %w", fam.tableFamily(), f.Table, err)
 		}
 	}
 	w.WriteString("}\n")
@@ -331,7 +346,11 @@ func renderChain(w *bufio.Writer, f *Flat, fam nftFamily, c *Chain) error {
 		if c.Type == "" {
 			return fmt.Errorf("base chain %q has no type", c.Name)
 		}
-		fmt.Fprintf(w, "\t\ttype %s hook %s priority %d; policy accept;\n", c.Type, c.Hook, c.Priority)
+		dev, err := chainDevicesText(fam, c)
+		if err != nil {
+			return fmt.Errorf("base chain %q: %w", c.Name, err)
+		}
+		fmt.Fprintf(w, "\t\ttype %s hook %s%s priority %d; policy accept;\n", c.Type, c.Hook, dev, c.Priority)
 	}
 	for i, r := range c.Rules {
 		text, err := ruleText(f, fam, r)
@@ -418,6 +437,10 @@ func matchText(f *Flat, fam nftFamily, m Match) (string, error) {
 			return "", fmt.Errorf("numgen modulus 0")
 		}
 		return fmt.Sprintf("numgen random mod %d == 0", m.Value), nil
+	case MatchFragment:
+		return fragmentText(fam), nil // gateway_netdev.go
+	case MatchPktTypeHost:
+		return "meta pkttype host", nil // gateway_netdev.go
 	}
 	return "", fmt.Errorf("unknown match kind %d", m.Kind)
 }

@@ -140,6 +140,41 @@ func TestRenderNftAcceptsGateway(t *testing.T) {
 	}
 }
 
+// TestRenderNftAcceptsGatewayFastPath checks the route forwarding fast path's netdev tables
+// (gateway_netdev.go), alone and with the families' tables, as a gateway with FastPath renders them.
+// The devices are lo: nft resolves fwd's device name, and lo is all the throwaway namespace has.
+func TestRenderNftAcceptsGatewayFastPath(t *testing.T) {
+	nftCheckOrSkip(t)
+	plan := netdevPlan{ingress: []string{"lo"}, nodeDev: "lo"}
+	for _, size := range []int{0, 251} {
+		name := fmt.Sprintf("gateway/route/fastPath/maglevTableSize=%d", size)
+		t.Run(name, func(t *testing.T) {
+			cfg := GatewayConfig{Forwarding: cluster.ForwardRoute, MaglevSize: size}.withDefaults()
+			var all strings.Builder
+			for _, fam := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
+				grs, err := BuildGatewayRuleset(cfg, fam, gwDualState(), Health{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				text := RenderString(gatewayNetdevRuleset(cfg, fam, grs, plan).Flatten())
+				ip := map[cluster.Family]string{cluster.IPv4: "ip", cluster.IPv6: "ip6"}[fam]
+				for _, want := range []string{"table netdev " + NetdevTableName(cfg.Table, fam), `hook ingress devices = { "lo" }`, "fwd " + ip + " to ", "meta pkttype host " + ip + " daddr @gateway-vips jump services"} {
+					if !strings.Contains(text, want) {
+						t.Errorf("IPv%d netdev table has no %q:\n%s", fam, want, text)
+					}
+				}
+				if strings.Contains(text, "dup to") {
+					t.Errorf("IPv%d netdev table dups:\n%s", fam, text)
+				}
+				nftCheck(t, name+"/"+rdFamilyName(fam), text)
+				all.WriteString(RenderString(grs.Ruleset.Flatten()))
+				all.WriteString(text)
+			}
+			nftCheck(t, name+"/dual-stack", all.String())
+		})
+	}
+}
+
 func cmpOr(s, def string) string {
 	if s == "" {
 		return def

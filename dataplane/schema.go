@@ -233,7 +233,7 @@ const (
 	// ChainRoleExternal: ext-<port>, externalTrafficPolicy=Cluster traffic of a Service port whose
 	// picker is its own (affinity, round-robin): masquerade, then pick.
 	ChainRoleExternal
-	// ChainRoleExternalLocalIP / ChainRoleExternalLocalNodePort: ext-ip-<port> / ext-np-<port>,
+	// ChainRoleExternalLocalIP / ChainRoleExternalLocalNodePort: local-ip-<port> / local-np-<port>,
 	// externalTrafficPolicy=Local traffic to a Service port's IP entries / NodePort.
 	ChainRoleExternalLocalIP
 	ChainRoleExternalLocalNodePort
@@ -262,12 +262,16 @@ func (r ChainRole) PerServicePort() bool {
 	return r >= ChainRoleFirewall && r <= ChainRoleRoundRobin
 }
 
-// Name prefixes. ext-ip- and ext-np- are tried before ext- when parsing.
+// Name prefixes. The prefixes of the per-Service chains are prefix-free: none is the beginning of
+// another, so the prefix a name starts with is its role whatever the namespace that follows (a
+// namespace is a DNS label and may itself begin with "ip-" or "local-"). The eTP=Local chains were
+// ext-ip- and ext-np- once, which an ext- chain of namespace "ip-…" or "np-…" could not be told
+// from; a table that still has them is adopted by deleting them (adopt.go, TestAdoptLegacyChainNames).
 const (
 	prefixFirewall      = "fw-"
 	prefixExternal      = "ext-"
-	prefixExternalIP    = "ext-ip-"
-	prefixExternalNP    = "ext-np-"
+	prefixExternalIP    = "local-ip-"
+	prefixExternalNP    = "local-np-"
 	prefixAffinity      = "aff-"
 	prefixRoundRobin    = "rr-"
 	prefixPick          = "pick-"
@@ -356,9 +360,10 @@ func isFixedChain(name string) bool {
 }
 
 // ParseChainName takes a chain name of vipgate's node table apart. ok is false for a name vipgate's
-// node table does not use (the gateway's fixed chains among them). Known ambiguity: a namespace
-// that begins with "ip-" or "np-" makes an ext-<port> chain read as ext-ip-/ext-np- (the names were
-// chosen before; the rules of the two chains differ).
+// node table does not use (the gateway's fixed chains among them). Every name ChainName.String builds
+// parses back to that ChainName (TestChainNameRoundTrip). The old names of the eTP=Local chains
+// (ext-ip-…, ext-np-…) are not recognised as such: they read as the ext- chain of a namespace "ip-…"
+// or "np-…", which is the ambiguity that retired them; the first sync after an upgrade deletes them.
 func ParseChainName(name string) (ChainName, bool) {
 	if isFixedChain(name) {
 		return ChainName{Role: ChainRoleFixed, Fixed: name}, true
@@ -371,15 +376,7 @@ func ParseChainName(name string) (ChainName, bool) {
 	if rest, ok := strings.CutPrefix(name, prefixPick); ok {
 		return parsePicker(rest)
 	}
-	perPort := []struct {
-		prefix string
-		role   ChainRole
-	}{
-		{prefixFirewall, ChainRoleFirewall}, {prefixExternalIP, ChainRoleExternalLocalIP},
-		{prefixExternalNP, ChainRoleExternalLocalNodePort}, {prefixExternal, ChainRoleExternal},
-		{prefixAffinity, ChainRoleAffinity}, {prefixRoundRobin, ChainRoleRoundRobin},
-	}
-	for _, pp := range perPort {
+	for _, pp := range perPortPrefixes {
 		rest, ok := strings.CutPrefix(name, pp.prefix)
 		if !ok {
 			continue
@@ -399,6 +396,17 @@ func ParseChainName(name string) (ChainName, bool) {
 		}
 	}
 	return ChainName{}, false
+}
+
+// perPortPrefixes are the name prefixes of the per-Service chains. Being prefix-free, at most one of
+// them matches a name, so their order does not matter.
+var perPortPrefixes = []struct {
+	prefix string
+	role   ChainRole
+}{
+	{prefixFirewall, ChainRoleFirewall}, {prefixExternal, ChainRoleExternal},
+	{prefixExternalIP, ChainRoleExternalLocalIP}, {prefixExternalNP, ChainRoleExternalLocalNodePort},
+	{prefixAffinity, ChainRoleAffinity}, {prefixRoundRobin, ChainRoleRoundRobin},
 }
 
 // parsePicker parses what follows "pick-" in a shared picker's name.
@@ -522,11 +530,13 @@ func sharedUses(name string) []string {
 	return []string{name}
 }
 
-// chainSafe makes s usable inside an nft identifier (letters, digits, / - _ .).
+// chainSafe makes s usable as a field of servicePortName: an nft identifier holds letters, digits and
+// / - _ . only, and / separates the fields. cluster admits only DNS labels as namespaces and names,
+// which pass unchanged.
 func chainSafe(s string) string {
 	return strings.Map(func(r rune) rune {
 		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '/', r == '-', r == '_', r == '.':
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
 			return r
 		}
 		return '.'

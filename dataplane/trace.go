@@ -362,13 +362,24 @@ func Trace(f *Flat, h HostInfo, p Packet) Result {
 	if cluster.FamilyOf(src) != cluster.FamilyOf(dst) {
 		return Result{Outcome: OutcomeError, Reason: fmt.Sprintf("source %s and destination %s are of different families", src, dst)}
 	}
-	if cluster.FamilyOf(dst) != f.Family {
-		return Result{Outcome: OutcomeAccept, Reason: fmt.Sprintf("table %s %s does not see IPv%d packets", fam.table, f.Table, cluster.FamilyOf(dst))}
+	if cluster.FamilyOf(dst) != ipFamily(f.Family) {
+		return Result{Outcome: OutcomeAccept, Reason: fmt.Sprintf("table %s %s does not see IPv%d packets", fam.tableFamily(), f.Table, cluster.FamilyOf(dst))}
 	}
 	st := pstate{src: src, dst: dst, port: p.Port, prob: 1}
-	if p.FromHost {
+	switch {
+	case fam.netdev:
+		// A netdev table (gateway_netdev.go) sees arriving packets at ingress, before the IP stack;
+		// what it accepts goes on to the family's table, which is another trace.
+		if p.FromHost {
+			return Result{Outcome: OutcomeAccept, Reason: fmt.Sprintf("table netdev %s does not see packets from this host", f.Table)}
+		}
+		t.runHook(st, HookIngress, func(st pstate) {
+			t.info(st, StepDone, "done", "accepted: on to the IP stack and the family's table")
+			t.finals = append(t.finals, final{outcome: OutcomeAccept, by: "no rule forwarded or dropped it", rule: RuleRef{Index: -1}})
+		})
+	case p.FromHost:
 		t.runHook(st, HookOutput, t.afterOutput)
-	} else {
+	default:
 		t.runHook(st, HookPrerouting, t.route)
 	}
 	return t.result()
@@ -636,6 +647,10 @@ func (t *tracer) matches(st pstate, r Rule) (ok bool, why string, numgen []uint3
 			}
 			numgen = append(numgen, m.Value)
 			hold = true
+		case MatchFragment:
+			hold, why = false, "a traced packet is not a fragment"
+		case MatchPktTypeHost:
+			hold = true // a traced packet is sent to the gateway (its MAC address), as the VIP's owner
 		default:
 			return false, "", nil, fmt.Errorf("unknown match kind %d", m.Kind)
 		}

@@ -175,7 +175,7 @@ func trFixture() []trService {
 	topo := trSimple("topo", cluster.TypeClusterIP, []string{"10.96.0.21"}, v4,
 		trEp("10.244.1.17", trNode), trEp("10.244.2.17", "node2"), trEp("10.244.3.17", "node3"))
 	for i, z := range []string{"zone-a", "zone-a", "zone-b"} {
-		topo.slices[0].Endpoints[i].ZoneHints = []string{z}
+		topo.slices[0].Endpoints[i].Topology = &cluster.EndpointTopology{ZoneHints: []string{z}}
 	}
 	add(topo, func(s *cluster.Service) { s.TrafficDistribution = "PreferClose" })
 	// named: a named targetPort that resolves to different numbers on different pods (the upstream

@@ -27,9 +27,19 @@ type BGPInput struct {
 // vipgate does not implement on an object it otherwise uses (an Event reason other than "Rejected"
 // fits it better, e.g. "Unsupported").
 type Problem struct {
-	Object, Reason string
-	Accepted       bool
+	Object   ObjectRef
+	Reason   string
+	Accepted bool
 }
+
+// ObjectRef names a MetalLB object: its Kind ("BGPPeer") and namespace/name. Callers point at the
+// object with it (an Event) and key reports by it, without taking a string apart.
+type ObjectRef struct {
+	Kind, Namespace, Name string
+}
+
+// String is "Kind namespace/name", as logs and the ConfigurationState name the object.
+func (o ObjectRef) String() string { return o.Kind + " " + o.Namespace + "/" + o.Name }
 
 // DecideBGP turns the MetalLB BGPPeers and BGPAdvertisements of the State into this node's BGP
 // sessions and advertisements:
@@ -66,21 +76,21 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 		}
 		name := p.Namespace + "/" + p.Name
 		if reason := peerUnusable(p); reason != "" {
-			problems = append(problems, Problem{Object: "BGPPeer " + name, Reason: reason + "; not peering"})
+			problems = append(problems, Problem{Object: ObjectRef{"BGPPeer", p.Namespace, p.Name}, Reason: reason + "; not peering"})
 			continue
 		}
 		addr, err := netip.ParseAddr(p.Spec.Address)
 		if err != nil || p.Spec.MyASN == 0 || p.Spec.ASN == 0 {
-			problems = append(problems, Problem{Object: "BGPPeer " + name, Reason: fmt.Sprintf("peerAddress %q, myASN %d, peerASN %d: need an address and non-zero ASNs", p.Spec.Address, p.Spec.MyASN, p.Spec.ASN)})
+			problems = append(problems, Problem{Object: ObjectRef{"BGPPeer", p.Namespace, p.Name}, Reason: fmt.Sprintf("peerAddress %q, myASN %d, peerASN %d: need an address and non-zero ASNs", p.Spec.Address, p.Spec.MyASN, p.Spec.ASN)})
 			continue
 		}
 		password, reason := peerPassword(p, st.MetalLB.Secrets)
 		if reason != "" {
-			problems = append(problems, Problem{Object: "BGPPeer " + name, Reason: reason + "; not peering"})
+			problems = append(problems, Problem{Object: ObjectRef{"BGPPeer", p.Namespace, p.Name}, Reason: reason + "; not peering"})
 			continue
 		}
 		if ignored := peerIgnoredFields(p); len(ignored) > 0 {
-			problems = append(problems, Problem{Object: "BGPPeer " + name, Reason: unsupportedReason(ignored), Accepted: true})
+			problems = append(problems, Problem{Object: ObjectRef{"BGPPeer", p.Namespace, p.Name}, Reason: unsupportedReason(ignored), Accepted: true})
 		}
 		pc := bgp.PeerConfig{Name: name, MyASN: p.Spec.MyASN, LocalASN: p.Spec.LocalASN, PeerASN: p.Spec.ASN, PeerAddress: addr, PeerPort: p.Spec.Port,
 			EBGPMultiHop: p.Spec.EBGPMultiHop, Password: password, GracefulRestart: p.Spec.EnableGracefulRestart}
@@ -102,11 +112,11 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 		if p.Spec.BFDProfile != "" {
 			prof, ok := bfd[p.Spec.BFDProfile]
 			if !ok {
-				problems = append(problems, Problem{Object: "BGPPeer " + name, Reason: "bfdProfile " + p.Spec.BFDProfile + " does not exist; peering without BFD"})
+				problems = append(problems, Problem{Object: ObjectRef{"BGPPeer", p.Namespace, p.Name}, Reason: "bfdProfile " + p.Spec.BFDProfile + " does not exist; peering without BFD"})
 			} else {
 				pc.BFD = bfdProfile(prof)
 				if pc.BFD.EchoMode {
-					problems = append(problems, Problem{Object: "BFDProfile " + prof.Namespace + "/" + prof.Name,
+					problems = append(problems, Problem{Object: ObjectRef{"BFDProfile", prof.Namespace, prof.Name},
 						Reason: "field spec.echoMode is not supported by vipgate; ignored (asynchronous mode only)", Accepted: true})
 				}
 			}
@@ -128,7 +138,7 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 	for _, ad := range st.MetalLB.BGPAdvertisements {
 		if reason := bgpAdServiceSelectorProblem(ad); reason != "" {
 			badAd[ad] = true
-			problems = append(problems, Problem{Object: "BGPAdvertisement " + ad.Namespace + "/" + ad.Name, Reason: reason + "; not advertising through it"})
+			problems = append(problems, Problem{Object: ObjectRef{"BGPAdvertisement", ad.Namespace, ad.Name}, Reason: reason + "; not advertising through it"})
 		}
 	}
 	byPrefix := map[netip.Prefix]*bgp.Advertisement{}
@@ -176,7 +186,7 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 					}
 					pfx, err := ip.Prefix(bits)
 					if err != nil {
-						problems = append(problems, Problem{Object: "BGPAdvertisement " + ad.Namespace + "/" + ad.Name, Reason: err.Error()})
+						problems = append(problems, Problem{Object: ObjectRef{"BGPAdvertisement", ad.Namespace, ad.Name}, Reason: err.Error()})
 						continue
 					}
 					a := byPrefix[pfx]
@@ -225,7 +235,7 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 // problem is Accepted only if every part is.
 func mergeProblems(in []Problem) []Problem {
 	var out []Problem
-	at := map[string]int{}
+	at := map[ObjectRef]int{}
 	for _, p := range in {
 		if i, ok := at[p.Object]; ok {
 			if !strings.Contains(out[i].Reason, p.Reason) {

@@ -81,7 +81,7 @@ func TestBGPServiceSelectors(t *testing.T) {
 			name: "with aggregationLength 24: reported, the other advertisement keeps working",
 			ads:  []*metallbv1beta1.BGPAdvertisement{bgpAd("aggr", 0, envSelector("production"), new(int32(24))), bgpAd("staging-services", 100, envSelector("staging"), nil)},
 			want: []bgp.Advertisement{{Prefix: pfx("198.51.100.11/32"), LocalPref: 100}},
-			problems: []Problem{{Object: "BGPAdvertisement metallb-system/aggr",
+			problems: []Problem{{Object: ObjectRef{"BGPAdvertisement", "metallb-system", "aggr"},
 				Reason: "serviceSelectors and aggregationLength 24 are mutually exclusive (only the default 32); not advertising through it"}},
 		},
 		{
@@ -93,7 +93,7 @@ func TestBGPServiceSelectors(t *testing.T) {
 			name: "selector that does not parse",
 			ads: []*metallbv1beta1.BGPAdvertisement{bgpAd("bad", 0, []metav1.LabelSelector{{MatchExpressions: []metav1.LabelSelectorRequirement{
 				{Key: "environment", Operator: "Nearly"}}}}, nil)},
-			problems: []Problem{{Object: "BGPAdvertisement metallb-system/bad",
+			problems: []Problem{{Object: ObjectRef{"BGPAdvertisement", "metallb-system", "bad"},
 				Reason: `serviceSelectors[0]: "Nearly" is not a valid label selector operator; it selects no Service; not advertising through it`}},
 		},
 	} {
@@ -141,10 +141,10 @@ func TestBGPPeerV016Fields(t *testing.T) {
 		t.Errorf("peers and their localASN (-want +got):\n%s", diff)
 	}
 	wantProblems := []Problem{
-		{Object: "BGPPeer metallb-system/dual", Reason: "fields spec.interface, spec.dualStackAddressFamily are not supported by vipgate; ignored (the rest of the object is in use)", Accepted: true},
-		{Object: "BGPPeer metallb-system/unnumbered", Reason: `field spec.interface (unnumbered BGP over "eth1") is not supported by vipgate: set peerAddress; not peering`},
-		{Object: "BGPPeer metallb-system/dynamic", Reason: `field spec.dynamicASN ("external") is not supported by vipgate: set peerASN; not peering`},
-		{Object: "BGPPeer metallb-system/vrf", Reason: `field spec.vrf ("red") is not supported by vipgate (it peers from the node's default VRF only); not peering`},
+		{Object: ObjectRef{"BGPPeer", "metallb-system", "dual"}, Reason: "fields spec.interface, spec.dualStackAddressFamily are not supported by vipgate; ignored (the rest of the object is in use)", Accepted: true},
+		{Object: ObjectRef{"BGPPeer", "metallb-system", "unnumbered"}, Reason: `field spec.interface (unnumbered BGP over "eth1") is not supported by vipgate: set peerAddress; not peering`},
+		{Object: ObjectRef{"BGPPeer", "metallb-system", "dynamic"}, Reason: `field spec.dynamicASN ("external") is not supported by vipgate: set peerASN; not peering`},
+		{Object: ObjectRef{"BGPPeer", "metallb-system", "vrf"}, Reason: `field spec.vrf ("red") is not supported by vipgate (it peers from the node's default VRF only); not peering`},
 	}
 	if diff := cmp.Diff(wantProblems, problems); diff != "" {
 		t.Errorf("problems (-want +got):\n%s", diff)
@@ -153,8 +153,9 @@ func TestBGPPeerV016Fields(t *testing.T) {
 
 // TestMergeProblems: several problems of one object become one, in order, without repeats.
 func TestMergeProblems(t *testing.T) {
-	got := mergeProblems([]Problem{{"A", "x", true}, {"B", "y", true}, {"A", "z", false}, {"A", "x", true}, {"C", "w", true}})
-	want := []Problem{{"A", "x; z", false}, {"B", "y", true}, {"C", "w", true}}
+	a, b, c := ObjectRef{"BGPPeer", "ns", "a"}, ObjectRef{"BGPPeer", "ns", "b"}, ObjectRef{"BGPAdvertisement", "ns", "a"}
+	got := mergeProblems([]Problem{{a, "x", true}, {b, "y", true}, {a, "z", false}, {a, "x", true}, {c, "w", true}})
+	want := []Problem{{a, "x; z", false}, {b, "y", true}, {c, "w", true}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}

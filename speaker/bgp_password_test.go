@@ -57,7 +57,7 @@ func TestPeerPasswordSecret(t *testing.T) {
 	if len(peers) != 1 || peers[0].Name != "metallb-system/good" || peers[0].Password != "s3cret" {
 		t.Errorf("peers %+v: want only metallb-system/good, with the Secret's password", peers)
 	}
-	if len(problems) != 1 || problems[0].Object != "BGPPeer metallb-system/bad" {
+	if len(problems) != 1 || problems[0].Object != (ObjectRef{"BGPPeer", "metallb-system", "bad"}) {
 		t.Errorf("problems %+v: want BGPPeer metallb-system/bad", problems)
 	}
 }

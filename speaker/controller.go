@@ -346,34 +346,45 @@ func (c *Controller) updateBGP(st *cluster.State) {
 		return
 	}
 	c.bgpDecisions = decisions
-	c.bgpPeers = AdvertisedPeers(c.opts.Self, peers, ads, decisions)
 	defer c.publishStatus()
 	c.reportBGPProblems(problems)
-	peerNames := make([]string, 0, len(peers))
-	for _, p := range peers {
-		peerNames = append(peerNames, p.Name)
-	}
-	now := map[announcement]string{}
-	for _, d := range decisions {
-		if d.Owner == c.opts.Self {
-			now[announcement{d.IP, d.Service}] = " to peers " + strings.Join(peerNames, ", ")
-		}
-	}
-	c.setAnnounced(ModeBGP, now)
-	if c.bgp == nil {
-		if len(peers) == 0 {
-			c.bgpErr = "" // nothing to peer with: an earlier "not peering" no longer holds
-			return
-		}
+	switch {
+	case c.bgp != nil:
+	case len(peers) == 0:
+		c.bgpErr = "" // nothing to peer with: an earlier "not peering" no longer holds
+	default:
 		b, err := c.startBGP()
 		if err != nil {
 			if e := err.Error(); e != c.bgpErr {
 				c.bgpErr = e
 				c.log.Error("not peering", "err", err)
 			}
-			return
+			break
 		}
 		c.bgp, c.bgpErr = b, ""
+	}
+	if c.bgp == nil || len(peers) == 0 {
+		// Without a BGP speaker, or without a peer to speak to, nothing is announced: no
+		// nodeAssigned Event and no ServiceBGPStatus may claim otherwise (MetalLB's speaker, too,
+		// reports no peers when no BGPPeer selects the node). VIPs and Warnings say why.
+		c.bgpPeers = nil
+		c.setAnnounced(ModeBGP, nil)
+	} else {
+		c.bgpPeers = AdvertisedPeers(c.opts.Self, peers, ads, decisions)
+		peerNames := make([]string, 0, len(peers))
+		for _, p := range peers {
+			peerNames = append(peerNames, p.Name)
+		}
+		now := map[announcement]string{}
+		for _, d := range decisions {
+			if d.Owner == c.opts.Self {
+				now[announcement{d.IP, d.Service}] = " to peers " + strings.Join(peerNames, ", ")
+			}
+		}
+		c.setAnnounced(ModeBGP, now)
+	}
+	if c.bgp == nil {
+		return
 	}
 	// Routes first, then sessions: a restarted speaker then announces everything in its first
 	// UPDATEs after graceful restart, and the routers see no flap.
@@ -405,8 +416,9 @@ func (c *Controller) startBGP() (BGPAnnouncer, error) {
 func (c *Controller) reportBGPProblems(problems []Problem) {
 	seen := make(map[string]string, len(problems))
 	for _, p := range problems {
-		seen[p.Object] = p.Reason
-		if c.bgpProblems[p.Object] == p.Reason {
+		obj := p.Object.String()
+		seen[obj] = p.Reason
+		if c.bgpProblems[obj] == p.Reason {
 			continue
 		}
 		reason, msg := "Rejected", "rejected"
@@ -414,14 +426,13 @@ func (c *Controller) reportBGPProblems(problems []Problem) {
 			// In use, a field ignored: never silent (log, Event, ConfigurationState).
 			reason, msg = "Unsupported", "accepted with an unsupported field"
 		}
-		c.log.Warn(msg, "object", p.Object, "reason", p.Reason)
-		if kind, nsName, ok := strings.Cut(p.Object, " "); ok && c.events != nil {
-			ns, name, _ := strings.Cut(nsName, "/")
+		c.log.Warn(msg, "object", obj, "reason", p.Reason)
+		if c.events != nil {
 			apiVersion := "metallb.io/v1beta1"
-			if kind == "BGPPeer" {
+			if p.Object.Kind == "BGPPeer" {
 				apiVersion = "metallb.io/v1beta2"
 			}
-			c.events.Event(&corev1.ObjectReference{APIVersion: apiVersion, Kind: kind, Namespace: ns, Name: name},
+			c.events.Event(&corev1.ObjectReference{APIVersion: apiVersion, Kind: p.Object.Kind, Namespace: p.Object.Namespace, Name: p.Object.Name},
 				corev1.EventTypeWarning, reason, p.Reason)
 		}
 	}
@@ -459,6 +470,10 @@ func (c *Controller) publishStatus() {
 	}
 	for o, r := range c.bgpProblems {
 		problems[o] = r
+	}
+	if c.bgpErr != "" {
+		// Peers ask for BGP but it does not run: ConfigurationState says so, as Warnings does.
+		problems["BGP speaker"] = "not peering: " + c.bgpErr
 	}
 	for k, r := range c.problems {
 		ip, svc, _ := strings.Cut(k, " ")
@@ -499,8 +514,21 @@ func (c *Controller) VIPs() []VIPStatus {
 		}
 	}
 	for _, d := range c.bgpDecisions {
-		out = append(out, VIPStatus{IP: d.IP, Service: d.Service, Mode: "bgp", Announcer: d.Owner,
-			Announced: d.Owner == c.opts.Self, Peers: peers, Reason: d.Reason})
+		// Announced as setAnnounced recorded it: the decision alone does not say whether a speaker
+		// and a peer are there to carry it.
+		v := VIPStatus{IP: d.IP, Service: d.Service, Mode: "bgp", Announcer: d.Owner,
+			Announced: c.announced[ModeBGP][announcement{d.IP, d.Service}], Peers: peers, Reason: d.Reason}
+		switch {
+		case d.Owner != c.opts.Self || v.Announced:
+		case c.bgp == nil:
+			v.Reason = "not announced: BGP is not running"
+			if c.bgpErr != "" {
+				v.Reason += " (" + c.bgpErr + ")"
+			}
+		default:
+			v.Reason = "not announced: no BGPPeer selects this node"
+		}
+		out = append(out, v)
 	}
 	return out
 }

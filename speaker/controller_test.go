@@ -64,12 +64,15 @@ func (f *fakeL2) owned() map[netip.Addr]L2Where {
 	return maps.Clone(f.cur)
 }
 
-func (f *fakeL2) takeChanges() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	c := f.changes
-	f.changes = nil
-	return c
+func (f *fakeL2) takeChanges() []string { return takeLines(&f.mu, &f.changes) }
+
+// takeLines returns what a fake recorded in *lines and clears it, under mu.
+func takeLines(mu *sync.Mutex, lines *[]string) []string {
+	mu.Lock()
+	defer mu.Unlock()
+	out := *lines
+	*lines = nil
+	return out
 }
 
 // fakeBGP records the calls in order.
@@ -120,13 +123,7 @@ func (f *fakeEvents) Event(ref *corev1.ObjectReference, eventType, reason, messa
 	f.got = append(f.got, fmt.Sprintf("%s %s %s %s/%s: %s", eventType, reason, ref.Kind, ref.Namespace, ref.Name, message))
 }
 
-func (f *fakeEvents) take() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	g := f.got
-	f.got = nil
-	return g
-}
+func (f *fakeEvents) take() []string { return takeLines(&f.mu, &f.got) }
 
 // fakeNet is the membership every fake member sees: who is a candidate (alive and ready).
 type fakeNet struct {
@@ -501,7 +498,7 @@ func problemOf(t *testing.T, st *cluster.State, obj string) string {
 	t.Helper()
 	_, _, _, problems := DecideBGP(BGPInput{Self: "n1", State: st})
 	for _, p := range problems {
-		if p.Object == obj {
+		if p.Object.String() == obj {
 			return p.Reason
 		}
 	}
@@ -559,6 +556,107 @@ func TestControllerNoBGPWithoutRouterID(t *testing.T) {
 	}
 	if w := n.c.Warnings(); len(w) != 1 || !strings.Contains(w[0], "router ID") {
 		t.Errorf("warnings %q", w)
+	}
+}
+
+// TestControllerBGPNotRunning: while the BGP speaker cannot start, the BGP decisions announce
+// nothing: no nodeAssigned Event, no peers in the status sink (no ServiceBGPStatus), nothing
+// announced, and the VIPs and ConfigurationState say why; once it starts, all of it follows.
+func TestControllerBGPNotRunning(t *testing.T) {
+	st := metallb016State([]*metallbv1beta1.BGPAdvertisement{bgpAd("a", 0, nil, nil)},
+		&metallbv1beta2.BGPPeer{ObjectMeta: metav1.ObjectMeta{Namespace: mlbNS, Name: "tor"}, Spec: metallbv1beta2.BGPPeerSpec{MyASN: 1, ASN: 2, Address: "192.0.2.1"}})
+	fail := true
+	var n *ctlNode
+	n = newCtlNode(t, "n1", nil, func(o *ControllerOptions) {
+		o.NewBGP = func(netip.Addr) (BGPAnnouncer, error) {
+			n.newBGP++
+			if fail {
+				return nil, errors.New("bind: address in use")
+			}
+			return n.bgp, nil
+		}
+	})
+	n.c.Update(st)
+	if n.newBGP != 1 {
+		t.Fatalf("BGP start tried %d times", n.newBGP)
+	}
+	if ev := n.events.take(); len(ev) != 0 {
+		t.Errorf("events without a BGP speaker: %q", ev)
+	}
+	if a := n.c.Announced(ModeBGP); len(a) != 0 {
+		t.Errorf("announced by BGP without a speaker: %q", a)
+	}
+	for k, s := range n.status.svcs {
+		if len(s.Peers) != 0 {
+			t.Errorf("status of %s has BGP peers %q without a speaker", k, s.Peers)
+		}
+	}
+	if !slices.Contains(n.status.problems, "BGP speaker: not peering: starting BGP: bind: address in use") {
+		t.Errorf("status problems %q do not say BGP is not running", n.status.problems)
+	}
+	var vips int
+	for _, v := range n.c.VIPs() {
+		if v.Mode != "bgp" {
+			continue
+		}
+		vips++
+		if v.Announced || !strings.Contains(v.Reason, "BGP is not running") {
+			t.Errorf("VIP %+v without a speaker", v)
+		}
+	}
+	if vips != 2 {
+		t.Errorf("%d BGP VIPs, want prod and staging", vips)
+	}
+
+	fail = false
+	n.c.Update(st)
+	events := n.events.take()
+	slices.Sort(events)
+	want := []string{
+		`Normal nodeAssigned Service default/prod: announcing 198.51.100.10 from node "n1" with protocol "bgp" to peers metallb-system/tor`,
+		`Normal nodeAssigned Service default/staging: announcing 198.51.100.11 from node "n1" with protocol "bgp" to peers metallb-system/tor`,
+	}
+	if d := cmp.Diff(want, events); d != "" {
+		t.Errorf("events once BGP runs (-want +got):\n%s", d)
+	}
+	if s := n.status.svcs[types.NamespacedName{Namespace: "default", Name: "prod"}]; !slices.Equal(s.Peers, []string{"tor"}) {
+		t.Errorf("status of prod once BGP runs: %+v", s)
+	}
+	if len(n.status.problems) != 0 || len(n.c.Warnings()) != 0 {
+		t.Errorf("problems %q, warnings %q once BGP runs", n.status.problems, n.c.Warnings())
+	}
+}
+
+// TestControllerBGPNoPeer: with a running speaker but no BGPPeer selecting this node, nothing is
+// announced by BGP either (no Event "to peers" nobody), and the VIPs say why.
+func TestControllerBGPNoPeer(t *testing.T) {
+	other := []metav1.LabelSelector{{MatchLabels: map[string]string{"rack": "other"}}}
+	tor := &metallbv1beta2.BGPPeer{ObjectMeta: metav1.ObjectMeta{Namespace: mlbNS, Name: "tor"}, Spec: metallbv1beta2.BGPPeerSpec{MyASN: 1, ASN: 2, Address: "192.0.2.1"}}
+	st := metallb016State([]*metallbv1beta1.BGPAdvertisement{bgpAd("a", 0, nil, nil)}, tor)
+	n := newCtlNode(t, "n1", nil, nil)
+	n.c.Update(st) // the speaker starts and announces
+	if a := n.c.Announced(ModeBGP); len(a) != 2 {
+		t.Fatalf("announced %q, want prod and staging", a)
+	}
+	n.events.take()
+
+	away := tor.DeepCopy()
+	away.Spec.NodeSelectors = other
+	n.c.Update(metallb016State([]*metallbv1beta1.BGPAdvertisement{bgpAd("a", 0, nil, nil)}, away))
+	if a := n.c.Announced(ModeBGP); len(a) != 0 {
+		t.Errorf("announced %q without a peer", a)
+	}
+	for _, v := range n.c.VIPs() {
+		if v.Mode == "bgp" && (v.Announced || v.Reason != "not announced: no BGPPeer selects this node") {
+			t.Errorf("VIP %+v without a peer", v)
+		}
+	}
+	if s := n.status.svcs[types.NamespacedName{Namespace: "default", Name: "prod"}]; len(s.Peers) != 0 {
+		t.Errorf("status of prod without a peer: %+v", s)
+	}
+	n.c.Update(st) // the peer is back: a new start
+	if ev := n.events.take(); len(ev) != 2 {
+		t.Errorf("events when the peer is back: %q", ev)
 	}
 }
 

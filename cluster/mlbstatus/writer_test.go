@@ -64,15 +64,7 @@ func TestWriterAgainstAPIServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const ns = "vipgate-system"
-	for _, n := range []string{ns, "metallb-system"} {
-		if _, err := srv.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// No controller-manager here: the ServiceAccount admission needs the default account made by hand.
-	if _, err := srv.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	srv.CreateNamespaces(t, ns, "metallb-system")
 	pod, err := srv.Client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "vipgate-node-abcde", Labels: map[string]string{"app": "vipgate-node"}},
 		Spec:       corev1.PodSpec{NodeName: "node1", Containers: []corev1.Container{{Name: "vipgate", Image: "vipgate"}}},

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -78,6 +77,13 @@ type RejectedObject struct {
 	Object string `json:"object"`
 	Source string `json:"source,omitempty"`
 	Reason string `json:"reason"`
+	// Addr is the address it is about (cluster.Rejection.Addr): explain selects by it.
+	Addr netip.Addr `json:"addr,omitzero"`
+}
+
+// rejectedObject is r as /status and explain show it.
+func rejectedObject(r cluster.Rejection) RejectedObject {
+	return RejectedObject{Kind: r.Kind, Object: r.Object, Source: r.Source, Reason: r.Reason, Addr: r.Addr}
 }
 
 // NodeStatus is the document /status serves.
@@ -115,8 +121,9 @@ type adminServer struct {
 	mu     sync.Mutex
 	status NodeStatus
 	vips   vipLister
-	srv    *http.Server
-	bound  net.Addr
+	// warnings are more sources of Warnings (the Kubernetes source's caches not synced).
+	warnings []func() []string
+	endpoint healthcheck.Endpoint
 }
 
 // newAdminServer creates the admin endpoint and the dataplane metrics on reg. base holds the fields
@@ -151,48 +158,26 @@ func startAdmin(log hclog.Logger, addr netip.AddrPort, base NodeStatus) (a *admi
 
 // Start listens on the admin address and serves in the background.
 func (a *adminServer) Start() error {
-	ln, err := net.Listen("tcp", a.addr.String())
-	if err != nil {
-		return fmt.Errorf("starting admin endpoint on %s: %w", a.addr, err)
-	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
 	mux.HandleFunc("/status", a.serveStatus)
-	srv := healthcheck.NewHTTPServer(mux, a.log)
-	a.mu.Lock()
-	a.srv, a.bound = srv, ln.Addr()
-	a.mu.Unlock()
-	if !a.addr.Addr().IsLoopback() {
-		a.log.Warn("admin endpoint (metrics, status) listens beyond localhost, as configured", "address", ln.Addr().String())
-	} else {
-		a.log.Info("serving metrics and status", "address", ln.Addr().String())
+	bound, err := a.endpoint.Start(a.addr.String(), mux, a.log, "admin endpoint")
+	if err != nil {
+		return fmt.Errorf("starting admin endpoint: %w", err)
 	}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("admin endpoint stopped", "address", ln.Addr().String(), "err", err)
-		}
-	}()
+	if !a.addr.Addr().IsLoopback() {
+		a.log.Warn("admin endpoint (metrics, status) listens beyond localhost, as configured", "address", bound.String())
+	} else {
+		a.log.Info("serving metrics and status", "address", bound.String())
+	}
 	return nil
 }
 
 // Addr is the address the endpoint listens on (nil before Start).
-func (a *adminServer) Addr() net.Addr {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.bound
-}
+func (a *adminServer) Addr() net.Addr { return a.endpoint.Addr() }
 
 // Close stops serving.
-func (a *adminServer) Close() error {
-	a.mu.Lock()
-	srv := a.srv
-	a.srv = nil
-	a.mu.Unlock()
-	if srv == nil {
-		return nil
-	}
-	return srv.Close()
-}
+func (a *adminServer) Close() error { return a.endpoint.Close() }
 
 // setVIPLister makes /status list the VIPs of v (the speaker).
 func (a *adminServer) setVIPLister(v vipLister) {
@@ -219,7 +204,7 @@ func (a *adminServer) recordSync(st *cluster.State, rep *dataplane.SyncReport, e
 	a.status.Endpoints = dataplane.CountEndpoints(st)
 	rej := make([]RejectedObject, 0, len(st.Rejected)+len(rep.Conflicts))
 	for _, r := range append(append([]cluster.Rejection(nil), st.Rejected...), rep.Conflicts...) {
-		rej = append(rej, RejectedObject{Kind: r.Kind, Object: r.Object, Source: r.Source, Reason: r.Reason})
+		rej = append(rej, rejectedObject(r))
 	}
 	a.status.Rejected = rej
 }
@@ -228,7 +213,7 @@ func (a *adminServer) recordSync(st *cluster.State, rep *dataplane.SyncReport, e
 func txChanges(rep *dataplane.SyncReport) int {
 	n := 0
 	for _, tx := range rep.Txs {
-		n += len(tx.AddElements) + len(tx.DelElements) + len(tx.AddChains) + len(tx.FlushChains) + len(tx.DelChains)
+		n += tx.NumAddElements() + len(tx.DelElements) + len(tx.AddChains) + len(tx.FlushChains) + len(tx.DelChains)
 	}
 	return n
 }
@@ -239,6 +224,7 @@ func (a *adminServer) snapshot() NodeStatus {
 	st := a.status
 	st.Rejected = append([]RejectedObject{}, a.status.Rejected...)
 	vips := a.vips
+	warnings := a.warnings
 	a.mu.Unlock()
 	st.Tables = a.metrics.Programmed()
 	st.VIPs = []VIPStatus{}
@@ -248,7 +234,17 @@ func (a *adminServer) snapshot() NodeStatus {
 			st.Warnings = w.Warnings()
 		}
 	}
+	for _, w := range warnings {
+		st.Warnings = append(st.Warnings, w()...)
+	}
 	return st
+}
+
+// addWarnings makes /status list what w returns among its warnings.
+func (a *adminServer) addWarnings(w func() []string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.warnings = append(a.warnings, w)
 }
 
 func (a *adminServer) serveStatus(w http.ResponseWriter, r *http.Request) {

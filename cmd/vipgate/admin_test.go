@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -66,13 +67,18 @@ func TestAdminStatusAndMetrics(t *testing.T) {
 	a.recordSync(state, rep, nil)
 	a.recordSync(state, rep, errors.New("netlink: EPERM"))
 	a.setVIPLister(fakeVIPs{{IP: "203.0.113.10", Service: "demo/web", Mode: "l2", Announcer: "node1", Announced: true}})
+	// The source's warnings (the Kubernetes caches not synced) join the speaker's.
+	a.addWarnings(func() []string {
+		return []string{"the Kubernetes API caches have not synced after 1m0s: still waiting"}
+	})
 
 	_, st, err = fetchStatus("http://"+addr+"/", 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st.LastSync == nil || !st.LastSync.Full || st.Services != 1 || st.Endpoints != 1 || len(st.Rejected) != 1 ||
-		st.LastError != "netlink: EPERM" || len(st.VIPs) != 1 || len(st.Tables) != 2 {
+		st.LastError != "netlink: EPERM" || len(st.VIPs) != 1 || len(st.Tables) != 2 ||
+		!slices.Contains(st.Warnings, "the Kubernetes API caches have not synced after 1m0s: still waiting") {
 		t.Errorf("status after syncs: %+v", st)
 	}
 	var b strings.Builder

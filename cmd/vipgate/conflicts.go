@@ -1,8 +1,6 @@
 package main
 
 import (
-	"strings"
-
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -27,6 +25,9 @@ type conflictLog struct {
 
 func (c *conflictLog) report(st *cluster.State, conflicts []cluster.Rejection) {
 	now := make(map[cluster.Rejection]bool, len(conflicts))
+	// byName finds a conflict's Service by the name the Rejection gives it (ServiceKey.String), built
+	// once there is a new conflict to record.
+	var byName map[string]*cluster.Service
 	for _, r := range conflicts {
 		now[r] = true
 		if c.seen[r] {
@@ -36,12 +37,17 @@ func (c *conflictLog) report(st *cluster.State, conflicts []cluster.Rejection) {
 		if c.events == nil || r.Kind != "Service" {
 			continue
 		}
-		ns, name, _ := strings.Cut(r.Object, "/")
-		svc := st.Services[cluster.ServiceKey{Namespace: ns, Name: name}]
+		if byName == nil {
+			byName = make(map[string]*cluster.Service, len(st.Services))
+			for k, svc := range st.Services {
+				byName[k.String()] = svc
+			}
+		}
+		svc := byName[r.Object]
 		if svc == nil {
 			continue
 		}
-		c.events.Event(&corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: ns, Name: name, UID: types.UID(svc.UID)},
+		c.events.Event(&corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: svc.Key.Namespace, Name: svc.Key.Name, UID: types.UID(svc.UID)},
 			corev1.EventTypeWarning, cluster.EventReasonRejected, "vipgate does not program part of this Service: "+r.Reason)
 	}
 	for r := range c.seen {

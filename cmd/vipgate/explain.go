@@ -39,7 +39,11 @@ external IP the node's externalIPs policy refuses, an entry another Service hold
 
 On a gateway the backend of a flow is picked by Maglev hashing of its addresses and ports: give the
 source port (--from ADDR:PORT) to see the one slot and backend the flow takes; without it, every
-backend the VIP port's slots lead to is listed.
+backend the VIP port's slots lead to is listed. With forwarding: route and the fast path
+(routeFastPath), an arriving packet meets the netdev table (vipgate-fwd4, vipgate-fwd6) first: explain
+traces it there too, as arriving on --device (default: the first device with an ingress chain; they
+all hold the same rules), and says whether the fast path forwards it or passes it on to the table
+traced after it.
 
   vipgate explain --from 203.0.113.5 --to 198.51.100.10:80/tcp
   vipgate explain --from 198.51.100.7:40001 --to 203.0.113.50:80    (on a gateway)
@@ -52,6 +56,8 @@ Flags:
 type explainFlags struct {
 	from, to, table, output, config, manifests string
 	host, allowWorldWritable                   bool
+	// device is the interface the packet arrives on, for a gateway's fast path ("": any).
+	device string
 }
 
 func runExplain(args []string) error {
@@ -65,6 +71,7 @@ func runExplain(args []string) error {
 	fs.StringVar(&ef.config, "config", "", "NodeConfig or GatewayConfig file (with --manifests: trace the rendered ruleset)")
 	fs.StringVar(&ef.manifests, "manifests", "", "manifest directory: trace what vipgate would program for it, not the kernel's table")
 	fs.BoolVar(&ef.allowWorldWritable, "allow-world-writable-manifests", false, "accept a manifest directory anyone can write to (unsafe)")
+	fs.StringVar(&ef.device, "device", "", "gateway fast path: the interface the packet arrives on (default: the first with an ingress chain)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), explainHelp)
 		fs.PrintDefaults()
@@ -154,6 +161,11 @@ type ExplainReport struct {
 	Others     []string           `json:"others,omitempty"`
 	// Maglev is a gateway's consistent-hash choice for the flow (with a source port only).
 	Maglev *ExplainMaglev `json:"maglev,omitempty"`
+	// FastPath is the packet's trace through a route forwarding gateway's fast path netdev table,
+	// which sees it before the table of Steps (nil without one); NoFastPath says why a rendered
+	// gateway has none for the family ("" when it has one or it is off).
+	FastPath   *ExplainFastPath `json:"fastPath,omitempty"`
+	NoFastPath string           `json:"noFastPath,omitempty"`
 	// Rejected lists the objects, entries and addresses that name the destination but are not
 	// programmed, and why (a hostile Service refused, an entry another Service holds): the rendered
 	// ruleset's own, or with the kernel's table the node's /status (when --config says where).
@@ -179,6 +191,22 @@ type ExplainMaglev struct {
 	Routed  bool   `json:"routed"`
 }
 
+// ExplainFastPath is the trace of an arriving packet through the fast path's netdev table.
+type ExplainFastPath struct {
+	Table string `json:"table"`
+	// Device is the ingress device traced ("" when none has a chain); Devices have ingress chains.
+	Device  string   `json:"device,omitempty"`
+	Devices []string `json:"devices"`
+	// Forwarded says fwd sends the packet to one of Nodes by NodeDevice: the family's table does
+	// not see it. Otherwise the packet goes on to the IP stack and that table (DecidedBy says why).
+	Forwarded  bool             `json:"forwarded"`
+	NodeDevice string           `json:"nodeDevice,omitempty"`
+	Nodes      []string         `json:"nodes,omitempty"`
+	Outcome    string           `json:"outcome"`
+	DecidedBy  string           `json:"decidedBy,omitempty"`
+	Steps      []dataplane.Step `json:"steps"`
+}
+
 func explain(ef *explainFlags) (*ExplainReport, error) {
 	if ef.to == "" {
 		return nil, errors.New("--to is required")
@@ -201,6 +229,10 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 		// holders is the rendered node ruleset, whose parts say which Service holds an entry.
 		holders *dataplane.Ruleset
 		table   = ef.table
+		// netdev is a gateway's fast path table of the family (nil: none), noFast why a rendered
+		// gateway has none.
+		netdev *dataplane.Flat
+		noFast string
 	)
 	if ef.config != "" {
 		if anyCfg, err = cluster.LoadConfig(ef.config); err != nil {
@@ -231,15 +263,24 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 			return nil, err
 		}
 		st, flat, isLoc, holders = o.state, rs.Flat, rs.IsLocal, rs.Node
+		netdev, noFast = rs.Netdev, rs.NoFastPath
 		if o.node != nil {
 			for _, r := range append(slices.Clone(st.Rejected), rs.Conflicts...) {
-				rejected = append(rejected, RejectedObject{Kind: r.Kind, Object: r.Object, Source: r.Source, Reason: r.Reason})
+				rejected = append(rejected, rejectedObject(r))
 			}
 		}
 	default:
 		prog := &dataplane.NetlinkProgrammer{}
 		if flat, err = prog.ReadTable(fam, table); err != nil {
 			return nil, err
+		}
+		if cfg == nil {
+			// A gateway's fast path table, if it programs one (a node has none).
+			var notFound *dataplane.TableNotFoundError
+			ndName := dataplane.NetdevTableName(table, fam)
+			if netdev, err = prog.ReadTable(dataplane.NetdevFamily(fam), ndName); err != nil && !errors.As(err, &notFound) {
+				return nil, fmt.Errorf("reading the fast path's table netdev %s: %w", ndName, err)
+			}
 		}
 		if cfg != nil {
 			rejected = nodeRejections(cfg.MetricsBindAddress)
@@ -285,6 +326,13 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 	if res.Steps == nil {
 		rep.Steps = []dataplane.Step{}
 	}
+	// The fast path's ingress chains see arriving packets only.
+	if netdev != nil && !ef.host {
+		rep.FastPath = explainFastPath(netdev, ef.device, isLoc, dataplane.Packet{
+			Src: srcAddr, Dst: dst.Addr(), Proto: proto, Port: dst.Port(), FromHost: ef.host, SrcPort: srcPort})
+	} else if noFast != "off" {
+		rep.NoFastPath = noFast
+	}
 	if st != nil {
 		rep.Service = serviceFor(st, holders, isLoc, dst, proto)
 	}
@@ -306,29 +354,25 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 	}
 	rep.Why = whyNot(ex, dst, proto, srcAddr)
 	for _, r := range rejected {
-		if mentionsAddr(r.Reason, dst.Addr()) {
+		if r.Addr.Unmap() == dst.Addr() {
 			rep.Rejected = append(rep.Rejected, r)
 		}
 	}
 	return rep, nil
 }
 
-// mentionsAddr says whether text names addr (alone, as addr:port or [addr]:port), not merely a
-// longer address that starts with the same characters.
-func mentionsAddr(text string, addr netip.Addr) bool {
-	for _, tok := range strings.FieldsFunc(text, func(r rune) bool {
-		return !(r >= '0' && r <= '9' || r >= 'a' && r <= 'f' || r >= 'A' && r <= 'F' || r == '.' || r == ':' || r == '[' || r == ']')
-	}) {
-		for _, t := range []string{tok, strings.TrimRight(tok, ".:")} {
-			if a, err := netip.ParseAddr(strings.Trim(t, "[]")); err == nil && a.Unmap() == addr {
-				return true
-			}
-			if ap, err := netip.ParseAddrPort(t); err == nil && ap.Addr().Unmap() == addr {
-				return true
-			}
-		}
+// explainFastPath traces p through a gateway's fast path table nd as arriving on device dev.
+func explainFastPath(nd *dataplane.Flat, dev string, isLoc func(netip.Addr) bool, p dataplane.Packet) *ExplainFastPath {
+	ex := dataplane.ExplainFastPath(nd, dev, dataplane.HostInfo{IsLocal: isLoc}, p)
+	fp := &ExplainFastPath{Table: nd.Table, Device: ex.Device, Devices: ex.Devices, Forwarded: ex.Taken, NodeDevice: ex.NodeDevice,
+		Outcome: string(ex.Result.Outcome), DecidedBy: ex.Result.Reason, Steps: ex.Result.Steps}
+	if fp.Steps == nil {
+		fp.Steps = []dataplane.Step{}
 	}
-	return false
+	for _, c := range ex.Candidates {
+		fp.Nodes = append(fp.Nodes, c.Endpoint.Addr().String())
+	}
+	return fp
 }
 
 // nodeRejections reads the rejected objects and entries from the /status of the node agent running
@@ -456,6 +500,32 @@ func whyNot(ex dataplane.Explanation, dst netip.AddrPort, proto uint8, src netip
 	return out
 }
 
+// writeFastPath prints the fast path's trace, which comes before the family table's.
+func (r *ExplainReport) writeFastPath(w io.Writer) {
+	fp := r.FastPath
+	on := "on devices " + strings.Join(fp.Devices, ", ")
+	if len(fp.Devices) == 0 {
+		on = "on no device"
+	}
+	if fp.Device == "" {
+		fmt.Fprintf(w, "\nfast path: table netdev %s (ingress chains %s)\n", fp.Table, on)
+	} else {
+		fmt.Fprintf(w, "\nfast path: table netdev %s, the packet arriving on %s (ingress chains %s)\n", fp.Table, fp.Device, on)
+	}
+	for _, s := range fp.Steps {
+		fmt.Fprintf(w, "  %s\n", s)
+	}
+	switch {
+	case fp.Forwarded:
+		fmt.Fprintf(w, "  -> FORWARDED by fwd through device %s to one of %d nodes (%s), before the IP stack: the table below does not see it\n",
+			fp.NodeDevice, len(fp.Nodes), strings.Join(fp.Nodes, ", "))
+	case fp.Outcome == string(dataplane.OutcomeAccept):
+		fmt.Fprintf(w, "  -> passed on to the IP stack (%s): the table below decides\n", fp.DecidedBy)
+	default:
+		fmt.Fprintf(w, "  -> %s (%s)\n", fp.Outcome, fp.DecidedBy)
+	}
+}
+
 // serviceFor names the Service port that dst belongs to in st ("" if none).
 //
 // When several Services claim the destination, the one that holds it is named: with a rendered node
@@ -521,6 +591,11 @@ func (r *ExplainReport) writeText(w io.Writer) {
 	}
 	for _, rj := range r.Rejected {
 		fmt.Fprintf(w, "rejected: %s %s: %s\n", rj.Kind, rj.Object, rj.Reason)
+	}
+	if fp := r.FastPath; fp != nil {
+		r.writeFastPath(w)
+	} else if r.NoFastPath != "" {
+		fmt.Fprintf(w, "\nfast path: none for this family (%s): the table below forwards alone\n", r.NoFastPath)
 	}
 	fmt.Fprintln(w, "\ntrace:")
 	for _, s := range r.Steps {

@@ -133,24 +133,60 @@ nodes:
 	}
 }
 
-// TestMentionsAddr: explain lists a rejection for a destination only when the rejection names that
-// very address, alone or with a port, not a longer one that starts the same.
-func TestMentionsAddr(t *testing.T) {
-	for _, tc := range []struct {
-		text, addr string
-		want       bool
+// TestExplainRejectedByAddr: explain lists the rejections whose address (Rejection.Addr, typed
+// where the rejection is made) is the destination: an external IP the node's policy refuses and a
+// special address the source refuses; not those of another address, even one whose text starts the
+// same; and /status's JSON carries the address for explain on a live node.
+func TestExplainRejectedByAddr(t *testing.T) {
+	cases := map[string]hostileCase{}
+	for _, tc := range hostileCorpus() {
+		cases[tc.name] = tc
+	}
+	for _, c := range []struct {
+		tc, to string
+		want   []string // "Kind Object" of the listed rejections
 	}{
-		{"udp 10.96.0.10:53 is held by Service kube-system/kube-dns", "10.96.0.10", true},
-		{"udp 10.96.0.10:53 is held by Service kube-system/kube-dns", "10.96.0.1", false},
-		{"spec.externalIPs[0]: 127.0.0.1 is a special address (loopback)", "127.0.0.1", true},
-		{"spec.externalIPs[0]: :: is a special address (unspecified)", "::", true},
-		{"tcp [2001:db8:ff::50]:80 is held by Service default/zzz-old", "2001:db8:ff::50", true},
-		{"tcp [2001:db8:ff::50]:80 is held by Service default/zzz-old", "2001:db8:ff::5", false},
-		{"spec.externalIPs 192.0.2.11 is not programmed: it is a node's address.", "192.0.2.11", true},
+		{"IPv4 externalIP on kube-dns's cluster IP", "10.96.0.10:53/udp", []string{"Service default/aaa-capture"}},
+		{"IPv4 externalIP on kube-dns's cluster IP", "10.96.0.1:53/udp", nil},
+		{"IPv6 externalIP on kube-dns's cluster IP", "[2001:db8:96::a]:53/udp", []string{"Service default/aaa-capture"}},
+		{"IPv4 externalIP 127.0.0.1", "127.0.0.1:80/tcp", []string{"Service default/aaa-special"}},
+		{"IPv4 externalIP 127.0.0.1", "127.0.0.10:80/tcp", nil},
+		{"IPv6 two externalIP claims, the younger sorts first", "[2001:db8:ff::50]:80/tcp", []string{"Service default/aaa-young"}},
+		{"IPv6 two externalIP claims, the younger sorts first", "[2001:db8:ff::5]:80/tcp", nil},
 	} {
-		if got := mentionsAddr(tc.text, netip.MustParseAddr(tc.addr)); got != tc.want {
-			t.Errorf("mentionsAddr(%q, %s) = %v, want %v", tc.text, tc.addr, got, tc.want)
+		tc, ok := cases[c.tc]
+		if !ok {
+			t.Fatalf("no hostile case %q", c.tc)
 		}
+		_, _, cfgPath, manifests := renderCase(t, tc)
+		rep, err := explain(&explainFlags{from: fromFor(c.to), to: c.to, config: cfgPath, manifests: manifests})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst, _, err := parseDest(c.to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, r := range rep.Rejected {
+			got = append(got, r.Kind+" "+r.Object)
+			if r.Addr != dst.Addr() {
+				t.Errorf("%s: %s lists a rejection of %s: %+v", c.tc, c.to, r.Addr, r)
+			}
+			js, err := json.Marshal(r)
+			if err != nil || !strings.Contains(string(js), `"addr":"`+dst.Addr().String()+`"`) {
+				t.Errorf("%s: rejection as JSON %s (%v) does not name its address", c.tc, js, err)
+			}
+		}
+		// One rejection per entry: a Service's ports on the address each have theirs.
+		slices.Sort(got)
+		if got = slices.Compact(got); !slices.Equal(got, c.want) {
+			t.Errorf("%s: explain %s lists %q, want %q", c.tc, c.to, got, c.want)
+		}
+	}
+	// A rejection about no address (a file's syntax) never says "addr".
+	if js, _ := json.Marshal(RejectedObject{Kind: "file", Object: "x.yaml", Reason: "bad"}); strings.Contains(string(js), "addr") {
+		t.Errorf("rejection without an address as JSON: %s", js)
 	}
 }
 

@@ -8,15 +8,20 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/conntrack"
+	"github.com/vipgate/vipgate/dataplane/ctsync"
+	"github.com/vipgate/vipgate/dataplane/healthprobe"
 	"github.com/vipgate/vipgate/speaker"
 )
 
@@ -38,6 +43,10 @@ Flags:
 type gatewaySpeaker struct {
 	spk   *l2Speaker
 	group speaker.GatewayGroup
+	// hold, with conntrack sync, keeps the speaker's views back until the initial resync is over
+	// (ctsync.Supervisor.Resynced): the gateway announces no VIP (no BGP route, no L2 vote) before
+	// it holds the flows the router would move to it.
+	hold *ctsync.Hold[*cluster.State]
 }
 
 func startGatewaySpeaker(ctx context.Context, cfg *cluster.GatewayConfig, flags speakerFlags, log hclog.Logger) (*gatewaySpeaker, error) {
@@ -64,7 +73,12 @@ func (g *gatewaySpeaker) Update(st *cluster.State, rep *dataplane.GatewaySyncRep
 			forwarding[e.VIP] = true
 		}
 	}
-	g.spk.Update(speaker.GatewayView(st, g.group, forwarding), nil)
+	view := speaker.GatewayView(st, g.group, forwarding)
+	if g.hold != nil {
+		g.hold.Put(view)
+		return
+	}
+	g.spk.Update(view, nil)
 }
 
 func (g *gatewaySpeaker) Stop() { g.spk.Stop() }
@@ -79,7 +93,18 @@ func gatewayDataplaneConfig(cfg *cluster.GatewayConfig) dataplane.GatewayConfig 
 		MaglevSize:   cfg.MaglevTableSize,
 		DrainTimeout: cfg.DrainTimeout, // 0: the dataplane's default (5m)
 		FlowTimeout:  cfg.FlowTimeout,  // 0: the dataplane's default (1h)
+		FastPath:     gatewayFastPath(cfg),
 	}
+}
+
+// gatewayFastPath is the route forwarding fast path of cfg (nil: off). The nodes' device and, without
+// configured devices, the ingress interfaces are looked up at each sync (netlink route get, the up
+// interfaces), so a node that moves or an interface that comes up later is seen.
+func gatewayFastPath(cfg *cluster.GatewayConfig) *dataplane.GatewayFastPath {
+	if !cfg.RouteFastPath || cfg.Forwarding != cluster.ForwardRoute {
+		return nil
+	}
+	return &dataplane.GatewayFastPath{Devices: cfg.RouteFastPathDevices}
 }
 
 // earliest is the earlier of two times, zero meaning none.
@@ -139,22 +164,38 @@ func runGateway(args []string) error {
 	defer spk.Stop()
 	if ks, ok := src.(kubeSource); ok {
 		spk.spk.setEventer(ks.KubeSource)
+		admin.addWarnings(ks.Warnings)
 	}
 	admin.setVIPLister(spk.spk)
 	// SNAT addresses and conntrackd (gateway_ctsync.go): the NAT state outlives a gateway's death.
-	stopCtSync, err := startGatewayConntrackSync(ctx, cfg, log, spk, admin)
+	stopCtSync, ctSup, err := startGatewayConntrackSync(ctx, cfg, log, spk, admin)
 	if err != nil {
 		return err
 	}
 	defer stopCtSync()
+	// The VIPs are announced once conntrackd's initial resync is over (bounded: ctsync.ResyncWait).
+	if ctSup != nil {
+		spk.hold = ctsync.NewHold(ctx, ctSup.Resynced(), func(v *cluster.State) { spk.spk.Update(v, nil) })
+	}
 
 	// The sync loop (dataplane.SyncRunner) owns the dataplane: new snapshots, health changes and
 	// drain deadlines all wake it. Its Sync runs only once Run is called, below, so it may use the
 	// prober made after it.
-	var prober *dataplane.Prober
+	var prober *healthprobe.Prober[dataplane.HealthTarget]
 	var targetsOf *cluster.State // the snapshot the prober's targets come from
 	first := true
 	var runner *dataplane.SyncRunner[*dataplane.GatewaySyncReport]
+	// /status warns while a family has no route forwarding fast path (routeFastPath on): its
+	// packets take the slower dup path, e.g. because of a misspelt routeFastPath.devices entry.
+	var noFastPath fastPathStatus
+	if dpCfg.FastPath != nil {
+		admin.addWarnings(noFastPath.warnings)
+		for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
+			if err := nodeRegistry().Register(noFastPath.gauge(f)); err != nil {
+				log.Warn("fast path metric not registered", "err", err)
+			}
+		}
+	}
 	runner = dataplane.NewSyncRunner(log, dataplane.SyncRunnerOptions[*dataplane.GatewaySyncReport]{
 		Name: "gateway sync",
 		Sync: func(ctx context.Context, st *cluster.State) (*dataplane.GatewaySyncReport, error) {
@@ -189,6 +230,7 @@ func runGateway(args []string) error {
 				for _, r := range st.Rejected {
 					log.Debug("rejected", "object", r.Object, "reason", r.Reason)
 				}
+				noFastPath.set(rep.NoFastPath)
 				spk.Update(st, rep)
 				ctClean.Delete(rep.StaleFlows)
 				log.Info("synced", "full", rep.Full, "duration", rep.Duration, "vips", len(rep.VIPs), "backends", gatewayBackendSummary(rep.Entries))
@@ -196,7 +238,7 @@ func runGateway(args []string) error {
 		},
 	})
 
-	prober = dataplane.NewProber(log.Named("health"), dataplane.ProberOptions{
+	prober = healthprobe.New[dataplane.HealthTarget](log.Named("health"), healthprobe.Options{
 		Interval: cfg.HealthCheckInterval,
 		OnChange: runner.Resync,
 	})
@@ -223,12 +265,55 @@ func runGateway(args []string) error {
 	return nil
 }
 
+// fastPathStatus is why the last sync had no route forwarding fast path, per family
+// (GatewaySyncReport.NoFastPath), for /status's warnings: the sync loop writes it, the admin
+// endpoint reads it.
+type fastPathStatus struct{ why atomic.Pointer[[]string] }
+
+func (s *fastPathStatus) set(why []string) { s.why.Store(&why) }
+
+// gauge is vipgate_gateway_fast_path of family f: 0 before the first sync and while the last sync
+// reported the family without its fast path, else 1 (a family without nodes too: nothing to
+// forward).
+func (s *fastPathStatus) gauge(f cluster.Family) prometheus.GaugeFunc {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "vipgate", Name: "gateway_fast_path",
+		Help:        "0 while the family's route forwarding fast path (netdev fwd) is off and its table forwards alone (dup; /status says why), else 1.",
+		ConstLabels: prometheus.Labels{"family": fmt.Sprintf("ipv%d", f)},
+	}, func() float64 {
+		p := s.why.Load()
+		if p == nil || slices.ContainsFunc(*p, func(why string) bool { return strings.HasPrefix(why, fmt.Sprintf("IPv%d:", f)) }) {
+			return 0
+		}
+		return 1
+	})
+}
+
+func (s *fastPathStatus) warnings() []string {
+	p := s.why.Load()
+	if p == nil {
+		return nil
+	}
+	out := make([]string, 0, len(*p))
+	for _, why := range *p {
+		out = append(out, "route forwarding fast path off: "+why)
+	}
+	return out
+}
+
 // gatewayReport is a gateway sync as the admin endpoint records a node's.
 func gatewayReport(rep *dataplane.GatewaySyncReport) *dataplane.SyncReport {
 	if rep == nil {
 		return nil
 	}
-	return &dataplane.SyncReport{Duration: rep.Duration, Full: rep.Full, Txs: rep.Txs, Conflicts: rep.Conflicts}
+	// The metrics count the families' tables; the fast path's netdev tables hold the same sets.
+	txs := make([]*dataplane.Tx, 0, len(rep.Txs))
+	for _, tx := range rep.Txs {
+		if tx.Family == cluster.IPv4 || tx.Family == cluster.IPv6 {
+			txs = append(txs, tx)
+		}
+	}
+	return &dataplane.SyncReport{Duration: rep.Duration, Full: rep.Full, Txs: txs, Conflicts: rep.Conflicts}
 }
 
 // gatewayBackendSummary formats "vip:port/proto=backend,backend; ..." for the sync log line, so the

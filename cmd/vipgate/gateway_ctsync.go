@@ -29,9 +29,10 @@ const snatSettle = 5 * time.Second
 // address; ARP/NDP answers for its SNAT addresses and for those of peers the membership counts dead;
 // and conntrackd, which copies every flow's NAT state into the peer's kernel. It also adds a
 // conntrackd line to /status. The returned function stops conntrackd and the answering (the SNAT
-// table stays, like vipgate's own rules). With neither configured it removes a SNAT table a
-// previous run left and does nothing else.
-func startGatewayConntrackSync(ctx context.Context, cfg *cluster.GatewayConfig, log hclog.Logger, spk *gatewaySpeaker, admin *adminServer) (func(), error) {
+// table stays, like vipgate's own rules) and the conntrackd supervisor (nil without conntrack
+// sync), whose Resynced holds the announcements back. With neither configured it removes a SNAT
+// table a previous run left and does nothing else.
+func startGatewayConntrackSync(ctx context.Context, cfg *cluster.GatewayConfig, log hclog.Logger, spk *gatewaySpeaker, admin *adminServer) (func(), *ctsync.Supervisor, error) {
 	log = log.Named("ctsync")
 	own := cfg.SNATAddressesOf(cfg.Name)
 	mark := uint32(1) << uint(cluster.DefaultMasqueradeBit)
@@ -40,10 +41,10 @@ func startGatewayConntrackSync(ctx context.Context, cfg *cluster.GatewayConfig, 
 		all = append(all, g.Addresses...)
 	}
 	if err := ctsync.ProgramSNAT(own, all, mark); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(cfg.SNATAddresses) == 0 && !cfg.ConntrackSync.Enabled {
-		return func() {}, nil
+		return func() {}, nil, nil
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	var stops []func()
@@ -59,7 +60,7 @@ func startGatewayConntrackSync(ctx context.Context, cfg *cluster.GatewayConfig, 
 		var err error
 		if sup, done, err = startConntrackd(ctx, cfg, log); err != nil {
 			stop()
-			return nil, err
+			return nil, nil, err
 		}
 		stops = append(stops, done)
 		admin.setVIPLister(ctsyncStatus{vipLister: spk.spk, sup: sup})
@@ -70,10 +71,10 @@ func startGatewayConntrackSync(ctx context.Context, cfg *cluster.GatewayConfig, 
 	done, err := watchGatewayPeers(ctx, cfg, log, spk, sup)
 	if err != nil {
 		stop()
-		return nil, err
+		return nil, nil, err
 	}
 	stops = append(stops, done)
-	return stop, nil
+	return stop, sup, nil
 }
 
 // ctsyncStatus adds conntrackd's status line to the speaker's /status warnings.

@@ -5,12 +5,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane/healthcheck"
 )
 
 const controllerHelp = `Usage: vipgate controller --kubeconfig FILE|in-cluster [flags]
@@ -91,22 +90,16 @@ func runController(args []string) error {
 // the Go and process collectors) on addr until ctx ends. Failing to listen is an error: the flag asked
 // for it.
 func serveControllerMetrics(ctx context.Context, log hclog.Logger, addr string, reg *prometheus.Registry) error {
-	ln, err := net.Listen("tcp", addr)
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	srv, bound, err := healthcheck.ListenAndServe(addr, mux, log, "metrics endpoint")
 	if err != nil {
 		return fmt.Errorf("--metrics-bind-address: %w", err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("serving metrics", "err", err)
-		}
-	}()
 	go func() {
 		<-ctx.Done()
-		srv.Close()
+		_ = srv.Close() // only listener close errors, which leave nothing to undo
 	}()
-	log.Info("serving metrics", "address", ln.Addr().String())
+	log.Info("serving metrics", "address", bound.String())
 	return nil
 }

@@ -20,7 +20,8 @@ const usage = `vipgate: LoadBalancer IPs and Services for bare-metal Kubernetes.
 
 Usage:
   vipgate node    --config FILE (--manifests DIR | --kubeconfig FILE)   run on a node: program nftables
-  vipgate render  --config FILE --manifests DIR                         print the nftables ruleset (nft -f syntax)
+  vipgate render  --config FILE --manifests DIR [--ingress-devices DEV,... --node-device DEV]
+                                                                        print the nftables ruleset (nft -f syntax)
   vipgate controller --kubeconfig FILE                                 allocate LoadBalancer IPs from MetalLB pools (a Deployment)
   vipgate gateway --config FILE (--manifests DIR | --kubeconfig FILE)   run on a gateway in front of the cluster: forward LoadBalancer IPs
   vipgate explain --from SRC --to DST:PORT[/PROTO] [--host]             trace one packet through the live (or rendered) ruleset

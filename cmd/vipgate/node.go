@@ -88,8 +88,15 @@ func startCommand(nf *nodeFlags, logging *cluster.Logging, table string, prog *d
 				return log, true, fmt.Errorf("deleting table %s: %w", t, err)
 			}
 		}
+		// The gateway's route forwarding fast path (a netdev table per family): left behind, its
+		// ingress chains would go on forwarding VIP traffic with no table behind them.
+		nd := dataplane.NetdevTableName(table, f)
+		if err := prog.DeleteTable(dataplane.NetdevFamily(f), nd); err != nil {
+			return log, true, fmt.Errorf("deleting netdev table %s: %w", nd, err)
+		}
 	}
-	log.Info("removed vipgate's nftables tables", "table", table, "snat", ctsync.SNATTable)
+	log.Info("removed vipgate's nftables tables", "table", table, "snat", ctsync.SNATTable,
+		"fastPath", dataplane.NetdevTableName(table, cluster.IPv4)+","+dataplane.NetdevTableName(table, cluster.IPv6))
 	return log, true, nil
 }
 
@@ -175,6 +182,7 @@ func runNode(args []string) error {
 	conflicts := &conflictLog{log: log}
 	if ks, ok := src.(kubeSource); ok {
 		conflicts.events = ks.KubeSource
+		admin.addWarnings(ks.Warnings)
 	}
 	// The sync loop (dataplane.SyncRunner): the newest snapshot wins, failures are retried with
 	// backoff, and after each success the health checks, the speaker and conntrack follow.

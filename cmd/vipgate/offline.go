@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -26,6 +27,11 @@ type offline struct {
 	state   *cluster.State
 	// table overrides the config's tableName ("": the config's).
 	table string
+	// ingressDevices and nodeDevice state a gateway's fast path devices (render's --ingress-devices
+	// and --node-device), over the config's devices and this machine's interfaces and routes, for a
+	// rendering of another machine's ruleset.
+	ingressDevices []string
+	nodeDevice     string
 
 	nodeCfg  *dataplane.Config
 	gwCfg    *dataplane.GatewayConfig
@@ -42,6 +48,10 @@ type offlineRuleset struct {
 	Conflicts []cluster.Rejection
 	// IsLocal reports the addresses of the node or gateway (and loopback).
 	IsLocal func(netip.Addr) bool
+	// Netdev is a gateway's fast path netdev table of the family (nil without one); NoFastPath
+	// says why there is none ("off": the config has no fast path).
+	Netdev     *dataplane.Flat
+	NoFastPath string
 }
 
 // loadOffline loads the manifests for cfg (a *cluster.NodeConfig or *cluster.GatewayConfig) and
@@ -79,6 +89,9 @@ func (o *offline) build(fam cluster.Family) (*offlineRuleset, error) {
 			if o.table != "" {
 				c.Table = o.table
 			}
+			if err := o.stateFastPathDevices(&c); err != nil {
+				return nil, err
+			}
 			o.gwCfg, o.gwHealth = &c, dataplane.ExpectedHealth(c, o.state)
 		}
 		grs, err := dataplane.BuildGatewayRuleset(*o.gwCfg, fam, o.state, o.gwHealth)
@@ -86,8 +99,15 @@ func (o *offline) build(fam cluster.Family) (*offlineRuleset, error) {
 			return nil, fmt.Errorf("building the IPv%d gateway ruleset: %w", fam, err)
 		}
 		gwIPs := o.gateway.GatewayIPs
-		return &offlineRuleset{Flat: grs.Ruleset.Flatten(), Conflicts: grs.Conflicts,
-			IsLocal: func(a netip.Addr) bool { return a.IsLoopback() || slices.Contains(gwIPs, a.Unmap()) }}, nil
+		out := &offlineRuleset{Flat: grs.Ruleset.Flatten(), Conflicts: grs.Conflicts,
+			IsLocal: func(a netip.Addr) bool { return a.IsLoopback() || slices.Contains(gwIPs, a.Unmap()) }}
+		// The fast path as the running gateway would plan it here (or on the devices stated).
+		if nrs, why := dataplane.GatewayNetdevRuleset(*o.gwCfg, fam, o.state, grs); nrs != nil {
+			out.Netdev = nrs.Flatten()
+		} else {
+			out.NoFastPath = why
+		}
+		return out, nil
 	}
 	if o.nodeCfg == nil {
 		c := dataplaneConfig(o.node, o.log)
@@ -107,4 +127,26 @@ func (o *offline) build(fam cluster.Family) (*offlineRuleset, error) {
 	}
 	return &offlineRuleset{Flat: rs.Flatten(), Node: rs, Conflicts: conflicts,
 		IsLocal: func(a netip.Addr) bool { return a.IsLoopback() || local[a.Unmap()] }}, nil
+}
+
+// stateFastPathDevices puts the stated fast path devices (ingressDevices, nodeDevice) into c. They
+// are an error for a gateway without the fast path: they would be silently ignored.
+func (o *offline) stateFastPathDevices(c *dataplane.GatewayConfig) error {
+	if len(o.ingressDevices) == 0 && o.nodeDevice == "" {
+		return nil
+	}
+	if c.FastPath == nil {
+		return errors.New("--ingress-devices and --node-device are for a gateway with the route forwarding fast path " +
+			"(forwarding: route, routeFastPath not disabled); this config has none")
+	}
+	fp := *c.FastPath
+	if len(o.ingressDevices) > 0 {
+		fp.Devices = slices.Clone(o.ingressDevices)
+	}
+	if dev := o.nodeDevice; dev != "" {
+		// Stated: every node is on-link through dev, as on the machine the rendering is for.
+		fp.NodeDevice = func(netip.Addr) (string, bool, error) { return dev, true, nil }
+	}
+	c.FastPath = &fp
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -75,6 +76,42 @@ func rendezvous(cands []string, a netip.Addr) string {
 	return best
 }
 
+// snatFamily is what SNATTable holds in one family: the address this gateway SNATs to (none: no
+// postrouting chain) and the SNAT addresses the guard covers (none: no prerouting chain). Neither:
+// no table. ProgramSNAT programs it and RenderSNAT prints it, so what `vipgate render` shows is
+// what the gateway programs.
+type snatFamily struct {
+	family nftables.TableFamily
+	// name is the family as nft writes it: ip or ip6.
+	name  string
+	snat  netip.Addr
+	guard []netip.Addr
+}
+
+// empty says the family has no table.
+func (f snatFamily) empty() bool { return !f.snat.IsValid() && len(f.guard) == 0 }
+
+// snatPlan splits own and all by family, IPv4 first: per family the first of own is the SNAT
+// address, and every address of all is guarded.
+func snatPlan(own, all []netip.Addr) []snatFamily {
+	plan := []snatFamily{{family: nftables.TableFamilyIPv4, name: "ip"}, {family: nftables.TableFamilyIPv6, name: "ip6"}}
+	for i := range plan {
+		is4 := plan[i].family == nftables.TableFamilyIPv4
+		for _, a := range own {
+			if a.Unmap().Is4() == is4 {
+				plan[i].snat = a.Unmap()
+				break
+			}
+		}
+		for _, a := range all {
+			if a.Unmap().Is4() == is4 {
+				plan[i].guard = append(plan[i].guard, a.Unmap())
+			}
+		}
+	}
+	return plan
+}
+
 // ProgramSNAT replaces SNATTable in the current network namespace. Per family with an address in
 // own, packets carrying mark (vipgate's masquerade bit) are SNATed to that address (fully random
 // ports) and the bit is cleared, as vipgate's masquerade does. And for every SNAT address of the
@@ -84,51 +121,66 @@ func rendezvous(cands []string, a netip.Addr) string {
 // empty table. Without the drop, conntrack would record it as a new flow from the node, conntrackd
 // would replicate that bogus entry, and the peer would replace the real entry of the flow with it.
 // Dropped, the reply is retransmitted and finds the entry once the peer's table has arrived. With
-// no addresses at all the table is removed. One atomic batch per family.
+// no addresses at all the table is removed. One atomic batch per family. RenderSNAT prints the same
+// tables in nft syntax.
 func ProgramSNAT(own, all []netip.Addr, mark uint32) error {
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("SNAT table: %w", err)
 	}
-	for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
-		is4 := fam == nftables.TableFamilyIPv4
-		var addr netip.Addr
-		for _, a := range own {
-			if a.Unmap().Is4() == is4 {
-				addr = a.Unmap()
-				break
-			}
-		}
-		var guard []netip.Addr
-		for _, a := range all {
-			if a.Unmap().Is4() == is4 {
-				guard = append(guard, a.Unmap())
-			}
-		}
-		t := &nftables.Table{Name: SNATTable, Family: fam}
+	for _, f := range snatPlan(own, all) {
+		t := &nftables.Table{Name: SNATTable, Family: f.family}
 		// Add then delete: deleting a table that does not exist would fail the batch.
 		c.AddTable(t)
 		c.DelTable(t)
-		if addr.IsValid() || len(guard) > 0 {
+		if !f.empty() {
 			c.AddTable(t)
 		}
-		if addr.IsValid() {
+		if f.snat.IsValid() {
 			ch := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
 				Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityRef(SNATPriority)})
-			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: snatExprs(addr, mark)})
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: snatExprs(f.snat, mark)})
 		}
-		if len(guard) > 0 {
+		if len(f.guard) > 0 {
 			ch := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeFilter,
 				Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRef(SNATGuardPriority)})
-			for _, a := range guard {
+			for _, a := range f.guard {
 				c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: guardExprs(a)})
 			}
 		}
 		if err := c.Flush(); err != nil {
-			return fmt.Errorf("SNAT table %s (family %d): %w", SNATTable, fam, err)
+			return fmt.Errorf("SNAT table %s %s: %w", f.name, SNATTable, err)
 		}
 	}
 	return nil
+}
+
+// RenderSNAT prints, in the syntax `nft -f` reads (Debian's nft 1.0.6 included), the tables
+// ProgramSNAT(own, all, mark) programs: IPv4 then IPv6, a family without addresses not at all (the
+// gateway deletes its table). `vipgate render` prints it after vipgate's own tables. The rules are
+// written as nft lists them back (TestRenderSNATLoadsAsProgrammed compares both in the kernel).
+func RenderSNAT(own, all []netip.Addr, mark uint32) string {
+	var b strings.Builder
+	for _, f := range snatPlan(own, all) {
+		if f.empty() {
+			continue
+		}
+		fmt.Fprintf(&b, "table %s %s {\n", f.name, SNATTable)
+		if f.snat.IsValid() {
+			fmt.Fprintf(&b, "\tchain postrouting {\n\t\ttype nat hook postrouting priority %d; policy accept;\n", SNATPriority)
+			fmt.Fprintf(&b, "\t\tmeta mark & 0x%08x != 0x00000000 meta mark set meta mark & 0x%08x snat to %s fully-random\n\t}\n",
+				mark, ^mark, f.snat)
+		}
+		if len(f.guard) > 0 {
+			fmt.Fprintf(&b, "\tchain prerouting {\n\t\ttype filter hook prerouting priority %d; policy accept;\n", SNATGuardPriority)
+			for _, a := range f.guard {
+				fmt.Fprintf(&b, "\t\t%s daddr %s ct state invalid,new drop\n", f.name, a)
+			}
+			b.WriteString("\t}\n")
+		}
+		b.WriteString("}\n")
+	}
+	return b.String()
 }
 
 // SNATGuardPriority is the prerouting priority of the guard: after conntrack (-200), before

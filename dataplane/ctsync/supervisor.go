@@ -38,6 +38,10 @@ type Status struct {
 	LastExit string
 	// Since is when Up last changed.
 	Since time.Time
+	// Resync is how the wait for the initial resync ended (ResyncWaiting until it has), and
+	// ResyncAfter how long it took (Supervisor.Resynced).
+	Resync      ResyncOutcome
+	ResyncAfter time.Duration
 }
 
 // String is the /status line.
@@ -49,6 +53,11 @@ func (s Status) String() string {
 	out := fmt.Sprintf("conntrackd %s since %s, %d restarts", state, s.Since.UTC().Format(time.RFC3339), s.Restarts)
 	if s.LastExit != "" {
 		out += ", last exit: " + s.LastExit
+	}
+	if s.Resync == ResyncWaiting {
+		out += ", initial resync: waiting (VIPs not announced yet)"
+	} else {
+		out += fmt.Sprintf(", initial resync: %s after %s", s.Resync, s.ResyncAfter.Round(time.Millisecond))
 	}
 	return out
 }
@@ -62,6 +71,10 @@ type Supervisor struct {
 	bin  string
 	conf string
 	up   prometheus.Gauge
+
+	// wait bounds the wait for the initial resync; resynced is closed when it is over.
+	wait     ResyncWait
+	resynced chan struct{}
 
 	mu     sync.Mutex
 	status Status
@@ -88,6 +101,7 @@ func NewSupervisor(log hclog.Logger, cfg Config, bin string, reg prometheus.Regi
 		return nil, fmt.Errorf("conntrack sync: writing conntrackd's config: %w", err)
 	}
 	s := &Supervisor{log: log, cfg: cfg, bin: bin, conf: conf, status: Status{Since: time.Now()},
+		wait: DefaultResyncWait, resynced: make(chan struct{}),
 		up: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vipgate_gateway_conntrack_sync_up",
 			Help: "1 while conntrackd, which replicates the gateway's conntrack table to its peer, runs."})}
 	if reg != nil {
@@ -119,11 +133,12 @@ func (s *Supervisor) setUp(up bool, pid int, exit string) {
 }
 
 // Run starts conntrackd and keeps it running until ctx ends, then stops it (SIGTERM, SIGKILL after
-// 2 s) and returns.
+// 2 s) and returns. It also watches the first daemon's initial resync (Resynced).
 func (s *Supervisor) Run(ctx context.Context) {
 	p := PathsOf(s.cfg.Dir)
 	backoff := MinBackoff
 	go s.answerResyncs(ctx, p.Log)
+	go s.watchResync(ctx, time.Now())
 	for first := true; ; first = false {
 		if !first {
 			s.mu.Lock()

@@ -156,18 +156,11 @@ func (s *ServiceHealthServer) open(key cluster.ServiceKey, port uint16) (*hcServ
 	handler := hcHandler{server: s, service: key}
 	for _, addr := range s.addrs {
 		ap := netip.AddrPortFrom(addr, port).String()
-		ln, err := net.Listen("tcp", ap)
+		srv, _, err := ListenAndServe(ap, handler, s.logger.With("service", key), "health check server")
 		if err != nil {
 			svc.close()
-			return nil, fmt.Errorf("listening on %s: %w", ap, err)
+			return nil, err
 		}
-		srv := NewHTTPServer(handler, s.logger)
-		go func() {
-			// Serve returns ErrServerClosed after Close; anything else means the listener died.
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				s.logger.Error("health check server stopped", "service", key, "address", ap, "err", err)
-			}
-		}()
 		svc.servers = append(svc.servers, srv)
 	}
 	return svc, nil
@@ -268,8 +261,8 @@ type ProxyHealthServer struct {
 	lastUpdated   time.Time
 	oldestPending time.Time // zero when nothing is pending
 	nodeEligible  bool
-	server        *http.Server
-	addr          net.Addr
+
+	endpoint Endpoint
 }
 
 // NewProxyHealthServer returns a proxy health server for bindAddr ("host:port", e.g.
@@ -290,45 +283,24 @@ func NewProxyHealthServer(logger hclog.Logger, bindAddr string, staleAfter time.
 
 // Start listens on the bind address and serves /healthz, /livez and /readyz in the background.
 func (h *ProxyHealthServer) Start() error {
-	ln, err := net.Listen("tcp", h.bindAddr)
-	if err != nil {
-		return fmt.Errorf("starting proxy healthz on %s: %w", h.bindAddr, err)
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", h.serveHealthz)
 	mux.HandleFunc("/livez", h.serveLivez)
 	mux.HandleFunc("/readyz", h.serveReadyz)
-	srv := NewHTTPServer(mux, h.logger)
-	h.mu.Lock()
-	h.server = srv
-	h.addr = ln.Addr()
-	h.mu.Unlock()
-	h.logger.Info("serving proxy healthz", "address", ln.Addr().String())
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			h.logger.Error("proxy healthz server stopped", "address", ln.Addr().String(), "err", err)
-		}
-	}()
+	addr, err := h.endpoint.Start(h.bindAddr, mux, h.logger, "proxy healthz server")
+	if err != nil {
+		return fmt.Errorf("starting proxy healthz: %w", err)
+	}
+	h.logger.Info("serving proxy healthz", "address", addr.String())
 	return nil
 }
 
 // Addr returns the address Start listens on (useful with port 0), or nil before Start.
-func (h *ProxyHealthServer) Addr() net.Addr {
-	h.mu.RLock()
-	defer h.mu.RUnlock()
-	return h.addr
-}
+func (h *ProxyHealthServer) Addr() net.Addr { return h.endpoint.Addr() }
 
 // Close stops serving.
 func (h *ProxyHealthServer) Close() error {
-	h.mu.Lock()
-	srv := h.server
-	h.server = nil
-	h.mu.Unlock()
-	if srv == nil {
-		return nil
-	}
-	if err := srv.Close(); err != nil {
+	if err := h.endpoint.Close(); err != nil {
 		return fmt.Errorf("closing proxy healthz: %w", err)
 	}
 	return nil
@@ -439,6 +411,67 @@ var (
 	httpIdleTimeout    = 60 * time.Second
 	httpMaxHeaderBytes = 16 << 10
 )
+
+// ListenAndServe listens on addr ("host:port") and serves handler on a NewHTTPServer in the
+// background, for every HTTP server vipgate runs. Serving ends with the server's Close; should it
+// end otherwise (the listener died), that is logged as "<what> stopped" rather than lost. It
+// returns the server and the address it listens on (the port chosen for port 0); an error names
+// the address.
+func ListenAndServe(addr string, handler http.Handler, logger hclog.Logger, what string) (*http.Server, net.Addr, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listening on %s: %w", addr, err)
+	}
+	srv := NewHTTPServer(handler, logger)
+	go func() {
+		// Serve returns ErrServerClosed after Close; anything else means the listener died.
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error(what+" stopped", "address", ln.Addr().String(), "err", err)
+		}
+	}()
+	return srv, ln.Addr(), nil
+}
+
+// Endpoint is one HTTP server of ListenAndServe with its life cycle: Start, Addr, Close, safe for
+// concurrent use (the proxy's /healthz, the node's admin endpoint). The zero value is ready to use.
+type Endpoint struct {
+	mu   sync.Mutex
+	srv  *http.Server
+	addr net.Addr
+}
+
+// Start serves handler on addr in the background (ListenAndServe) and returns the address it
+// listens on.
+func (e *Endpoint) Start(addr string, handler http.Handler, logger hclog.Logger, what string) (net.Addr, error) {
+	srv, bound, err := ListenAndServe(addr, handler, logger, what)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	e.srv, e.addr = srv, bound
+	e.mu.Unlock()
+	return bound, nil
+}
+
+// Addr is the address Start listens on (useful with port 0), or nil before Start.
+func (e *Endpoint) Addr() net.Addr {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.addr
+}
+
+// Close stops serving, closing the listener and open connections; nothing to do before Start or
+// after Close.
+func (e *Endpoint) Close() error {
+	e.mu.Lock()
+	srv := e.srv
+	e.srv = nil
+	e.mu.Unlock()
+	if srv == nil {
+		return nil
+	}
+	return srv.Close()
+}
 
 // NewHTTPServer returns an http.Server for handler with vipgate's timeouts and header limit, logging
 // its errors (a client that misbehaves) to logger.

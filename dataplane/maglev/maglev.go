@@ -6,6 +6,7 @@ package maglev
 import (
 	"fmt"
 	"hash/fnv"
+	"math/big"
 	"slices"
 	"strings"
 )
@@ -118,15 +119,10 @@ func sortIndexByName(idx []int, names []string) {
 	slices.SortFunc(idx, func(a, b int) int { return strings.Compare(names[a], names[b]) })
 }
 
-// IsPrime reports whether n is a prime (a valid table size).
+// IsPrime reports whether n is a prime (a valid table size). It is math/big's test, documented as
+// 100% accurate below 2^64, so exact for every int. cluster's validation of a configured
+// maglevTableSize uses the same test (it may not import this package): the configuration and the
+// tables cannot disagree about a size.
 func IsPrime(n int) bool {
-	if n < 2 {
-		return false
-	}
-	for d := 2; d*d <= n; d++ {
-		if n%d == 0 {
-			return false
-		}
-	}
-	return true
+	return n >= 2 && big.NewInt(int64(n)).ProbablyPrime(0)
 }

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/vipgate/vipgate/cluster"
 )
 
 func mgNames(n int) []string {
@@ -165,4 +167,57 @@ func TestSizeFor(t *testing.T) {
 			t.Errorf("%d is not prime", m)
 		}
 	}
+}
+
+// TestIsPrime: IsPrime agrees with a sieve of Eratosthenes up to past MaxSize, every size a table or
+// the configuration can have, and refuses what is not a size at all.
+func TestIsPrime(t *testing.T) {
+	const n = MaxSize + 1000
+	composite := make([]bool, n)
+	for i := 2; i*i < n; i++ {
+		if !composite[i] {
+			for j := i * i; j < n; j += i {
+				composite[j] = true
+			}
+		}
+	}
+	primes := 0
+	for i := range n {
+		want := i >= 2 && !composite[i]
+		if IsPrime(i) != want {
+			t.Errorf("IsPrime(%d) = %v, want %v", i, !want, want)
+		}
+		if want {
+			primes++
+		}
+	}
+	for _, bad := range []int{-7, -1, 0, 1} {
+		if IsPrime(bad) {
+			t.Errorf("IsPrime(%d) = true", bad)
+		}
+	}
+	t.Logf("%d primes below %d agree", primes, n)
+}
+
+// TestConfiguredSizes: the sizes a gateway's configuration accepts (maglevTableSize, validated in
+// cluster, which may not import this package) are exactly the primes from 251 to MaxSize, so every
+// size the configuration lets through is one Table takes.
+func TestConfiguredSizes(t *testing.T) {
+	c, err := cluster.ParseGatewayConfig([]byte("apiVersion: vipgate.io/v1alpha1\nkind: GatewayConfig\ngatewayIPs: [192.0.2.100]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := 0
+	for m := 0; m <= MaxSize+100; m++ {
+		c.MaglevTableSize = m
+		err := c.Validate()
+		want := m == 0 || (m >= 251 && m <= MaxSize && IsPrime(m)) // 0: the default
+		if (err == nil) != want {
+			t.Errorf("maglevTableSize %d: Validate() = %v, want accepted=%v", m, err, want)
+		}
+		if err == nil && m != 0 {
+			accepted++
+		}
+	}
+	t.Logf("%d table sizes accepted", accepted)
 }

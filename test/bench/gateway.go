@@ -195,7 +195,18 @@ endpoints:
   conditions: {ready: true, serving: true, terminating: false}
 `
 
+// gwPPSFastPath is the pseudo mode of route forwarding's netdev fast path (routeFastPath): measured
+// next to route whenever route is.
+const gwPPSFastPath = "route+fastPath"
+
 func gwPPSConfig(forwarding string) string {
+	extra := ""
+	switch forwarding {
+	case "route": // the dup shape
+		extra = "routeFastPath: {enabled: false}\n"
+	case gwPPSFastPath:
+		forwarding, extra = "route", "routeFastPath: {enabled: true}\n"
+	}
 	return fmt.Sprintf(`apiVersion: vipgate.io/v1alpha1
 kind: GatewayConfig
 name: gw1
@@ -206,7 +217,7 @@ clusterCIDRs: ["10.244.0.0/16"]
 serviceCIDRs: ["10.96.0.0/16"]
 nodes:
 - {name: node1, addresses: [%q]}
-`, gwPPSGwIP, forwarding, gwPPSNodeIP)
+`, gwPPSGwIP, forwarding, gwPPSNodeIP) + extra
 }
 
 // startGateway runs `vipgate gateway` in the gateway namespace and waits for its first sync.
@@ -436,7 +447,11 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 			ns.close()
 		}
 	}()
-	budget := time.Duration(o.rounds*(len(o.modes)+2))*(o.sampleTime+5*time.Second) + time.Minute
+	modes := slices.Clone(o.modes)
+	if slices.Contains(modes, "route") {
+		modes = append(modes, gwPPSFastPath)
+	}
+	budget := time.Duration(o.rounds*(len(modes)+2))*(o.sampleTime+5*time.Second) + time.Minute
 	stopSink, err := g.startSink(budget)
 	if err != nil {
 		t.fail(what, err)
@@ -449,7 +464,7 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 		dst       netip.AddrPort
 	}
 	targets := []target{{name: "plain", dst: netip.AddrPortFrom(gwPPSNodeIP, gwPPSPort)}}
-	for _, m := range o.modes {
+	for _, m := range modes {
 		targets = append(targets, target{name: m, fwd: m, dst: netip.AddrPortFrom(gwPPSVIP, gwPPSPort)})
 	}
 	samples := map[string][]ppsSample{}
@@ -501,7 +516,7 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 	plain := pick("plain", fwd)
 	t.add(row{What: what, Vipgate: "", Ref: fmt.Sprintf("plainly routed (gateway namespace forwarding, no nftables table): %s; receiver took %s",
 		kpps(plain), kpps(pick("plain", dlv)))})
-	for _, m := range o.modes {
+	for _, m := range modes {
 		got := pick(m, fwd)
 		t.add(row{Sub: true, What: fmt.Sprintf("through `vipgate gateway`, forwarding: %s", m),
 			Vipgate: kpps(got) + "; receiver took " + kpps(pick(m, dlv)), Ref: "plainly routed: " + kpps(plain),
@@ -511,7 +526,7 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 	// plain's cost over the mode's (as a rate ratio: higher is better).
 	cpu := func(s ppsSample) float64 { return s.cpuNS }
 	if pc := pick("plain", cpu); slices.Min(pc) > 0 {
-		for _, m := range o.modes {
+		for _, m := range modes {
 			mc := pick(m, cpu)
 			if slices.Min(mc) <= 0 {
 				continue

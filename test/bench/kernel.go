@@ -43,6 +43,14 @@ type timedProgrammer struct {
 }
 
 func (p *timedProgrammer) Apply(tx *dataplane.Tx) error {
+	if os.Getenv("VIPGATE_BENCH_TRACE") != "" && tx.Full {
+		// Where the memory is when the batch is about to be encoded (the peak comes during it).
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		rss, _ := rssMiB()
+		fmt.Fprintf(os.Stderr, "  before the full sync's Apply: RSS %.0f MiB, heap in use %.1f MiB (objects %.1f MiB), %d collections so far\n",
+			rss, float64(ms.HeapInuse)/(1<<20), float64(ms.HeapAlloc)/(1<<20), ms.NumGC)
+	}
 	start := time.Now()
 	err := p.inner.Apply(tx)
 	p.last += time.Since(start)
@@ -156,6 +164,12 @@ func fullSync(t *table, n, reps int, withNft bool, kps []*kubeProxyFigures) {
 		}
 		prog := &timedProgrammer{inner: ns.programmer()}
 		p = dataplane.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), prog)
+		// VIPGATE_BENCH_TRACE=1 prints each sync's allocations and peak, and the memory map after.
+		var ms0 runtime.MemStats
+		trace := os.Getenv("VIPGATE_BENCH_TRACE") != ""
+		if trace {
+			runtime.ReadMemStats(&ms0)
+		}
 		cpu := cpuTime()
 		start := time.Now()
 		rep, err := p.Sync(st)
@@ -170,6 +184,12 @@ func fullSync(t *table, n, reps int, withNft bool, kps []*kubeProxyFigures) {
 		conflicts = len(rep.Conflicts)
 		_, hwm := rssMiB()
 		peak = max(peak, hwm)
+		if trace {
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			fmt.Fprintf(os.Stderr, "  full sync %d: %v (kernel %v, CPU %v), allocated %.1f MiB in %d objects, %d collections, peak RSS %.0f MiB\n",
+				r, times[r], prog.last, cpus[r], float64(ms.TotalAlloc-ms0.TotalAlloc)/(1<<20), ms.Mallocs-ms0.Mallocs, ms.NumGC-ms0.NumGC, hwm)
+		}
 	}
 	defer ns.close()
 	total := medianDuration(times)
@@ -224,6 +244,7 @@ func fullSync(t *table, n, reps int, withNft bool, kps []*kubeProxyFigures) {
 	runtime.GC()
 	debug.FreeOSMemory()
 	writeHeapProfile(n)
+	printMemoryMap(n)
 	rss, _ := rssMiB()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
@@ -395,5 +416,44 @@ func writeHeapProfile(n int) {
 	defer f.Close()
 	if err := pprof.WriteHeapProfile(f); err != nil {
 		fmt.Fprintf(os.Stderr, "heap profile: %v\n", err)
+	}
+}
+
+// printMemoryMap prints, when VIPGATE_BENCH_TRACE is set, where the process's resident memory is
+// after the full sync of n Services: the Go runtime's own accounts, and the resident size of each
+// kind of mapping (the binary's text and data, anonymous memory).
+func printMemoryMap(n int) {
+	if os.Getenv("VIPGATE_BENCH_TRACE") == "" {
+		return
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	mib := func(b uint64) string { return fmt.Sprintf("%.1f", float64(b)/(1<<20)) }
+	fmt.Fprintf(os.Stderr, "  memory at %d Services (MiB): heap in use %s (objects %s), heap released %s, heap idle %s, stacks %s, "+
+		"spans %s, GC metadata %s, other runtime %s, total from the OS %s\n", n, mib(ms.HeapInuse), mib(ms.HeapAlloc),
+		mib(ms.HeapReleased), mib(ms.HeapIdle), mib(ms.StackSys), mib(ms.MSpanSys), mib(ms.GCSys), mib(ms.OtherSys), mib(ms.Sys))
+	b, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		return
+	}
+	byName := map[string]int{}
+	name := ""
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) >= 5 && strings.Contains(f[0], "-"):
+			name = "[anonymous]"
+			if len(f) >= 6 {
+				name = f[5] + " " + f[1]
+			}
+		case len(f) >= 2 && f[0] == "Rss:":
+			kb, _ := strconv.Atoi(f[1])
+			byName[name] += kb
+		}
+	}
+	for name, kb := range byName {
+		if kb >= 512 {
+			fmt.Fprintf(os.Stderr, "    resident %6.1f MiB  %s\n", float64(kb)/1024, name)
+		}
 	}
 }

@@ -378,7 +378,7 @@ func appendResults(o *options, machine string, m mix, md string, plots []string,
 		}
 		links = "Plots: " + strings.Join(ls, ", ") + ".  \n"
 	}
-	_, err = fmt.Fprintf(f, "\n## %s\n\nMachine: %s.  \nCommand: `go run ./test/bench %s` (took %s).  \nService mix: %s per 1,000.  \nkube-proxy: %s.  \n%s\n%s",
+	_, err = fmt.Fprintf(f, "\n## %s\n\nMachine: %s.  \nCommand: `go run ./test/bench %s` (took %s).  \nService mix: %s.  \nkube-proxy: %s.  \n%s\n%s",
 		time.Now().UTC().Format("2006-01-02 15:04 UTC"), machine, strings.Join(os.Args[1:], " "), took.Round(time.Second), m, kubeProxy, links, md)
 	if err != nil {
 		return fmt.Errorf("writing %s: %w", o.out, err)

@@ -166,6 +166,6 @@ func mixOf(st *cluster.State) mix {
 func (m mix) String() string {
 	n := m.ClusterIP + m.NodePort + m.LoadBalancer
 	pct := func(x int) string { return fmt.Sprintf("%.0f%%", 100*float64(x)/float64(max(n, 1))) }
-	return fmt.Sprintf("%s ClusterIP, %s NodePort, %s LoadBalancer; %s eTP=Local, %s session affinity; %d endpoints",
-		pct(m.ClusterIP), pct(m.NodePort), pct(m.LoadBalancer), pct(m.LocalPolicy), pct(m.Affinity), m.Endpoints)
+	return fmt.Sprintf("%s ClusterIP, %s NodePort, %s LoadBalancer; %s eTP=Local, %s session affinity; %.0f endpoints per Service",
+		pct(m.ClusterIP), pct(m.NodePort), pct(m.LoadBalancer), pct(m.LocalPolicy), pct(m.Affinity), float64(m.Endpoints)/float64(max(n, 1)))
 }

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -31,12 +32,33 @@ import (
 // And, in route forwarding, iperf3 through the VIP with and without the connection table (the
 // per-packet cost of conntrack and the ct mark lookups). Figures are logged, timings never asserted.
 func TestGatewayConnTable(t *testing.T) {
-	for _, fwd := range []string{"route", "nodePort"} {
+	for _, fwd := range []string{"route", "route+fastPath", "nodePort"} {
 		t.Run(fwd, func(t *testing.T) { testGatewayConnTable(t, fwd) })
 	}
 }
 
+// routeFastPathConfig turns on route forwarding's netdev fast path ("route+fastPath", the default);
+// routeDupConfig turns it off ("route": the dup shape).
+const (
+	routeFastPathConfig = "routeFastPath: {enabled: true}\n"
+	routeDupConfig      = "routeFastPath: {enabled: false}\n"
+)
+
+// routeVariant is the forwarding mode and the config lines of a test variant: "route" is the dup
+// shape, "route+fastPath" the netdev fast path.
+func routeVariant(variant string) (forwarding, extra string) {
+	switch variant {
+	case "route":
+		return "route", routeDupConfig
+	case "route+fastPath":
+		return "route", routeFastPathConfig
+	}
+	return variant, ""
+}
+
 func testGatewayConnTable(t *testing.T, forwarding string) {
+	forwarding, extra := routeVariant(forwarding)
+	fast := extra == routeFastPathConfig
 	x := newGatewayPairLab(t, gwPairOpts{BFDMs: 100, Nodes: []lab.NodeSpec{
 		{Name: "node1", Pods: []string{"a1", "a2"}},
 		{Name: "node2", Pods: []string{"b1"}},
@@ -76,7 +98,7 @@ func testGatewayConnTable(t *testing.T, forwarding string) {
 		procs[n.Name] = x.start(t, n, "node", gwNodeConfig(n), filepath.Join(dir, n.Name+".log"))
 	}
 	for _, g := range gws {
-		procs[g.Name] = x.start(t, g, "gateway", gwPairConfig(forwarding, g, gws, node1, node2)+"drainTimeout: 60s\n", filepath.Join(dir, g.Name+".log"))
+		procs[g.Name] = x.start(t, g, "gateway", gwPairConfig(forwarding, g, gws, node1, node2)+"drainTimeout: 60s\n"+extra, filepath.Join(dir, g.Name+".log"))
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -101,6 +123,27 @@ func testGatewayConnTable(t *testing.T, forwarding string) {
 	}
 	if s := gwMany(t, l, lab.RoleClient, "tcp", "203.0.113.10:80", 20); s.OK != s.Sent {
 		t.Fatalf("client -> VIP through the gateways: %d of %d answered: %v", s.OK, s.Sent, s.Errors)
+	}
+	if fast {
+		// The fast path carried those connections: the packets themselves write the connection
+		// table, so its entries are in the netdev table's gateway-flows, none in the IP table's.
+		flows := 0
+		for _, g := range gws {
+			out, err := l.Exec(g.Name, "nft", "list", "table", "netdev", "vipgate-fwd4")
+			if err != nil || !strings.Contains(out, "fwd ip to") {
+				t.Fatalf("%s: no fast path table (err %v):\n%s", g.Name, err, out)
+			}
+			fastList, _ := l.Exec(g.Name, "nft", "list", "map", "netdev", "vipgate-fwd4", dataplane.MapGatewayFlows)
+			slow, _ := l.Exec(g.Name, "nft", "list", "map", "ip", "vipgate", dataplane.MapGatewayFlows)
+			flows += strings.Count(fastList, " expires ")
+			if n := strings.Count(slow, " expires "); n > 0 {
+				t.Errorf("%s: %d flows went through the IP stack's table, not the fast path:\n%s", g.Name, n, slow)
+			}
+		}
+		if flows == 0 {
+			t.Errorf("no flow in the fast path's connection table")
+		}
+		t.Logf("fast path: %d flows in the netdev tables' connection table", flows)
 	}
 
 	// The Maglev map of the mode: a node is a backend for new flows while it is in there.
@@ -204,7 +247,7 @@ func testGatewayConnTable(t *testing.T, forwarding string) {
 		}
 	}
 	addRemove("connection table")
-	if forwarding == "route" {
+	if forwarding == "route" && !fast { // stateless edits the IP table, which the fast path bypasses
 		undo := stateless()
 		addRemove("without the connection table")
 		undo()
@@ -226,13 +269,19 @@ func testGatewayConnTable(t *testing.T, forwarding string) {
 	setNodes(false, node1, node2)
 	waitMaglev(gws, node1, true)
 
-	if forwarding == "route" {
+	rounds := 1
+	if n, err := strconv.Atoi(os.Getenv("VIPGATE_IPERF_ROUNDS")); err == nil && n > 0 && n <= 20 {
+		rounds = n
+	}
+	if fast {
+		var fastRates []float64
+		for range rounds {
+			fastRates = append(fastRates, iperf(t, l, "a1", "203.0.113.11"))
+		}
+		t.Logf("iperf3 through the VIP on the fast path (netdev fwd), median of %d: %.2f Gbit/s", rounds, median(fastRates)/1e9)
+	} else if forwarding == "route" {
 		// The per-packet cost of the table: iperf3 through the VIP with it and without it
 		// (alternating; VIPGATE_IPERF_ROUNDS rounds, default 1).
-		rounds := 1
-		if n, err := strconv.Atoi(os.Getenv("VIPGATE_IPERF_ROUNDS")); err == nil && n > 0 && n <= 20 {
-			rounds = n
-		}
 		var with, without []float64
 		for range rounds {
 			with = append(with, iperf(t, l, "a1", "203.0.113.11"))

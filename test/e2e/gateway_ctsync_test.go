@@ -38,6 +38,9 @@ type ctsyncEnv struct {
 	startGateway func(name string)
 	// waitBoth waits until the router has both gateways as next hops of the VIP again.
 	waitBoth func()
+	// waitTakenOver waits until the named gateway's route has left the router and node1 sends
+	// the replies to its SNAT address to the other gateway.
+	waitTakenOver func(name string)
 }
 
 // TestGatewayConntrackSync is TestGatewayPair's lab (two gateways under ECMP at BIRD with BFD 300 ms
@@ -108,9 +111,9 @@ func TestGatewayConntrackSync(t *testing.T) {
 		{name: "sync-down", beforeOpen: block(true)},
 		{
 			// gw2 "reboots" with the connections open: its vipgate and conntrackd are killed, its
-			// kernel's conntrack table and rules flushed, and it starts again; gw1 carries every
-			// flow meanwhile (and answers for gw2's SNAT address). Once gw2 is back (BGP up again,
-			// conntrackd's StartupResync done), gw1 dies: gw2 must have got gw1's flows back.
+			// kernel's conntrack table and rules flushed; once gw1 carries every flow (gw2's route
+			// gone, gw2's SNAT address answered by gw1) it starts again. Once gw2 is back (BGP up
+			// again, conntrackd's StartupResync done), gw1 dies: gw2 must have got gw1's flows back.
 			name: "peer-rebooted",
 			beforeKill: func(t *testing.T, e *ctsyncEnv) {
 				if err := e.procs["gw2"].Kill(); err != nil {
@@ -119,9 +122,17 @@ func TestGatewayConntrackSync(t *testing.T) {
 				<-e.procs["gw2"].Done()
 				gwSh(t, e.l, "gw2", "conntrack", "-F")
 				gwSh(t, e.l, "gw2", "nft", "flush ruleset")
+				e.waitTakenOver("gw2")
+				// Counted from gw2's start: what meets it without state since.
+				ctsyncStatelessProbe(t, e.l, "gw2")
 				start := time.Now()
 				e.startGateway("gw2")
 				e.waitBoth()
+				atReturn, _ := ctsyncStatelessCounts(t, e.l, "gw2")
+				// The route came back only once the resync was over (the announcement hold).
+				if line := ctsyncResyncLine(e.procs["gw2"].Log()); line == "" {
+					t.Errorf("gw2's route is back at the router, but its vipgate has not logged the end of the initial resync")
+				}
 				for i := 0; ; i++ {
 					if pid := ctsyncPID(e.stateDirs["gw2"]); pid > 0 && pid != e.pids["gw2"] && procAlive(pid) {
 						e.pids["gw2"] = pid
@@ -134,6 +145,11 @@ func TestGatewayConntrackSync(t *testing.T) {
 				}
 				t.Logf("gw2 rebooted: back as a next hop at BIRD %v after its start", time.Since(start).Round(time.Millisecond))
 				time.Sleep(2 * time.Second)
+				// What met gw2 without its state: the measure of announcing before the resync is
+				// over (logged, not asserted: it depends on the machine's timing).
+				replies, client := ctsyncStatelessCounts(t, e.l, "gw2")
+				t.Logf("gw2 after its return: %d replies to the SNAT addresses (%d of them before its route was back) and %d mid-flow client packets met no conntrack state; %s",
+					replies, atReturn, client, ctsyncResyncLine(e.procs["gw2"].Log()))
 			},
 			minSurvivors: 99,
 		},
@@ -249,6 +265,24 @@ conntrackSync:
 	env := &ctsyncEnv{l: l, gws: gws, stateDirs: stateDirs, pids: pids, procs: procs, startGateway: startGateway,
 		waitBoth: func() {
 			waitHops("203.0.113.10/32", []string{gws[0].IPv4.String(), gws[1].IPv4.String()}, 30*time.Second)
+		},
+		waitTakenOver: func(name string) {
+			gone, other, snat := gws[0], gws[1], ctsyncSNAT[0]
+			if name == gws[1].Name {
+				gone, other, snat = gws[1], gws[0], ctsyncSNAT[1]
+			}
+			waitHops("203.0.113.10/32", []string{other.IPv4.String()}, 15*time.Second)
+			mac, _ := l.Exec(other.Name, "cat", "/sys/class/net/eth0/address")
+			for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+				out, _ := l.Exec(node1.Name, "ip", "neigh", "show", snat)
+				if strings.Contains(out, strings.TrimSpace(mac)) {
+					t.Logf("%s gone: its route left the router and %s answers for its SNAT address %s after %v", gone.Name, other.Name, snat, time.Since(start).Round(time.Millisecond))
+					return
+				}
+				if time.Since(start) > 10*time.Second {
+					t.Fatalf("node1's ARP entry for %s never moved to %s: %s", snat, other.Name, out)
+				}
+			}
 		}}
 	if sc.beforeOpen != nil {
 		sc.beforeOpen(t, env)
@@ -393,4 +427,59 @@ func tailLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// ctsyncStatelessProbe adds to role's namespace a table that counts, after conntrack and before
+// vipgate's guard, the packets of established flows that meet no conntrack state there: replies to
+// the SNAT addresses (the guard drops them) and the client's mid-flow TCP packets to the BGP VIP (no
+// SYN: a flow the router moved to a gateway that lacks its state). It outlives vipgate's restarts
+// (a table of its own) and goes with the lab's namespace.
+func ctsyncStatelessProbe(t *testing.T, l *lab.Lab, role string) {
+	t.Helper()
+	for _, cmd := range []string{
+		"add table inet ctsync-probe",
+		"add chain inet ctsync-probe pre { type filter hook prerouting priority -160; }",
+		fmt.Sprintf(`add rule inet ctsync-probe pre ip daddr %s ct state new,invalid counter comment "replies"`, ctsyncSNAT[0]),
+		fmt.Sprintf(`add rule inet ctsync-probe pre ip daddr %s ct state new,invalid counter comment "replies"`, ctsyncSNAT[1]),
+		`add rule inet ctsync-probe pre ip daddr 203.0.113.10 tcp flags & syn == 0 ct state new,invalid counter comment "client"`,
+	} {
+		gwSh(t, l, role, "nft", cmd)
+	}
+}
+
+// ctsyncStatelessCounts reads the packet counters of ctsyncStatelessProbe.
+func ctsyncStatelessCounts(t *testing.T, l *lab.Lab, role string) (replies, client int) {
+	t.Helper()
+	out, err := l.Exec(role, "nft", "list", "chain", "inet", "ctsync-probe", "pre")
+	if err != nil {
+		t.Fatalf("nft list chain inet ctsync-probe pre: %v\n%s", err, out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		n := -1
+		for i := range f {
+			if f[i] == "packets" && i+1 < len(f) {
+				n, _ = strconv.Atoi(f[i+1])
+			}
+		}
+		switch {
+		case n < 0:
+		case strings.Contains(line, `comment "replies"`):
+			replies += n
+		case strings.Contains(line, `comment "client"`):
+			client = n
+		}
+	}
+	return replies, client
+}
+
+// ctsyncResyncLine is vipgate's log line about the end of the initial resync ("" if it wrote none
+// yet).
+func ctsyncResyncLine(log string) string {
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, "initial resync over") {
+			return strings.TrimSpace(line)
+		}
+	}
+	return ""
 }

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/test/apiserver"
 	"github.com/vipgate/vipgate/test/lab"
 )
@@ -171,6 +172,18 @@ healthCheckInterval: 250ms
 // through one gateway (nf_dup_ipv6 with the node as next hop for IPv6), eTP=Local, client address
 // kept in both families.
 func TestGatewayRouteDualStack(t *testing.T) {
+	for _, fast := range []bool{false, true} {
+		t.Run(map[bool]string{false: "dup", true: "fastPath"}[fast], func(t *testing.T) { testGatewayRouteDualStack(t, fast) })
+	}
+}
+
+// testGatewayRouteDualStack is TestGatewayRouteDualStack with route forwarding's netdev fast path
+// (routeFastPath) or without.
+func testGatewayRouteDualStack(t *testing.T, fast bool) {
+	extra := routeDupConfig
+	if fast {
+		extra = routeFastPathConfig
+	}
 	l := lab.NewForTest(t, lab.Spec{Nodes: []lab.NodeSpec{
 		{Name: "node1", Pods: []string{"d1"}},
 		{Name: "node2", Pods: []string{"d2"}},
@@ -226,8 +239,8 @@ name: gw1
 gatewayIPs: [%q, %q]
 forwarding: route
 healthCheckInterval: 250ms
-nodes:
-%s`, gw.IPv4, gw.IPv6, nodes.String())), 0o644); err != nil {
+%snodes:
+%s`, gw.IPv4, gw.IPv6, extra, nodes.String())), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	p, err := l.Start("gw1", filepath.Join(dir, "gw1.log"), bin, "gateway", "--config", gwCfg, "--manifests", manifests)
@@ -256,6 +269,16 @@ nodes:
 		s := ndMany(t, l, lab.RoleClient, "tcp", target, 20)
 		if s.Pods[d1.Name] != s.Sent || s.Sources[c.client.String()] != s.Sent {
 			t.Errorf("%s through the routing gateway: pods %v, sources %v; want %s seeing %s every time", target, s.Pods, s.Sources, d1.Name, c.client)
+		}
+	}
+	if fast {
+		// The packets write the connection table of the table that forwarded them: the netdev ones.
+		for _, tb := range []struct{ family, fast, ip string }{{"IPv4", "vipgate-fwd4", "ip"}, {"IPv6", "vipgate-fwd6", "ip6"}} {
+			fastFlows, _ := l.Exec("gw1", "nft", "list", "map", "netdev", tb.fast, dataplane.MapGatewayFlows)
+			ipFlows, _ := l.Exec("gw1", "nft", "list", "map", tb.ip, "vipgate", dataplane.MapGatewayFlows)
+			if !strings.Contains(fastFlows, " expires ") || strings.Contains(ipFlows, " expires ") {
+				t.Errorf("%s: the flows are not in the fast path's connection table:\nnetdev:\n%s\n%s:\n%s", tb.family, fastFlows, tb.ip, ipFlows)
+			}
 		}
 	}
 }

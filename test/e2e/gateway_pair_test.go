@@ -34,12 +34,13 @@ import (
 // gateway's connections cannot survive) and forwarding route (no NAT, no state on the gateways:
 // every connection must survive).
 func TestGatewayPair(t *testing.T) {
-	for _, fwd := range []string{"nodePort", "route"} {
+	for _, fwd := range []string{"nodePort", "route", "route+fastPath"} {
 		t.Run(fwd, func(t *testing.T) { testGatewayPair(t, fwd) })
 	}
 }
 
 func testGatewayPair(t *testing.T, forwarding string) {
+	forwarding, extra := routeVariant(forwarding)
 	x := newGatewayPairLab(t, gwPairOpts{BFDMs: 100, L2: true, Nodes: []lab.NodeSpec{
 		{Name: "node1", Pods: []string{"a1", "a2"}},
 		{Name: "node2", Pods: []string{"b1"}},
@@ -61,7 +62,7 @@ func testGatewayPair(t *testing.T, forwarding string) {
 		procs[n.Name] = x.start(t, n, "node", gwNodeConfig(n), filepath.Join(dir, n.Name+".log"))
 	}
 	for _, g := range gws {
-		p := x.start(t, g, "gateway", gwPairConfig(forwarding, g, gws, node1, node2), filepath.Join(dir, g.Name+".log"))
+		p := x.start(t, g, "gateway", gwPairConfig(forwarding, g, gws, node1, node2)+extra, filepath.Join(dir, g.Name+".log"))
 		procs[g.Name] = p
 	}
 	t.Cleanup(func() {

@@ -1,4 +1,13 @@
-package dataplane
+// Package healthprobe is the gateway's health prober: for Services with externalTrafficPolicy
+// Local and nodePort forwarding, the gateway sends a Service's traffic only to nodes whose
+// healthCheckNodePort answers 200 (the node's vipgate, like kube-proxy, answers 200 while the node
+// has a ready local endpoint and 503 otherwise; see dataplane/healthcheck), exactly as a cloud load
+// balancer does.
+//
+// It is a leaf of the dataplane: it knows HTTP and targets, not Services or the gateway's tables.
+// The gateway lists the targets (dataplane.GatewayHealthTargets) and builds its table from the
+// prober's Snapshot; cmd/vipgate wires the two.
+package healthprobe
 
 import (
 	"context"
@@ -6,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"syscall"
@@ -14,56 +24,60 @@ import (
 	"github.com/hashicorp/go-hclog"
 )
 
-// The gateway's health prober: for Services with externalTrafficPolicy Local and nodePort
-// forwarding, the gateway sends a Service's traffic only to nodes whose healthCheckNodePort answers
-// 200 (the node's vipgate, like kube-proxy, answers 200 while the node has a ready local endpoint and
-// 503 otherwise), exactly as a cloud load balancer does.
+// Target is what a Prober probes: a comparable value whose String is the address and port of an
+// HTTP health check as netip.AddrPort prints it ("10.0.0.1:32001", "[2001:db8::1]:32001").
+// The prober is generic in it so that the gateway's own type (dataplane.HealthTarget) goes in and
+// comes back out of Snapshot unconverted; netip.AddrPort is one too.
+type Target interface {
+	comparable
+	String() string
+}
 
-// ProbeOutcome is the typed result of one probe.
-type ProbeOutcome uint8
+// Outcome is the typed result of one probe.
+type Outcome uint8
 
 // Probe outcomes.
 const (
-	// ProbeUnknown: not probed yet. The target is not used until it answers.
-	ProbeUnknown ProbeOutcome = iota
-	// ProbeHealthy: HTTP 200.
-	ProbeHealthy
-	// ProbeNoEndpoints: an HTTP answer other than 200 (503: no local endpoint). Definitive: the
-	// target leaves at once.
-	ProbeNoEndpoints
-	// ProbeUnreachable: no HTTP answer (timeout, reset, no route). The node may be down, or a packet
-	// was lost: the target leaves after ProbeFall such probes in a row, so one lost packet does not
-	// move flows.
-	ProbeUnreachable
-	// ProbeRefused: the node answered with a TCP reset: it is up but nothing serves the health check
-	// (its vipgate is not running). Definitive: the target leaves at once.
-	ProbeRefused
-	// ProbeBadAnswer: something answered on the port, but not HTTP. Definitive: the target leaves at
-	// once (what serves there is not a health check to trust).
-	ProbeBadAnswer
+	// Unknown: not probed yet. The target is not used until it answers.
+	Unknown Outcome = iota
+	// Healthy: HTTP 200.
+	Healthy
+	// NoEndpoints: an HTTP answer other than 200 (503: no local endpoint). Definitive: the target
+	// leaves at once.
+	NoEndpoints
+	// Unreachable: no HTTP answer (timeout, reset, no route). The node may be down, or a packet was
+	// lost: the target leaves after Fall such probes in a row, so one lost packet does not move
+	// flows.
+	Unreachable
+	// Refused: the node answered with a TCP reset: it is up but nothing serves the health check (its
+	// vipgate is not running). Definitive: the target leaves at once.
+	Refused
+	// BadAnswer: something answered on the port, but not HTTP. Definitive: the target leaves at once
+	// (what serves there is not a health check to trust).
+	BadAnswer
 )
 
-func (o ProbeOutcome) String() string {
+func (o Outcome) String() string {
 	switch o {
-	case ProbeHealthy:
+	case Healthy:
 		return "healthy"
-	case ProbeNoEndpoints:
+	case NoEndpoints:
 		return "no-local-endpoints"
-	case ProbeUnreachable:
+	case Unreachable:
 		return "unreachable"
-	case ProbeRefused:
+	case Refused:
 		return "refused"
-	case ProbeBadAnswer:
+	case BadAnswer:
 		return "bad-answer"
 	}
 	return "unknown"
 }
 
-// ProbeFall is how many unreachable probes in a row take a target out.
-const ProbeFall = 2
+// Fall is how many unreachable probes in a row take a target out.
+const Fall = 2
 
-// ProberOptions configure a Prober.
-type ProberOptions struct {
+// Options configure a Prober.
+type Options struct {
 	// Interval is the time between the starts of two probes of one target.
 	Interval time.Duration
 	// Timeout bounds one probe (default: Interval, at most 1 s).
@@ -75,27 +89,27 @@ type ProberOptions struct {
 
 // Prober probes a set of health targets, each in its own goroutine, and keeps which are usable. Its
 // state is owned by the prober; the gateway reads it with Snapshot.
-type Prober struct {
+type Prober[T Target] struct {
 	log  hclog.Logger
-	opts ProberOptions
+	opts Options
 	hc   *http.Client
 
 	mu      sync.Mutex
-	targets map[HealthTarget]*probeState
+	targets map[T]*probeState
 	closed  bool
 }
 
 type probeState struct {
 	cancel   context.CancelFunc
-	outcome  ProbeOutcome
+	outcome  Outcome
 	usable   bool
 	failures int
 	// since is when the target last changed usability, for the log.
 	since time.Time
 }
 
-// NewProber returns a Prober with no targets.
-func NewProber(log hclog.Logger, opts ProberOptions) *Prober {
+// New returns a Prober with no targets.
+func New[T Target](log hclog.Logger, opts Options) *Prober[T] {
 	if opts.Interval <= 0 {
 		opts.Interval = time.Second
 	}
@@ -108,19 +122,24 @@ func NewProber(log hclog.Logger, opts ProberOptions) *Prober {
 	// A fresh connection per probe: a kept-alive connection to a node whose vipgate died could hide it,
 	// and a new TCP handshake is what the VIP traffic needs to work as well.
 	tr := &http.Transport{DisableKeepAlives: true, Proxy: nil}
-	return &Prober{log: log, opts: opts, hc: &http.Client{Transport: tr, Timeout: opts.Timeout}, targets: map[HealthTarget]*probeState{}}
+	return &Prober[T]{log: log, opts: opts, hc: &http.Client{Transport: tr, Timeout: opts.Timeout}, targets: map[T]*probeState{}}
 }
 
 // SetTargets makes ts the set of probed targets: new ones start (unknown, so unused until their first
-// answer), gone ones stop.
-func (p *Prober) SetTargets(ts []HealthTarget) {
+// answer), gone ones stop. A target whose String is not an address:port is logged and not probed.
+func (p *Prober[T]) SetTargets(ts []T) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return
 	}
-	want := make(map[HealthTarget]bool, len(ts))
+	want := make(map[T]bool, len(ts))
 	for _, t := range ts {
+		if _, err := netip.ParseAddrPort(t.String()); err != nil {
+			// Not probed, so never usable: a caller's bug, said once per SetTargets.
+			p.log.Error("health target is not an address:port; not probed", "target", t.String(), "err", err)
+			continue
+		}
 		want[t] = true
 		if _, ok := p.targets[t]; ok {
 			continue
@@ -138,13 +157,13 @@ func (p *Prober) SetTargets(ts []HealthTarget) {
 }
 
 // Timeout is the time one probe may take.
-func (p *Prober) Timeout() time.Duration { return p.opts.Timeout }
+func (p *Prober[T]) Timeout() time.Duration { return p.opts.Timeout }
 
-// Snapshot returns the usable targets.
-func (p *Prober) Snapshot() Health {
+// Snapshot returns the usable targets (true) and the others (absent); a fresh map the caller owns.
+func (p *Prober[T]) Snapshot() map[T]bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	h := make(Health, len(p.targets))
+	h := make(map[T]bool, len(p.targets))
 	for t, s := range p.targets {
 		if s.usable {
 			h[t] = true
@@ -156,13 +175,13 @@ func (p *Prober) Snapshot() Health {
 // WaitProbed waits until every target has been probed at least once, or timeout passes. The gateway
 // calls it before its first sync, so that a restart does not program eTP=Local VIPs without
 // backends (and reject their clients) for the moment the first probes take.
-func (p *Prober) WaitProbed(ctx context.Context, timeout time.Duration) {
+func (p *Prober[T]) WaitProbed(ctx context.Context, timeout time.Duration) {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		p.mu.Lock()
 		done := true
 		for _, s := range p.targets {
-			if s.outcome == ProbeUnknown {
+			if s.outcome == Unknown {
 				done = false
 				break
 			}
@@ -176,10 +195,10 @@ func (p *Prober) WaitProbed(ctx context.Context, timeout time.Duration) {
 }
 
 // Outcomes returns the last outcome of every target (for status output and tests).
-func (p *Prober) Outcomes() map[HealthTarget]ProbeOutcome {
+func (p *Prober[T]) Outcomes() map[T]Outcome {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make(map[HealthTarget]ProbeOutcome, len(p.targets))
+	out := make(map[T]Outcome, len(p.targets))
 	for t, s := range p.targets {
 		out[t] = s.outcome
 	}
@@ -187,7 +206,7 @@ func (p *Prober) Outcomes() map[HealthTarget]ProbeOutcome {
 }
 
 // Close stops every probe.
-func (p *Prober) Close() {
+func (p *Prober[T]) Close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
@@ -197,7 +216,7 @@ func (p *Prober) Close() {
 	}
 }
 
-func (p *Prober) run(ctx context.Context, t HealthTarget) {
+func (p *Prober[T]) run(ctx context.Context, t T) {
 	tick := time.NewTicker(p.opts.Interval)
 	defer tick.Stop()
 	url := "http://" + t.String() + "/"
@@ -216,32 +235,32 @@ func (p *Prober) run(ctx context.Context, t HealthTarget) {
 }
 
 // probe GETs the healthCheckNodePort once.
-func (p *Prober) probe(ctx context.Context, url string) ProbeOutcome {
+func (p *Prober[T]) probe(ctx context.Context, url string) Outcome {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return ProbeUnreachable
+		return Unreachable
 	}
 	resp, err := p.hc.Do(req)
 	if err != nil {
 		if errors.Is(err, syscall.ECONNREFUSED) {
-			return ProbeRefused
+			return Refused
 		}
 		if strings.Contains(err.Error(), "malformed HTTP") {
-			return ProbeBadAnswer
+			return BadAnswer
 		}
-		return ProbeUnreachable
+		return Unreachable
 	}
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 	resp.Body.Close()
 	if resp.StatusCode == http.StatusOK {
-		return ProbeHealthy
+		return Healthy
 	}
-	return ProbeNoEndpoints
+	return NoEndpoints
 }
 
 // record applies one outcome to the target's state: healthy at once, out at once on a definitive
-// answer, out after ProbeFall unreachable probes in a row.
-func (p *Prober) record(t HealthTarget, o ProbeOutcome) {
+// answer, out after Fall unreachable probes in a row.
+func (p *Prober[T]) record(t T, o Outcome) {
 	p.mu.Lock()
 	s, ok := p.targets[t]
 	if !ok {
@@ -251,15 +270,15 @@ func (p *Prober) record(t HealthTarget, o ProbeOutcome) {
 	s.outcome = o
 	usable := s.usable
 	switch o {
-	case ProbeHealthy:
+	case Healthy:
 		s.failures = 0
 		usable = true
-	case ProbeNoEndpoints, ProbeRefused, ProbeBadAnswer:
+	case NoEndpoints, Refused, BadAnswer:
 		s.failures = 0
 		usable = false
-	case ProbeUnreachable:
+	case Unreachable:
 		s.failures++
-		if s.failures >= ProbeFall {
+		if s.failures >= Fall {
 			usable = false
 		}
 	}
