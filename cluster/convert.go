@@ -292,7 +292,7 @@ func serviceFamilies(spec *corev1.ServiceSpec, out *Service) error {
 	} else if spec.ClusterIP != "" && len(ips) > 0 && spec.ClusterIP != ips[0] {
 		err := fieldErr("spec.clusterIP", "%q differs from spec.clusterIPs[0] %q", spec.ClusterIP, ips[0])
 		if a, perr := netip.ParseAddr(spec.ClusterIP); perr == nil {
-			return &AddrError{Addr: a.Unmap(), Err: err} // explain finds the rejection by either address it names
+			return &AddrError{Addr: a.Unmap(), Err: err} // explain finds the rejection by spec.clusterIP's address
 		}
 		return err
 	}

@@ -697,6 +697,13 @@ type GatewaySyncReport struct {
 	// NoFastPath says, per family, why the route forwarding fast path (GatewayConfig.FastPath) is
 	// not programmed ("IPv4: <why>"); a family without nodes is not listed (nothing to forward).
 	NoFastPath []string
+	// FastPathWarnings are, per family, what is wrong with a fast path that is on ("IPv4: <what>"):
+	// listed ingress devices that do not exist, ingress MTUs larger than the nodes' device's.
+	FastPathWarnings []string
+	// RetryAt is when the caller must sync again to retry a fast path whose netdev transaction
+	// failed, or to delete a netdev table a failed one left (zero: nothing to retry). Sync itself
+	// returns no error for those (the family's table forwards), so nothing else would retry them.
+	RetryAt time.Time
 }
 
 // GatewayProxier owns the gateway's dataplane state, as Proxier does the node's: one goroutine calls
@@ -728,6 +735,33 @@ type GatewayProxier struct {
 	// ndevStale: a failed netdev transaction left a table that could not be deleted either; the
 	// next sync deletes or rewrites it.
 	ndevStale map[cluster.Family]bool
+	// ndevFail is each family's last netdev failure, for the backoff of its retries.
+	ndevFail map[cluster.Family]*netdevFailure
+}
+
+// netdevFailure is a family's failed netdev transactions in a row. The netdev table is sent again
+// only at retryAt, delay (1 s, doubling up to netdevRetryMax) after the last failure, rather than at
+// every sync: a table the kernel refuses is sent whole (megabytes with 10k Services), and a busy
+// cluster syncs every few tens of milliseconds. A new plan (a device created, a node's device
+// changed) is tried at once: it is what may fix it.
+type netdevFailure struct {
+	retryAt time.Time
+	delay   time.Duration
+	// why is the failure, reported until the retry; plan the plan that failed.
+	why  string
+	plan netdevPlan
+}
+
+// netdevRetryMin and netdevRetryMax bound the delay of a fast path retry (netdevFailure).
+const (
+	netdevRetryMin = time.Second
+	netdevRetryMax = time.Minute
+)
+
+// samePlan says whether a and b program the same netdev table layout.
+func samePlan(a, b netdevPlan) bool {
+	return a.why == b.why && a.nodeDev == b.nodeDev && a.nodeIndex == b.nodeIndex &&
+		slices.Equal(a.ingress, b.ingress) && slices.Equal(a.ingressIndex, b.ingressIndex)
 }
 
 // NewGatewayProxier returns a GatewayProxier that programs through prog. The first Sync replaces the
@@ -758,6 +792,9 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 	newNdevSets := map[cluster.Family]map[string]*Set{}
 	ndevWhy := map[cluster.Family]string{}
 	ndevPlans := map[cluster.Family]netdevPlan{}
+	newFail := map[cluster.Family]*netdevFailure{}
+	planOf := map[cluster.Family]netdevPlan{}
+	stale := map[cluster.Family]bool{}
 	for _, f := range p.cfg.Families {
 		var prev *GatewayRuleset
 		if !p.needFull {
@@ -820,8 +857,24 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 			if plan.bigMTU != "" && plan.bigMTU != p.ndevPlan[f].bigMTU {
 				p.log.Warn("route forwarding fast path: packets larger than the nodes' MTU are lost", "family", f, "why", plan.bigMTU)
 			}
+			if plan.missing != "" && plan.missing != p.ndevPlan[f].missing {
+				p.log.Warn("route forwarding fast path: ingress devices left out", "family", f, "why", plan.missing)
+			}
 		}
+		planOf[f] = plan
+		fail := p.ndevFail[f]
 		switch {
+		case fail != nil && now.Before(fail.retryAt) && (plan.why == "" && samePlan(plan, fail.plan) || plan.why != "" && p.ndevStale[f]):
+			// Within the backoff of a failure, and nothing changed that could fix it: no netdev
+			// transaction (whether it would write or delete the table). A table the failure left
+			// (stale) stays so until the retry.
+			if plan.why == "" {
+				ndevWhy[f] = fail.why
+			}
+			newFail[f] = fail
+			if p.ndevStale[f] {
+				stale[f] = true
+			}
 		case plan.why == "":
 			nrs := gatewayNetdevRuleset(p.cfg, f, grs, plan)
 			var old *Ruleset
@@ -860,7 +913,6 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 	})
 	rep.Conflicts = slices.Compact(rep.Conflicts)
 	applied := make([]*Tx, 0, len(rep.Txs))
-	stale := map[cluster.Family]bool{}
 	for _, tx := range rep.Txs {
 		err := p.prog.Apply(tx)
 		if err == nil {
@@ -884,6 +936,12 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 			} else {
 				stale[f] = true // the failed transaction was the deletion
 			}
+			fail := &netdevFailure{delay: netdevRetryMin, why: why, plan: planOf[f]}
+			if prev := p.ndevFail[f]; prev != nil {
+				fail.delay = min(2*prev.delay, netdevRetryMax)
+			}
+			fail.retryAt = now.Add(fail.delay)
+			newFail[f] = fail
 			delete(newNdev, f)
 			delete(newNdevSets, f)
 			delete(ndevPlans, f)
@@ -904,8 +962,18 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 		if why != "" && why != whyNoNodes {
 			rep.NoFastPath = append(rep.NoFastPath, fmt.Sprintf("IPv%d: %s", f, why))
 		}
-		// Logged when it changes: a failure that persists (a misspelt device) is tried again at
-		// every sync, and would fill the log otherwise.
+		if plan, on := ndevPlans[f]; on {
+			for _, w := range []string{plan.missing, plan.bigMTU} {
+				if w != "" {
+					rep.FastPathWarnings = append(rep.FastPathWarnings, fmt.Sprintf("IPv%d: %s", f, w))
+				}
+			}
+		}
+		if fail := newFail[f]; fail != nil && (rep.RetryAt.IsZero() || fail.retryAt.Before(rep.RetryAt)) {
+			rep.RetryAt = fail.retryAt
+		}
+		// Logged when it changes: a failure that persists (a name the kernel refuses) is tried
+		// again after each backoff (netdevFailure), and would fill the log otherwise.
 		if old, ok := p.ndevWhy[f]; !ok || old != why {
 			if why != "" {
 				p.log.Warn("no route forwarding fast path; the family's table forwards alone (dup)", "family", f, "why", why)
@@ -915,7 +983,7 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 		}
 	}
 	p.fams, p.sets, p.needFull = newFams, newSets, false
-	p.ndev, p.ndevSets, p.ndevWhy, p.ndevPlan, p.ndevStale = newNdev, newNdevSets, ndevWhy, ndevPlans, stale
+	p.ndev, p.ndevSets, p.ndevWhy, p.ndevPlan, p.ndevStale, p.ndevFail = newNdev, newNdevSets, ndevWhy, ndevPlans, stale, newFail
 	p.hist.prune(rep.Entries)
 	rep.Duration = time.Since(start)
 	return rep, nil

@@ -103,6 +103,12 @@ type GatewayFastPath struct {
 	// in the current network namespace. Tests that program another namespace set them.
 	Index func(string) int
 	MTU   func(string) int
+	// OmitMissing leaves the devices that do not exist (Index 0) out of the plan, with a warning
+	// for those of Devices, rather than giving them a chain: kernels that do not hook a device by
+	// its name when it appears (6.1 and 6.6 LTS; 6.18 does) refuse the chain, and with it the whole
+	// netdev table. The running gateway sets it; render, which may plan for another machine's
+	// devices, does not.
+	OmitMissing bool
 }
 
 // UpInterfaces lists the names of the interfaces that are up, except loopback and the devices that
@@ -160,6 +166,9 @@ type netdevPlan struct {
 	// MTU and sends no ICMP "fragmentation needed", so a packet too big for the nodes' link is lost
 	// without a word to its sender (path MTU discovery breaks). A warning, not a reason to refuse.
 	bigMTU string
+	// missing names the devices of GatewayFastPath.Devices that do not exist, left out of the
+	// plan; a warning as bigMTU is (GatewaySyncReport.FastPathWarnings).
+	missing string
 }
 
 // whyNoNodes is planNetdev's reason for a family without nodes: nothing to forward, so the sync
@@ -226,14 +235,30 @@ func planNetdev(fp *GatewayFastPath, nodes []netip.Addr) netdevPlan {
 	if mtu == nil {
 		mtu = interfaceMTU
 	}
-	plan := netdevPlan{ingress: ingress, nodeDev: devs[0], nodeIndex: index(devs[0])}
+	plan := netdevPlan{nodeDev: devs[0], nodeIndex: index(devs[0])}
 	nodeMTU := mtu(devs[0])
-	var big []string
+	var big, missing []string
 	for _, d := range ingress {
-		plan.ingressIndex = append(plan.ingressIndex, index(d))
+		// OmitMissing: a device that does not exist gets no chain, and the others keep the fast
+		// path; one that appears later changes the plan's indexes, and the next sync writes the
+		// table with its chain.
+		i := index(d)
+		if i == 0 && fp.OmitMissing {
+			missing = append(missing, d)
+			continue
+		}
+		plan.ingress, plan.ingressIndex = append(plan.ingress, d), append(plan.ingressIndex, i)
 		if m := mtu(d); nodeMTU > 0 && m > nodeMTU {
 			big = append(big, fmt.Sprintf("%s (%d)", d, m))
 		}
+	}
+	if len(plan.ingress) == 0 {
+		return netdevPlan{why: fmt.Sprintf("no ingress device exists: %s", strings.Join(missing, ", "))}
+	}
+	if len(missing) > 0 && len(fp.Devices) > 0 {
+		// Listed by the operator (a misspelt or not yet created device): said on /status. A
+		// device of the interface list that went away since it was listed is no one's mistake.
+		plan.missing = fmt.Sprintf("ingress devices that do not exist (no chain until they do): %s", strings.Join(missing, ", "))
 	}
 	if len(big) > 0 {
 		plan.bigMTU = fmt.Sprintf("ingress devices with an MTU larger than %s's (%d): %s; fwd sends no ICMP fragmentation needed, so larger packets are lost",

@@ -390,8 +390,10 @@ func (r *netdevFailer) Apply(tx *Tx) error {
 
 // TestGatewayNetdevFailureDomain: a failing netdev transaction turns the fast path off (reported,
 // the table deleted) but the sync succeeds, the family's table is never re-created for it, and a
-// later sync writes the netdev table from scratch. A lookup that fails (a link flap) keeps the
-// previous plan rather than deleting the netdev table and its flows.
+// later sync writes the netdev table from scratch: not before the backoff (1 s, doubling) unless
+// the plan changed, and the report asks for that retry (RetryAt). A lookup that fails (a link flap)
+// keeps the previous plan rather than deleting the netdev table and its flows. A listed ingress
+// device that does not exist is left out with a warning; none existing turns the fast path off.
 func TestGatewayNetdevFailureDomain(t *testing.T) {
 	svc := gwService("udp", "203.0.113.50", false, 5000, 30500, 0)
 	st := &cluster.State{
@@ -401,11 +403,13 @@ func TestGatewayNetdevFailureDomain(t *testing.T) {
 	}
 	var lookupErr error
 	index := map[string]int{"s0": 2, "n0": 3}
-	fp := &GatewayFastPath{Devices: []string{"s0"},
+	fp := &GatewayFastPath{Devices: []string{"s0"}, OmitMissing: true,
 		NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", lookupErr == nil, lookupErr },
 		Index:      func(d string) int { return index[d] }}
 	prog := &netdevFailer{fail: true}
 	p := NewGatewayProxier(hclog.NewNullLogger(), GatewayConfig{Forwarding: cluster.ForwardRoute, Families: []cluster.Family{cluster.IPv4}, FastPath: fp}, prog)
+	clock := time.Unix(1_000_000, 0)
+	p.now = func() time.Time { return clock }
 	kinds := func() string {
 		var out []string
 		for _, tx := range prog.txs {
@@ -414,7 +418,9 @@ func TestGatewayNetdevFailureDomain(t *testing.T) {
 		prog.txs = nil
 		return strings.Join(out, " ")
 	}
-	sync := func(step, wantTxs, wantWhy string) {
+	// sync checks the transactions, the reason for no fast path, and the retry asked for: retry is
+	// how long after the clock (0: none).
+	sync := func(step, wantTxs, wantWhy string, retry time.Duration) *GatewaySyncReport {
 		t.Helper()
 		rep, err := p.Sync(st, nil)
 		if err != nil {
@@ -427,28 +433,65 @@ func TestGatewayNetdevFailureDomain(t *testing.T) {
 		if wantWhy == "" && why != "" || !strings.Contains(why, wantWhy) {
 			t.Errorf("%s: no fast path %q, want %q", step, why, wantWhy)
 		}
+		var want time.Time
+		if retry > 0 {
+			want = clock.Add(retry)
+		}
+		if !rep.RetryAt.Equal(want) {
+			t.Errorf("%s: retry at %v, want %v", step, rep.RetryAt, want)
+		}
+		return rep
 	}
-	sync("failing", "IPv4 table vipgate/full=true/chains=5 netdev table vipgate-fwd4/full=true/chains=3 netdev table vipgate-fwd4/full=true/chains=0",
-		"IPv4: programming netdev table vipgate-fwd4: no such file or directory")
-	sync("failing again", "netdev table vipgate-fwd4/full=true/chains=3 netdev table vipgate-fwd4/full=true/chains=0", "no such file")
+	const write, del = "netdev table vipgate-fwd4/full=true/chains=3", "netdev table vipgate-fwd4/full=true/chains=0"
+	sync("failing", "IPv4 table vipgate/full=true/chains=5 "+write+" "+del,
+		"IPv4: programming netdev table vipgate-fwd4: no such file or directory", time.Second)
+	clock = clock.Add(500 * time.Millisecond)
+	sync("within the backoff: not sent again", "", "no such file", 500*time.Millisecond)
+	clock = clock.Add(500 * time.Millisecond)
+	sync("failing again, after the backoff", write+" "+del, "no such file", 2*time.Second)
+	clock = clock.Add(time.Second)
+	index["s0"] = 4 // a new plan may fix it: tried at once
+	sync("a new plan within the backoff", write+" "+del, "no such file", 4*time.Second)
 	prog.fail = false
-	sync("fixed", "netdev table vipgate-fwd4/full=true/chains=3", "")
-	sync("unchanged", "", "")
+	sync("fixed, still in the backoff", "", "no such file", 4*time.Second)
+	clock = clock.Add(4 * time.Second)
+	sync("fixed", write, "", 0)
+	sync("unchanged", "", "", 0)
 	lookupErr = errors.New("route get 192.0.2.11: network is down")
-	sync("a lookup fails", "", "")
+	sync("a lookup fails", "", "", 0)
 	lookupErr = nil
 	index["s0"] = 7 // s0 deleted and created again: its chain is gone with the old one
-	sync("ingress device re-created", "netdev table vipgate-fwd4/full=true/chains=3", "")
+	sync("ingress device re-created", write, "", 0)
+
+	// A listed device that does not exist gets no chain (older kernels refuse the whole table
+	// for it): a warning, and the fast path on for the others.
+	fp.Devices = []string{"s0", "x0"}
+	rep := sync("x0 missing", "", "", 0)
+	if w := strings.Join(rep.FastPathWarnings, "; "); w != "IPv4: ingress devices that do not exist (no chain until they do): x0" {
+		t.Errorf("x0 missing: warnings %q", w)
+	}
+	index["x0"] = 9
+	if rep := sync("x0 created", "netdev table vipgate-fwd4/full=true/chains=4", "", 0); len(rep.FastPathWarnings) != 0 {
+		t.Errorf("x0 created: warnings %q", rep.FastPathWarnings)
+	}
+	index["s0"], index["x0"] = 0, 0
+	sync("no listed device exists", del, "IPv4: no ingress device exists: s0, x0", 0)
+	fp.Devices = []string{"s0"}
+	index["s0"] = 7
+	sync("s0 back", write, "", 0)
+
 	prog.fail, prog.failDelete = true, true
-	index["s0"] = 0
-	sync("ingress device gone, deletion fails too", "netdev table vipgate-fwd4/full=true/chains=3 netdev table vipgate-fwd4/full=true/chains=0",
-		"deleting the table")
+	index["s0"] = 8
+	sync("ingress device re-created, deletion fails too", write+" "+del, "deleting the table", time.Second)
 	fp.Devices = nil
 	fp.Interfaces = func() ([]string, error) { return nil, nil }
-	sync("no devices, deletion fails", "netdev table vipgate-fwd4/full=true/chains=0", "no such file")
+	sync("no devices, the stale table waits for the backoff", "", "no ingress devices", time.Second)
+	clock = clock.Add(time.Second)
+	sync("no devices, deletion fails", del, "no such file", 2*time.Second)
 	prog.fail = false
-	sync("the stale table is deleted", "netdev table vipgate-fwd4/full=true/chains=0", "no ingress devices")
-	sync("gone", "", "no ingress devices")
+	clock = clock.Add(2 * time.Second)
+	sync("the stale table is deleted", del, "no ingress devices", 0)
+	sync("gone", "", "no ingress devices", 0)
 }
 
 // TestGatewayNetdevDeviceChurn, in namespaces with real packets: an ingress device that does not
@@ -561,6 +604,16 @@ func TestGatewayNetdevDeviceChurn(t *testing.T) {
 	ip("link", "add", "x0", "type", "veth", "peer", "name", "x0p")
 	if !step("x0 re-created between syncs") || !strings.Contains(ruleset(), "chain gateway-ingress-x0") {
 		t.Errorf("x0 re-created: no fast path or no ingress chain for it")
+	}
+	// As the running gateway plans (OmitMissing): a listed device that does not exist gets no
+	// chain, whatever the kernel would do with one, and the fast path stays on for the others.
+	fp.OmitMissing = true
+	fp.Devices = []string{"s0", "x0", "y0"}
+	if !step("y0 missing, left out") {
+		t.Errorf("y0 missing, left out: no fast path")
+	}
+	if rs := ruleset(); strings.Contains(rs, "gateway-ingress-y0") || !strings.Contains(rs, "chain gateway-ingress-x0") {
+		t.Errorf("y0 missing, left out: want chains of s0 and x0 alone:\n%s", lastLines(rs, 30))
 	}
 }
 

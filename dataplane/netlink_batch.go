@@ -325,8 +325,11 @@ func (n *NetlinkProgrammer) send(b *batch) error {
 	}()
 	bufs, lastSeq := b.finish()
 	if err := sendmsg(conn, bufs); err != nil {
-		if errors.Is(err, syscall.EMSGSIZE) || errors.Is(err, syscall.ENOBUFS) {
-			return fmt.Errorf("nftables batch too large for the socket buffer: %w", err)
+		switch {
+		case errors.Is(err, syscall.EMSGSIZE):
+			return fmt.Errorf("nftables batch too large for the socket send buffer: %w", err)
+		case errors.Is(err, syscall.ENOBUFS):
+			return fmt.Errorf("sending nftables batch: the kernel could not allocate its message buffer: %w", err)
 		}
 		return fmt.Errorf("sending nftables batch: %w", err)
 	}
@@ -390,19 +393,21 @@ func sendmsg(c *netlink.Conn, bufs [][]byte) error {
 	for _, b := range bufs {
 		total += len(b)
 	}
-	var serr error
 	if err := rc.Control(func(fd uintptr) {
 		cur, e := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF)
 		if e == nil && total+64 > cur {
-			// The kernel doubles what it is given; the margin covers its accounting.
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, total/2+1<<20)
+			// The kernel doubles what it is given; the margin covers its accounting. Without the
+			// privilege for FORCE (a user namespace) the capped SO_SNDBUF may still be enough; if it
+			// is not, sendmsg says so (EMSGSIZE) and the caller reports the batch as too large.
+			want := total/2 + 1<<20
+			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, want) != nil {
+				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, want)
+			}
 		}
 	}); err != nil {
 		return err
 	}
-	if serr != nil {
-		return fmt.Errorf("a batch of %d bytes needs a larger socket send buffer: %w", total, serr)
-	}
+	var serr error
 	err = rc.Write(func(fd uintptr) bool {
 		_, serr = unix.SendmsgBuffers(int(fd), bufs, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
 		return serr != unix.EAGAIN // the socket is non-blocking: wait until it takes the batch

@@ -138,6 +138,11 @@ func runGateway(args []string) error {
 		return err
 	}
 	dpCfg := gatewayDataplaneConfig(cfg)
+	if dpCfg.FastPath != nil {
+		// This machine's devices: a listed one that does not exist gets no chain (render, which
+		// may plan for another machine, keeps them).
+		dpCfg.FastPath.OmitMissing = true
+	}
 	gw := dataplane.NewGatewayProxier(log.Named("dataplane"), dpCfg, prog)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -186,7 +191,9 @@ func runGateway(args []string) error {
 	first := true
 	var runner *dataplane.SyncRunner[*dataplane.GatewaySyncReport]
 	// /status warns while a family has no route forwarding fast path (routeFastPath on): its
-	// packets take the slower dup path, e.g. because of a misspelt routeFastPath.devices entry.
+	// packets take the slower dup path, e.g. because the kernel refused the netdev table. It also
+	// warns about a fast path that is on without some of its devices (a misspelt
+	// routeFastPath.devices entry gets no chain) or with ingress MTUs the nodes' link cannot carry.
 	var noFastPath fastPathStatus
 	if dpCfg.FastPath != nil {
 		admin.addWarnings(noFastPath.warnings)
@@ -218,7 +225,9 @@ func runGateway(args []string) error {
 				// The next drain deadline or end of a daisy chaining window (route forwarding),
 				// whichever comes first: that sync takes the node or the previous table's slots out
 				// (and deletes its flows' conntrack entries, nodePort forwarding).
-				if wake := earliest(rep.NextDrainDeadline, rep.NextDaisyEnd); !wake.IsZero() {
+				// Or the retry of a fast path whose netdev transaction failed: the sync reports no
+				// error for it (the family's table forwards), so the runner would not retry it.
+				if wake := earliest(earliest(rep.NextDrainDeadline, rep.NextDaisyEnd), rep.RetryAt); !wake.IsZero() {
 					runner.ResyncAt(wake.Add(10 * time.Millisecond))
 				}
 				if len(rep.Draining) > 0 {
@@ -230,7 +239,7 @@ func runGateway(args []string) error {
 				for _, r := range st.Rejected {
 					log.Debug("rejected", "object", r.Object, "reason", r.Reason)
 				}
-				noFastPath.set(rep.NoFastPath)
+				noFastPath.set(rep.NoFastPath, rep.FastPathWarnings)
 				spk.Update(st, rep)
 				ctClean.Delete(rep.StaleFlows)
 				log.Info("synced", "full", rep.Full, "duration", rep.Duration, "vips", len(rep.VIPs), "backends", gatewayBackendSummary(rep.Entries))
@@ -266,11 +275,17 @@ func runGateway(args []string) error {
 }
 
 // fastPathStatus is why the last sync had no route forwarding fast path, per family
-// (GatewaySyncReport.NoFastPath), for /status's warnings: the sync loop writes it, the admin
-// endpoint reads it.
-type fastPathStatus struct{ why atomic.Pointer[[]string] }
+// (GatewaySyncReport.NoFastPath), and what is wrong with one that is on (FastPathWarnings), for
+// /status's warnings: the sync loop writes it, the admin endpoint reads it.
+type fastPathStatus struct {
+	why  atomic.Pointer[[]string]
+	warn atomic.Pointer[[]string]
+}
 
-func (s *fastPathStatus) set(why []string) { s.why.Store(&why) }
+func (s *fastPathStatus) set(why, warn []string) {
+	s.warn.Store(&warn)
+	s.why.Store(&why)
+}
 
 // gauge is vipgate_gateway_fast_path of family f: 0 before the first sync and while the last sync
 // reported the family without its fast path, else 1 (a family without nodes too: nothing to
@@ -297,6 +312,11 @@ func (s *fastPathStatus) warnings() []string {
 	out := make([]string, 0, len(*p))
 	for _, why := range *p {
 		out = append(out, "route forwarding fast path off: "+why)
+	}
+	if w := s.warn.Load(); w != nil {
+		for _, what := range *w {
+			out = append(out, "route forwarding fast path: "+what)
+		}
 	}
 	return out
 }
