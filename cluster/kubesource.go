@@ -290,7 +290,7 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 	nodeInf := nodeFactory.Core().V1().Nodes()
 	// kubelet writes each Node's status every few minutes (17 writes a second at 5,000 nodes) and
 	// none of it is read: those updates are dropped before they cost every node a full listing.
-	nodeH := nodeHandler(handler, &k.stats.nodeIgnored)
+	nodeH := dropUnchanged(handler, nodeUnchangedForVipgate, &k.stats.nodeIgnored)
 	for inf, h := range map[cache.SharedIndexInformer]cache.ResourceEventHandler{svcInf.Informer(): keyHandler(false),
 		sliceInf.Informer(): keyHandler(true), nodeInf.Informer(): nodeH} {
 		if _, err := inf.AddEventHandler(h); err != nil {
@@ -344,7 +344,7 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 	if !k.keepMetalLBStatus {
 		// Status writes change nothing a node reads: keep them out of the caches, and drop the
 		// updates that carry nothing else before they cost a snapshot.
-		mlb.handler = metallbSpecHandler(handler, &k.stats.metallbIgnored)
+		mlb.handler = dropUnchanged(handler, metallbSpecUnchanged, &k.stats.metallbIgnored)
 		mlb.transform = metallbStripStatus
 	}
 	k.logger.Info("waiting for the Kubernetes API caches to sync", "server", k.cfg.Host)
@@ -592,12 +592,13 @@ func (d *kubeDirty) take() (all bool, svcKeys, sliceKeys []string) {
 	return all, svcKeys, sliceKeys
 }
 
-// nodeHandler is h for the Node informer: updates that change nothing vipgate reads
-// (nodeUnchangedForVipgate) are dropped and counted in ignored.
-func nodeHandler(h cache.ResourceEventHandlerFuncs, ignored *atomic.Int64) cache.ResourceEventHandlerFuncs {
+// dropUnchanged returns h with a filtered UpdateFunc: an update that unchanged says carries nothing
+// vipgate reads is dropped and counted in ignored. It serves the Node informer
+// (nodeUnchangedForVipgate) and the node agents' MetalLB informers (metallbSpecUnchanged).
+func dropUnchanged(h cache.ResourceEventHandlerFuncs, unchanged func(oldObj, newObj any) bool, ignored *atomic.Int64) cache.ResourceEventHandlerFuncs {
 	update := h.UpdateFunc
 	h.UpdateFunc = func(oldObj, newObj any) {
-		if nodeUnchangedForVipgate(oldObj, newObj) {
+		if unchanged(oldObj, newObj) {
 			ignored.Add(1)
 			return
 		}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
 	metallbv1beta1 "go.universe.tf/metallb/api/v1beta1"
@@ -204,18 +203,4 @@ func metallbSpecUnchanged(oldObj, newObj any) bool {
 	}
 	return n.GetGeneration() != 0 && o.GetUID() == n.GetUID() && o.GetGeneration() == n.GetGeneration() &&
 		maps.Equal(o.GetLabels(), n.GetLabels()) && maps.Equal(o.GetAnnotations(), n.GetAnnotations())
-}
-
-// metallbSpecHandler is h for the node agents' MetalLB informers: updates that change nothing they
-// read (metallbSpecUnchanged) are dropped and counted in ignored.
-func metallbSpecHandler(h cache.ResourceEventHandlerFuncs, ignored *atomic.Int64) cache.ResourceEventHandlerFuncs {
-	update := h.UpdateFunc
-	h.UpdateFunc = func(oldObj, newObj any) {
-		if metallbSpecUnchanged(oldObj, newObj) {
-			ignored.Add(1)
-			return
-		}
-		update(oldObj, newObj)
-	}
-	return h
 }

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"context"
 	"reflect"
 	"sync/atomic"
 	"testing"
@@ -10,10 +9,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	dynamicfake "k8s.io/client-go/dynamic/fake"
-	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 )
@@ -89,7 +85,7 @@ func TestNodeUnchangedForVipgate(t *testing.T) {
 	// Through the handler: the heartbeat is counted and dropped, the label change passed on.
 	var ignored atomic.Int64
 	passed := 0
-	h := nodeHandler(cache.ResourceEventHandlerFuncs{UpdateFunc: func(any, any) { passed++ }}, &ignored)
+	h := dropUnchanged(cache.ResourceEventHandlerFuncs{UpdateFunc: func(any, any) { passed++ }}, nodeUnchangedForVipgate, &ignored)
 	h.OnUpdate(base, heartbeat(base, "2"))
 	labelled := base.DeepCopy()
 	labelled.Labels["role"] = "edge"
@@ -137,18 +133,8 @@ func TestKubeBuilderNodeHeartbeat(t *testing.T) {
 // afterwards for another reason keeps the Node's pointer; a label change reaches onChange.
 func TestKubeSourceNodeHeartbeat(t *testing.T) {
 	node := apiNode("node1", "1", "192.0.2.11")
-	client := fake.NewSimpleClientset(node) //nolint:staticcheck // NewClientset's field management is not needed here.
-	src := NewKubeSourceForClients(client, dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()), "fake", "node1", nil)
-	rec := newStateRecorder()
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- src.Run(ctx, rec.onChange) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	client, src, rec := runFakeKubeSource(t, node)
+	ctx := t.Context()
 	first := rec.wait(t, "the first State", func(st *State) bool { return st.Nodes["node1"] != nil })
 	_, states := rec.latest()
 	snaps := src.stats.snapshots.Load()
@@ -156,11 +142,7 @@ func TestKubeSourceNodeHeartbeat(t *testing.T) {
 	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, heartbeat(node, "2"), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(60 * time.Second); src.stats.nodeIgnored.Load() == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the heartbeat never reached the Node handler")
-		}
-	}
+	waitUntil(t, "the heartbeat never reached the Node handler", func() bool { return src.stats.nodeIgnored.Load() != 0 })
 	if n := src.stats.snapshots.Load() - snaps; n != 0 {
 		t.Errorf("a Node heartbeat built %d snapshots", n)
 	}

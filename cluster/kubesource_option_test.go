@@ -27,22 +27,11 @@ import (
 // the first State, an EndpointSlice update reaching onChange through a patch, then a Node through a
 // full listing.
 func TestKubeSourceForClients(t *testing.T) {
-	client := fake.NewSimpleClientset( //nolint:staticcheck // NewClientset's field management is not needed here.
-		apiService("web", "s1", "1", "10.96.0.10"), apiSlice("web-a", "web", "e1", "1"))
-	src := NewKubeSourceForClients(client, dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()), "fake", "node1", nil)
+	client, src, rec := runFakeKubeSource(t, apiService("web", "s1", "1", "10.96.0.10"), apiSlice("web-a", "web", "e1", "1"))
+	ctx := t.Context()
 	if got := src.String(); got != "kubernetes fake" {
 		t.Errorf("String() = %q", got)
 	}
-	rec := newStateRecorder()
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- src.Run(ctx, rec.onChange) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
 	endpoints := func(n int) func(*State) bool {
 		return func(st *State) bool {
 			list := st.EndpointSlices[ServiceKey{Namespace: "default", Name: "web"}]
@@ -65,6 +54,36 @@ func TestKubeSourceForClients(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec.wait(t, "the Node", func(st *State) bool { return st.Nodes["node1"] != nil && endpoints(2)(st) })
+}
+
+// runFakeKubeSource runs a KubeSource for node1 on client-go's fake clientset holding objs (as the
+// churn bench does), its States recorded in rec, until the test ends; the end checks that Run
+// returned no error.
+func runFakeKubeSource(t *testing.T, objs ...runtime.Object) (client *fake.Clientset, src *KubeSource, rec *stateRecorder) {
+	client = fake.NewSimpleClientset(objs...) //nolint:staticcheck // NewClientset's field management is not needed here.
+	src = NewKubeSourceForClients(client, dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()), "fake", "node1", nil)
+	rec = newStateRecorder()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx, rec.onChange) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return client, src, rec
+}
+
+// waitUntil polls cond until it holds, failing the test with failure after a minute: for what a
+// source does without emitting a State.
+func waitUntil(t *testing.T, failure string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal(failure)
+		}
+	}
 }
 
 // BenchmarkKubeBuilder measures one snapshot at 10,000 Services with one EndpointSlice each, one
@@ -178,39 +197,9 @@ func TestKubeBuilderPatch(t *testing.T) {
 		var svcKeys, sliceKeys []string
 		for range 1 + rng.IntN(3) {
 			if rng.IntN(2) == 0 {
-				name := fmt.Sprintf("svc-%d", rng.IntN(6))
-				key := "default/" + name
-				old, ok := services[key]
-				switch {
-				case ok && rng.IntN(4) == 0:
-					delete(services, key)
-				case ok:
-					svc := randService(name)
-					svc.UID, svc.ResourceVersion = old.UID, next()
-					services[key] = svc
-				default:
-					svc := randService(name)
-					svc.UID, svc.ResourceVersion = types.UID("s"+next()), next()
-					services[key] = svc
-				}
-				svcKeys = append(svcKeys, key)
+				svcKeys = append(svcKeys, randChange(rng, services, fmt.Sprintf("svc-%d", rng.IntN(6)), "s", randService, next))
 			} else {
-				name := fmt.Sprintf("es-%d", rng.IntN(10))
-				key := "default/" + name
-				old, ok := slices[key]
-				switch {
-				case ok && rng.IntN(4) == 0:
-					delete(slices, key)
-				case ok:
-					es := randSlice(name)
-					es.UID, es.ResourceVersion = old.UID, next()
-					slices[key] = es
-				default:
-					es := randSlice(name)
-					es.UID, es.ResourceVersion = types.UID("e"+next()), next()
-					slices[key] = es
-				}
-				sliceKeys = append(sliceKeys, key)
+				sliceKeys = append(sliceKeys, randChange(rng, slices, fmt.Sprintf("es-%d", rng.IntN(10)), "e", randSlice, next))
 			}
 		}
 		want := full.build(listing())
@@ -244,6 +233,28 @@ func TestKubeBuilderPatch(t *testing.T) {
 		}
 		last, lastFull = got, want
 	}
+}
+
+// randChange makes one random change of the object name in objs (the cache TestKubeBuilderPatch
+// lists, by namespace/name key) and returns its key: an object there is deleted (one time in four)
+// or replaced by fresh(name) under its UID (an update), an object not there is created from
+// fresh(name) with a new UID (uidPrefix and next()); either write takes the resourceVersion next().
+func randChange[T metav1.Object](rng *rand.Rand, objs map[string]T, name, uidPrefix string, fresh func(string) T, next func() string) string {
+	key := "default/" + name
+	old, ok := objs[key]
+	if ok && rng.IntN(4) == 0 {
+		delete(objs, key)
+		return key
+	}
+	obj := fresh(name)
+	if ok {
+		obj.SetUID(old.GetUID())
+	} else {
+		obj.SetUID(types.UID(uidPrefix + next()))
+	}
+	obj.SetResourceVersion(next())
+	objs[key] = obj
+	return key
 }
 
 // sortedKeys lists a conversion cache's UIDs, sorted.
@@ -298,19 +309,8 @@ func TestKubeSourceUnchangedPatch(t *testing.T) {
 				defer func(d time.Duration) { kubeFullAfter = d }(kubeFullAfter)
 				kubeFullAfter = 0
 			}
-			client := fake.NewSimpleClientset( //nolint:staticcheck // NewClientset's field management is not needed here.
-				apiService("web", "s1", "1", "10.96.0.10"), apiSlice("web-a", "web", "e1", "1"))
-			src := NewKubeSourceForClients(client, dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()), "fake", "node1", nil)
-			rec := newStateRecorder()
-			ctx, cancel := context.WithCancel(t.Context())
-			done := make(chan error, 1)
-			go func() { done <- src.Run(ctx, rec.onChange) }()
-			defer func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			}()
+			client, src, rec := runFakeKubeSource(t, apiService("web", "s1", "1", "10.96.0.10"), apiSlice("web-a", "web", "e1", "1"))
+			ctx := t.Context()
 			rec.wait(t, "the first State", func(st *State) bool { return len(st.EndpointSlices) == 1 })
 			_, states := rec.latest()
 			snaps := src.stats.snapshots.Load()
@@ -318,11 +318,7 @@ func TestKubeSourceUnchangedPatch(t *testing.T) {
 			if _, err := client.DiscoveryV1().EndpointSlices("default").Update(ctx, apiSlice("web-a", "web", "e1", "1"), metav1.UpdateOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			for deadline := time.Now().Add(60 * time.Second); src.stats.snapshots.Load() == snaps; time.Sleep(5 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatal("the unchanged EndpointSlice update built no snapshot")
-				}
-			}
+			waitUntil(t, "the unchanged EndpointSlice update built no snapshot", func() bool { return src.stats.snapshots.Load() != snaps })
 			es := kubeTestSlice("web-a", "web", "10.244.1.11", "10.244.1.12")
 			es.UID, es.ResourceVersion = "e1", "2"
 			if _, err := client.DiscoveryV1().EndpointSlices("default").Update(ctx, es, metav1.UpdateOptions{}); err != nil {

@@ -27,6 +27,11 @@ type NodeInfo struct {
 	// shared, if set, holds one copy of each shared chain name the parts built with it use: the
 	// proxier's parts keep the names (a full sync builds the same few for every Service).
 	shared map[string]string
+	// names, if set, shares equal name lists between the parts built with it (packed name tables,
+	// Uses): a full sync builds the same few for most Services.
+	names *nameInterner
+	// picks, if set, holds the names of the shared pickers (pickChain).
+	picks map[pickKey]string
 }
 
 // Comments of the per-Service rules, as the rules carry them (netlink.go writes them into the rule's
@@ -71,7 +76,11 @@ func buildService(n NodeInfo, svc *cluster.Service, eps []*cluster.EndpointSlice
 	if !clusterIP.IsValid() {
 		return p
 	}
-	b := &serviceBuilder{n: n, svc: svc, p: p}
+	// The builder is ~300 bytes of garbage per Service otherwise, and garbage allocated among the
+	// parts a full sync keeps leaves holes in their memory after it is collected.
+	b := builderPool.Get().(*serviceBuilder)
+	*b = serviceBuilder{n: n, svc: svc, p: p}
+	b.uses = b.usesBuf[:0]
 	// A bad vipgate.io/lb-algorithm keeps the default and is reported with the Service's refusals
 	// (log, Event, /status), as a refused address is.
 	alg, err := cluster.ServiceLBAlgorithm(svc)
@@ -107,7 +116,7 @@ func buildService(n NodeInfo, svc *cluster.Service, eps []*cluster.EndpointSlice
 	var pp *packedPart
 	ok := false
 	if pack {
-		pp, ok = packElements(built, backends)
+		pp, ok = packElements(built, backends, n.names)
 	}
 	if ok {
 		p.packed, p.Elements, p.Backends = pp, nil, nil
@@ -129,9 +138,10 @@ func buildService(n NodeInfo, svc *cluster.Service, eps []*cluster.EndpointSlice
 		*epScratch = eps[:0]
 		endpointScratch.Put(epScratch)
 	}
-	p.Uses = make([]string, len(b.uses))
-	copy(p.Uses, b.uses)
-	slices.Sort(p.Uses)
+	slices.Sort(b.uses)
+	p.Uses = *n.names.intern(b.uses)
+	*b = serviceBuilder{}
+	builderPool.Put(b)
 	return p
 }
 
@@ -140,6 +150,7 @@ var (
 	backendScratch = sync.Pool{New: func() any { s := make([]Backend, 0, 64); return &s }}
 	// endpointScratch holds serviceBuilder.endpoints.
 	endpointScratch = sync.Pool{New: func() any { s := make([]Endpoint, 0, 64); return &s }}
+	builderPool     = sync.Pool{New: func() any { return new(serviceBuilder) }}
 )
 
 type serviceBuilder struct {
@@ -148,7 +159,8 @@ type serviceBuilder struct {
 	p   *Part
 	// uses lists the shared chains the part uses, once each (a Service uses one or two; a slice
 	// costs less than a map in a full sync, which builds every Service).
-	uses []string
+	uses    []string
+	usesBuf [4]string
 	// externalIPs and lbIPs are the Service's external and LoadBalancer IPs of this family that
 	// passed the node's screen.
 	externalIPs, lbIPs []netip.Addr
@@ -209,7 +221,14 @@ func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slic
 		return
 	}
 	svc := b.svc
-	name := servicePortName(svc.Key, proto, sp.Port)
+	// The port's name is only part of the chains of its own it may have (affinity, round-robin,
+	// externalTrafficPolicy, source ranges); most ports have none, and a full sync would format a
+	// name for each of them to throw away.
+	var name string
+	if svc.AffinityTimeout > 0 || b.alg == cluster.LBRoundRobin || len(b.externalIPs) > 0 || len(b.lbIPs) > 0 ||
+		(sp.NodePort != 0 && (svc.Type == cluster.TypeNodePort || svc.Type == cluster.TypeLoadBalancer)) {
+		name = servicePortName(svc.Key, proto, sp.Port)
+	}
 	externalIPs, lbIPs := b.externalIPs, b.lbIPs
 	nodePort := sp.NodePort
 	if svc.Type != cluster.TypeNodePort && svc.Type != cluster.TypeLoadBalancer {
@@ -280,7 +299,8 @@ func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slic
 	}
 
 	// External entries.
-	entries := make([]entry, 0, len(externalIPs)+len(lbIPs)+1)
+	var entryBuf [4]entry // on the stack for the usual few
+	entries := entryBuf[:0]
 	for _, a := range externalIPs {
 		entries = append(entries, entry{addr: a, port: sp.Port})
 	}
@@ -397,7 +417,28 @@ func (b *serviceBuilder) pick(e entry, proto uint8, eps []Endpoint, clusterMap b
 	if alg != cluster.LBSourceHash {
 		alg = cluster.LBRandom
 	}
-	return b.use(pickChainFor(alg, m, len(eps)))
+	return b.use(b.pickChain(alg, m, len(eps)))
+}
+
+// pickChain is pickChainFor, the names kept in NodeInfo.shared's picks when it is set: a full sync
+// names the same few shared pickers for every Service port.
+func (b *serviceBuilder) pickChain(alg cluster.LBAlgorithm, m string, n int) string {
+	if b.n.picks == nil {
+		return pickChainFor(alg, m, n)
+	}
+	k := pickKey{alg, m, n}
+	if c, ok := b.n.picks[k]; ok {
+		return c
+	}
+	c := b.sharedName(pickChainFor(alg, m, n))
+	b.n.picks[k] = c
+	return c
+}
+
+type pickKey struct {
+	alg cluster.LBAlgorithm
+	m   string
+	n   int
 }
 
 // roundRobinChain builds (once) the round-robin chain of a Service port for one endpoint set: rule i

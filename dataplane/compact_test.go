@@ -15,7 +15,7 @@ import (
 // packRoundTrip packs els and backends and checks that unpacking gives them back exactly, in order.
 func packRoundTrip(t *testing.T, what string, els []Element, backends []Backend) {
 	t.Helper()
-	pp, ok := packElements(els, backends)
+	pp, ok := packElements(els, backends, nil)
 	if !ok {
 		t.Fatalf("%s: cannot be packed", what)
 	}
@@ -164,21 +164,61 @@ func TestPackRoundTripEdges(t *testing.T) {
 			only4 = append(only4, e)
 		}
 	}
-	// An IPv4 address takes 4 bytes, an unset one none.
-	want := 2*backendHeadLen + 4
-	for _, e := range only4 {
-		want += elementHeadLen
-		for _, a := range elementAddrs(&e) {
-			if a.IsValid() {
-				want += 4
-			}
-		}
-	}
-	if pp, _ := packElements(only4, []Backend{{Proto: ProtoTCP, Endpoint: netip.AddrPortFrom(v4, 80)}, {}}); len(pp.data) != want || cap(pp.data) != want {
-		t.Errorf("IPv4 elements packed in %d bytes (capacity %d), want %d", len(pp.data), cap(pp.data), want)
-	}
 	packRoundTrip(t, "IPv4 only", only4, []Backend{{Proto: ProtoTCP, Endpoint: netip.AddrPortFrom(v4, 80)}, {}})
 	packRoundTrip(t, "nothing", nil, nil)
+	// Runs of elements that differ in a field or two, each field in turn, with a change of kind
+	// among them; and their packed size: what did not change takes no room.
+	var runs []Element
+	e := Element{Set: MapEndpoints, Addr: v4, Proto: ProtoTCP, Port: 80, DataAddr: v4, DataPort: 8080}
+	for i := range 40 {
+		switch i % 8 {
+		case 0:
+			e.Index = uint32(i) << (i % 32)
+		case 1:
+			e.DataAddr = addrs[i%len(addrs)]
+		case 2:
+			e.Addr2 = addrs[(i/8)%len(addrs)]
+		case 3:
+			e.Prefix = prefixes[i%len(prefixes)]
+		case 4:
+			e.Chain, e.Verdict = fmt.Sprint("c", i%3), VerdictKind(i%4)
+		case 5:
+			e.Set, e.Proto = fmt.Sprint("s", i%2), uint8(i)
+		case 6:
+			e.Port, e.DataPort = uint16(i), uint16(65535-i)
+		case 7:
+			e.Addr = addrs[(i/8+1)%len(addrs)]
+		}
+		runs = append(runs, e)
+	}
+	packRoundTrip(t, "runs", runs, nil)
+	endpoints := make([]Element, 10)
+	backends := make([]Backend, 10)
+	for i := range endpoints {
+		a := netip.AddrFrom4([4]byte{10, 244, 2, byte(i)})
+		endpoints[i] = Element{Set: MapEndpoints, Addr: v4, Proto: ProtoTCP, Port: 80, Index: uint32(i), DataAddr: a, DataPort: 8080}
+		backends[i] = Backend{Proto: ProtoTCP, Endpoint: netip.AddrPortFrom(a, 8080)}
+	}
+	packRoundTrip(t, "endpoints", endpoints, backends)
+	// Addresses that differ in their last byte, their last two, or more, of both families, and
+	// an IPv4 address after an IPv6 one with the same last bytes.
+	var tails []Element
+	var tailBackends []Backend
+	for i, s := range []string{"10.244.2.1", "10.244.2.9", "10.244.3.9", "10.245.3.9", "10.244.3.10", "2001:db8::a",
+		"2001:db8::b", "2001:db8::1:b", "2001:db9::1:b", "::ffff:10.244.3.10", "10.244.3.10", "0.0.3.10", "::3:a", "::3:a"} {
+		a := netip.MustParseAddr(s)
+		tails = append(tails, Element{Set: MapEndpoints, Addr: v4, Index: uint32(i), DataAddr: a, DataPort: 80})
+		tailBackends = append(tailBackends, Backend{Proto: ProtoTCP, Endpoint: netip.AddrPortFrom(a, 80)})
+	}
+	packRoundTrip(t, "address tails", tails, tailBackends)
+	// The first element: mask (2 bytes), kinds, set, proto, port, data port, address, data
+	// address (no index: 0); the others: mask, index and the data address's last byte. The first
+	// backend: mask, proto, port, kind, address; the others: mask and the address's last byte. The
+	// header: three numbers.
+	want := (2 + 1 + 1 + 1 + 2 + 2 + 4 + 4) + 9*(1+1+1) + (1 + 1 + 2 + 1 + 4) + 9*(1+1) + 3
+	if pp, _ := packElements(endpoints, backends, nil); len(pp.data) != want || cap(pp.data) != want {
+		t.Errorf("a port's endpoints packed in %d bytes (capacity %d), want %d", len(pp.data), cap(pp.data), want)
+	}
 
 	// What the packed form cannot hold leaves the part as it was.
 	zoned := netip.MustParseAddr("fe80::1%eth0")
@@ -322,5 +362,53 @@ func TestElementRefs(t *testing.T) {
 	}
 	if _, ok := sharedKeyOf(Element{Set: SetHairpin, Addr: v4, Addr2: v4, Proto: ProtoTCP, Port: 80}); !ok {
 		t.Error("a hairpin element is not counted under a packed key")
+	}
+	// The elements of an IPv4 table take the short key; an IPv4-mapped address the long one.
+	r = newElementRefsOf(cluster.IPv6, 4)
+	r.add(Element{Set: SetHairpin, Addr: v4, Addr2: v4, Proto: ProtoTCP, Port: 80}, 1)
+	r.add(Element{Set: SetClusterIPs, Addr: v4}, 1)
+	r.add(Element{Set: SetClusterIPs, Addr: mapped}, 1)
+	if len(r.packed4) != 2 || len(r.packed) != 1 || len(r.other) != 0 {
+		t.Errorf("counted %d under short keys, %d under long ones, %d as elements; want 2, 1, 0", len(r.packed4), len(r.packed), len(r.other))
+	}
+}
+
+// Parts built in one sync share their equal name tables and Uses; the lists handed out are never
+// changed by their users' appends.
+func TestNameInterner(t *testing.T) {
+	in := newNameInterner()
+	a := in.intern([]string{SetClusterIPs, "", MapEndpoints})
+	b := in.intern([]string{SetClusterIPs, "", MapEndpoints})
+	c := in.intern([]string{SetClusterIPs, MapEndpoints})
+	if a != b || a == c || !slices.Equal(*c, []string{SetClusterIPs, MapEndpoints}) {
+		t.Errorf("interned %v %v %v", *a, *b, *c)
+	}
+	if cap(*a) != len(*a) {
+		t.Errorf("an interned list has room to grow in place: capacity %d, length %d", cap(*a), len(*a))
+	}
+	long := []string{"a", "b", "c", "d", "e", "f", "g", "h", "i"}
+	if l := in.intern(long); !slices.Equal(*l, long) || &(*l)[0] == &long[0] {
+		t.Errorf("a long list is not copied: %v", *l)
+	}
+	if e := in.intern(nil); e == nil || len(*e) != 0 {
+		t.Error("no names: not an empty list")
+	}
+	var none *nameInterner
+	if x, y := none.intern([]string{"a"}), none.intern([]string{"a"}); x == y || !slices.Equal(*x, *y) {
+		t.Error("a nil interner shares or changes lists")
+	}
+	// A proxier's parts share them.
+	p := NewProxier(hclog.NewNullLogger(), testConfig(), nopProgrammer{})
+	if _, err := p.Sync(SyntheticState(50, 3)); err != nil {
+		t.Fatal(err)
+	}
+	tables := map[*[]string]bool{}
+	for _, part := range p.fams[cluster.IPv4].rs.Services {
+		if part.packed != nil {
+			tables[part.packed.names] = true
+		}
+	}
+	if len(tables) == 0 || len(tables) > 25 {
+		t.Errorf("50 Services' parts use %d name tables", len(tables))
 	}
 }

@@ -1,11 +1,11 @@
 package dataplane
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/bits"
 	"net/netip"
 	"slices"
 	"strings"
@@ -274,7 +274,63 @@ func dumpEach(c *netlink.Conn, msg netlink.Message, each func(*netlink.Attribute
 	return nil
 }
 
+// Bounds of dumpElements' retries: a dump is read again after dumpRetryWait, doubling, at most
+// dumpAttempts times in all (about 0.3 s of waiting).
+const (
+	dumpAttempts  = 6
+	dumpRetryWait = 10 * time.Millisecond
+)
+
+// dumpElements dumps the elements of a set. A dump of many elements takes several messages, and
+// for each the kernel walks the set from its start again, skipping the elements it has sent
+// (nf_tables_dump_set, iter.skip). A hash set (nft_set_hash's rhashtable) that is being resized,
+// which it does in a worker after a large insertion such as a full sync, changes its walk order
+// between those walks: the messages then repeat some elements and leave as many others out (a
+// Maglev table of 3,063 elements read back at once after it was written: 47 repeated). A walk
+// visits every element at least once, so a dump without repeats is complete; one with repeats is
+// read again once the resize has had time to end, and after dumpAttempts an error says so rather
+// than returning a set with elements missing.
 func dumpElements(c *netlink.Conn, f cluster.Family, table, set string) ([]KernelElement, error) {
+	wait := dumpRetryWait
+	for attempt := 1; ; attempt++ {
+		out, err := dumpElementsOnce(c, f, table, set)
+		if err != nil {
+			return nil, err
+		}
+		n := repeatedElements(out)
+		if n == 0 {
+			return out, nil
+		}
+		if attempt == dumpAttempts {
+			return nil, fmt.Errorf("the kernel's dump repeated %d of %d elements (and so left as many out) in each of %d attempts: the set's hash table is still being resized", n, len(out), dumpAttempts)
+		}
+		time.Sleep(wait)
+		wait *= 2
+	}
+}
+
+// repeatedElements counts the elements of a dump that an earlier one in it has already given: the
+// same key (and, for an interval set, the same end flag: one range's end may be the next's start).
+func repeatedElements(els []KernelElement) int {
+	idx := make([]int, len(els))
+	for i := range idx {
+		idx[i] = i
+	}
+	compare := func(i, j int) int {
+		return cmp.Or(bytes.Compare(els[i].Key, els[j].Key), cmp.Compare(boolInt(els[i].IntervalEnd), boolInt(els[j].IntervalEnd)))
+	}
+	slices.SortFunc(idx, compare)
+	n := 0
+	for k := 1; k < len(idx); k++ {
+		if compare(idx[k-1], idx[k]) == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// dumpElementsOnce is one dump of a set's elements, as the kernel sends it.
+func dumpElementsOnce(c *netlink.Conn, f cluster.Family, table, set string) ([]KernelElement, error) {
 	msg, err := nfMsg(f, unix.NFT_MSG_GETSETELEM, []netlink.Attribute{
 		{Type: unix.NFTA_SET_ELEM_LIST_TABLE, Data: []byte(table + "\x00")},
 		{Type: unix.NFTA_SET_ELEM_LIST_SET, Data: []byte(set + "\x00")},
@@ -510,10 +566,8 @@ func serviceRuleComment(chain string, r Rule) string {
 	return ""
 }
 
-// allSetKinds lists every set kind, for matching a kernel set against what the encoder would create.
-var allSetKinds = []SetKind{KindAddr, KindPrefix, KindTupleVmap, KindProtoPortVmap, KindTupleEndpoints, KindProtoPortEndpoints, KindHairpin, KindAffinity, KindTupleAddr, KindTupleMark, KindGatewayFlows}
-
-// decodeSet finds the one set kind whose encoding has this key, data and flags.
+// decodeSet finds the one set kind whose encoding has this key, data and flags (trying every kind of
+// kinds.go, allSetKinds).
 func decodeSet(enc *encoder, ks KernelSet) (*Set, error) {
 	if ks.Flags&unix.NFT_SET_ANONYMOUS != 0 {
 		return nil, errors.New("anonymous set: vipgate never creates one")
@@ -547,7 +601,7 @@ func decodeSet(enc *encoder, ks KernelSet) (*Set, error) {
 			ks.KeyType, ks.KeyLen, ks.DataType, ks.Flags, len(found))
 	}
 	s := &Set{Name: ks.Name, Kind: found[0]}
-	if setKindDynamic(s.Kind) || s.Kind == KindGatewayFlows {
+	if setKindDescs[s.Kind].timeout {
 		s.Timeout = ks.Timeout
 	}
 	return s, nil
@@ -560,7 +614,7 @@ func decodeElements(f cluster.Family, s *Set, kes []KernelElement) ([]Element, e
 	if f == cluster.IPv6 {
 		alen = 16
 	}
-	if s.Kind == KindPrefix {
+	if d := setKindDescs[s.Kind]; d != nil && d.intervals {
 		return decodeIntervals(s.Name, alen, kes)
 	}
 	out := make([]Element, 0, len(kes))
@@ -647,42 +701,41 @@ func (r *keyReader) done() error {
 	return r.err
 }
 
+// decodeElement decodes one element with its set kind's decoder (kinds.go).
 func decodeElement(s *Set, alen int, ke KernelElement) (Element, error) {
-	if s.Kind == KindTupleMark {
-		return decodeMarkElement(s, alen, ke) // gateway_conntable.go
+	d := setKindDescs[s.Kind]
+	if d == nil || d.decode == nil {
+		return Element{Set: s.Name}, fmt.Errorf("set kind %d has no element decoder", s.Kind)
 	}
-	el := Element{Set: s.Name}
-	k := &keyReader{b: ke.Key}
-	d := &keyReader{b: ke.Data}
-	verdictMap, dataMap, addrMap, described := false, false, false, false
-	switch s.Kind {
-	case KindAddr:
-		el.Addr = k.addr(alen)
-	case KindTupleVmap:
-		el.Addr, el.Proto, el.Port = k.addr(alen), k.proto(), k.port()
-		verdictMap = true
-	case KindProtoPortVmap:
-		el.Proto, el.Port = k.proto(), k.port()
-		verdictMap = true
-	case KindTupleEndpoints:
-		el.Addr, el.Proto, el.Port, el.Index = k.addr(alen), k.proto(), k.port(), k.hostU32()
-		dataMap = true
-	case KindProtoPortEndpoints:
-		el.Proto, el.Port, el.Index = k.proto(), k.port(), k.hostU32()
-		dataMap = true
-	case KindTupleAddr:
-		el.Addr, el.Proto, el.Port, el.Index = k.addr(alen), k.proto(), k.port(), k.hostU32()
-		addrMap = true
-	case KindHairpin:
-		el.Addr, el.Addr2, el.Proto, el.Port = k.addr(alen), k.addr(alen), k.proto(), k.port()
-	default:
-		sk := setKindDescs[s.Kind] // kinds.go
-		if sk == nil {
-			return el, fmt.Errorf("set kind %d has no element decoder", s.Kind)
-		}
-		sk.decode(&el, k, d, alen)
-		described = true
+	return d.decode(s, alen, ke)
+}
+
+// elementData is the shape of an element's data, for keyedElement.
+type elementData uint8
+
+const (
+	dataNone     elementData = iota // a plain set: no data
+	dataVerdict                     // a verdict map: goto or drop
+	dataEndpoint                    // DataAddr . DataPort
+	dataAddr                        // DataAddr
+	dataRead                        // the kind's own: its read reads the data too
+)
+
+// keyedElement is the element decoder of a set kind whose elements read reads from the key (and,
+// for dataRead, the data), with data of shape data.
+func keyedElement(data elementData, read func(el *Element, k, d *keyReader, alen int)) func(s *Set, alen int, ke KernelElement) (Element, error) {
+	return func(s *Set, alen int, ke KernelElement) (Element, error) {
+		el := Element{Set: s.Name}
+		k := &keyReader{b: ke.Key}
+		d := &keyReader{b: ke.Data}
+		read(&el, k, d, alen)
+		return finishElement(el, k, d, data, alen, ke)
 	}
+}
+
+// finishElement checks what is left of the key and reads the data of shape data.
+func finishElement(el Element, k, d *keyReader, data elementData, alen int, ke KernelElement) (Element, error) {
+	verdictMap, dataMap, addrMap, described := data == dataVerdict, data == dataEndpoint, data == dataAddr, data == dataRead
 	if err := k.done(); err != nil {
 		return el, fmt.Errorf("key: %w", err)
 	}
@@ -842,19 +895,6 @@ func decodeChain(kc *nftables.Chain, netdev bool, devices []string) (*Chain, err
 	return ch, nil
 }
 
-// matchKinds and actionKinds are the vocabularies of model.go, in the order candidates are tried.
-var (
-	matchKinds = []MatchKind{MatchCtStateNew, MatchCtStatusDNAT, MatchDaddrInSet, MatchSaddrInSet, MatchSaddrNotInSet,
-		MatchSaddrInPrefix, MatchFibSaddrLocal, MatchMarkAny, MatchHairpin, MatchNumgenZero,
-		MatchFragment, MatchPktTypeHost} // gateway_netdev.go
-	actionKinds = []ActionKind{ActJump, ActGoto, ActReturn, ActDrop, ActReject, ActMarkSet, ActMasqClearMark, ActMasquerade,
-		ActVmapTuple, ActVmapProtoPort, ActDNATTupleMap, ActDNATProtoPortMap, ActAffinityDNAT, ActAffinityRefresh, ActAffinityRecall,
-		ActDNATJhashMap, ActDupJhashMap, // the gateway's (gateway_ir.go, gateway_route.go)
-		ActDNATProtoPortJhashMap, ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap, ActDupSrcHashMap, ActDNATRoundRobin, // lbalgo.go
-		ActFlowRecall, ActFlowPick, ActFlowDaisy, // gateway_conntable.go
-		ActFwdJhashMap} // gateway_netdev.go
-)
-
 // hints are the parameters a run of expressions offers to candidate matches and actions: the first
 // of each kind from the current position on. A wrong hint only makes a candidate fail its proof.
 type hints struct {
@@ -904,54 +944,23 @@ func u32(b []byte) uint32 {
 	return binary.NativeEndian.Uint32(b)
 }
 
+// match is the candidate match of kind k the hints propose (its descriptor's hint, kinds.go).
 func (h hints) match(k MatchKind) Match {
-	m := Match{Kind: k}
-	switch k {
-	case MatchDaddrInSet, MatchSaddrInSet, MatchSaddrNotInSet, MatchHairpin:
-		m.Set = h.set
-	case MatchSaddrInPrefix:
-		if a, ok := netip.AddrFromSlice(h.cmpData); ok {
-			ones := 0
-			for _, b := range h.mask {
-				ones += bits.OnesCount8(b)
-			}
-			m.Prefix = netip.PrefixFrom(a, ones)
-		}
-	case MatchMarkAny:
-		m.Value = u32(h.mask)
-	case MatchNumgenZero:
-		m.Value = h.modulus
+	var m Match
+	if d := matchKindDescs[k]; d != nil {
+		m = d.hint(h)
 	}
+	m.Kind = k
 	return m
 }
 
+// action is the candidate action of kind k the hints propose (its descriptor's hint, kinds.go).
 func (h hints) action(k ActionKind) Action {
-	a := Action{Kind: k}
-	switch k {
-	case ActJump, ActGoto:
-		if h.verdict != nil {
-			a.Chain = h.verdict.Chain
-		}
-	case ActMarkSet, ActMasqClearMark:
-		a.Value = u32(h.xor)
-	case ActVmapTuple, ActVmapProtoPort:
-		a.Map = h.set
-	case ActDNATTupleMap, ActDNATProtoPortMap, ActDNATJhashMap, ActDupJhashMap,
-		ActDNATProtoPortJhashMap, ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap, ActDupSrcHashMap:
-		a.Map, a.Value = h.set, h.modulus
-	case ActFlowPick, ActFlowDaisy: // gateway_conntable.go: its maps have fixed names
-		a.Value = h.modulus
-	case ActDNATRoundRobin:
-		a.Value = h.modulus
-		if len(h.imm) == 2 && len(h.imm[1]) == 2 {
-			a.Addr, _ = netip.AddrFromSlice(h.imm[0])
-			a.Port = binary.BigEndian.Uint16(h.imm[1])
-		}
-	default:
-		if d := actionKindDescs[k]; d != nil && d.hint != nil { // kinds.go
-			return d.hint(h)
-		}
+	var a Action
+	if d := actionKindDescs[k]; d != nil {
+		a = d.hint(h)
 	}
+	a.Kind = k
 	return a
 }
 
@@ -971,7 +980,8 @@ func decodeRule(enc *encoder, xs []expr.Any) (Rule, error) {
 	for {
 		rest := xs[pos:]
 		h := gatherHints(rest)
-		// The action, if it accounts for everything that is left.
+		// The action, if it accounts for everything that is left. The candidates are every kind of
+		// kinds.go, in ascending order.
 		for _, k := range actionKinds {
 			a := h.action(k)
 			a.Device = dev

@@ -52,3 +52,27 @@ func TestGatewayDecodeRoundTrip(t *testing.T) {
 		})
 	}
 }
+
+// TestRepeatedElements: a set dump that gives an element twice (the kernel's walk of a hash set
+// being resized; dumpElements reads it again) is told from a complete one, and an interval set's
+// range end is not a repeat of the next range's start at the same key.
+func TestRepeatedElements(t *testing.T) {
+	el := func(key byte, end bool) KernelElement {
+		return KernelElement{Key: []byte{10, 0, 0, key}, IntervalEnd: end}
+	}
+	for _, c := range []struct {
+		name string
+		els  []KernelElement
+		want int
+	}{
+		{"none", nil, 0},
+		{"distinct", []KernelElement{el(3, false), el(1, false), el(2, false)}, 0},
+		{"one repeated", []KernelElement{el(3, false), el(1, false), el(3, false)}, 1},
+		{"one three times, one twice", []KernelElement{el(1, false), el(2, false), el(1, false), el(2, false), el(1, false)}, 3},
+		{"an end and a start at one key", []KernelElement{el(1, false), el(2, true), el(2, false), el(3, true)}, 0},
+	} {
+		if got := repeatedElements(c.els); got != c.want {
+			t.Errorf("%s: %d repeated, want %d", c.name, got, c.want)
+		}
+	}
+}

@@ -66,14 +66,15 @@ func (t *Tx) AddedElements() iter.Seq[Element] {
 			skip := ap.skip
 			// Read in place rather than through allElements: no closures per part.
 			pp, els := ap.p.packed, ap.p.Elements
-			n, off := len(els), 0
+			n := len(els)
+			var r packedReader
 			if pp != nil {
-				n = pp.numElements()
+				r, n = pp.elementReader()
 			}
 			for i := range n {
 				var e Element
 				if pp != nil {
-					e, off = readElement(pp.data, off, pp.names)
+					e = r.next()
 				} else {
 					e = els[i]
 				}

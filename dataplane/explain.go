@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -167,16 +168,6 @@ type MaglevChoice struct {
 	Routed  bool
 }
 
-// slotKinds are the action kinds that pick by a flow hash over the slots of a map.
-var slotKinds = map[ActionKind]SetKind{
-	ActDNATJhashMap:          KindTupleEndpoints,
-	ActDNATProtoPortJhashMap: KindProtoPortEndpoints,
-	ActDupJhashMap:           KindTupleAddr,
-	ActFwdJhashMap:           KindTupleAddr,
-	// The connection table's pick looks its slots up in MapGatewayRouteIDs (gateway_conntable.go).
-	ActFlowPick: KindTupleMark,
-}
-
 // Explain traces p through f and explains the result.
 func Explain(f *Flat, h HostInfo, p Packet) Explanation {
 	res := Trace(f, h, p)
@@ -190,8 +181,8 @@ func Explain(f *Flat, h HostInfo, p Packet) Explanation {
 	}
 	for _, c := range res.Candidates {
 		ec := ExplainedCandidate{Candidate: c}
-		if kind, ok := slotKinds[c.Rule.Action]; ok {
-			ec.Slots, ec.SlotsOf = slotsTo(f, c.Rule, kind, dst, p.Proto, p.Port, c.Endpoint)
+		if d := actionKindDescs[c.Rule.Action]; d != nil && d.slots != nil { // kinds.go
+			ec.Slots, ec.SlotsOf = slotsTo(f, c.Rule, *d.slots, dst, p.Proto, p.Port, c.Endpoint)
 			if ec.Probability == 0 && ec.SlotsOf > 0 {
 				// The slot choice is the only random choice on a flow-hash path.
 				ec.Probability = float64(ec.Slots) / float64(ec.SlotsOf)
@@ -216,17 +207,11 @@ func Explain(f *Flat, h HostInfo, p Packet) Explanation {
 	return ex
 }
 
-// algorithmOf is the balancing algorithm an action kind picks an endpoint by ("" for none).
+// algorithmOf is the balancing algorithm an action kind picks an endpoint by ("" for none): its
+// descriptor's (kinds.go).
 func algorithmOf(k ActionKind) cluster.LBAlgorithm {
-	switch k {
-	case ActDNATJhashMap, ActDNATProtoPortJhashMap, ActDupJhashMap, ActFwdJhashMap, ActFlowPick:
-		return cluster.LBMaglev
-	case ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap, ActDupSrcHashMap:
-		return cluster.LBSourceHash
-	case ActDNATRoundRobin:
-		return cluster.LBRoundRobin
-	case ActDNATTupleMap, ActDNATProtoPortMap, ActAffinityDNAT:
-		return cluster.LBRandom
+	if d := actionKindDescs[k]; d != nil {
+		return d.algorithm
 	}
 	return ""
 }
@@ -265,16 +250,13 @@ func entryAddrKnown(f *Flat, addr netip.Addr) bool {
 
 // slotsTo counts the slots of rule's map, for the packet's VIP port, that lead to ep, and the
 // rule's slot count.
-func slotsTo(f *Flat, rule RuleRef, kind SetKind, dst netip.Addr, proto uint8, port uint16, ep netip.AddrPort) (n, of uint32) {
+func slotsTo(f *Flat, rule RuleRef, sm slotMap, dst netip.Addr, proto uint8, port uint16, ep netip.AddrPort) (n, of uint32) {
 	ch := f.Chains[rule.Chain]
 	if ch == nil || rule.Index < 0 || rule.Index >= len(ch.Rules) {
 		return 0, 0
 	}
 	a := ch.Rules[rule.Index].Action
-	m := a.Map
-	if a.Kind == ActFlowPick {
-		m = MapGatewayRouteIDs
-	}
+	kind, m := sm.kind, cmp.Or(sm.name, a.Map)
 	for _, e := range f.Elements[m] {
 		if (kind != KindProtoPortEndpoints && e.Addr.Unmap() != dst) || e.Proto != proto || e.Port != port || e.Index >= a.Value {
 			continue
@@ -298,10 +280,11 @@ func maglevChoice(f *Flat, src, dst netip.AddrPort, proto uint8) *MaglevChoice {
 	for _, name := range orderedNames(f.ChainOrder, f.Chains) {
 		for _, r := range f.Chains[name].Rules {
 			a := r.Action
-			routed := a.Kind == ActDupJhashMap || a.Kind == ActFwdJhashMap
-			if (a.Kind != ActDNATJhashMap && !routed) || a.Value == 0 {
+			d := actionKindDescs[a.Kind] // kinds.go
+			if d == nil || d.slots == nil || !d.slots.flow || a.Value == 0 {
 				continue
 			}
+			routed := d.slots.routed
 			slot := GatewaySlot(src, dst, a.Value)
 			for _, e := range f.Elements[a.Map] {
 				if e.Addr.Unmap() == dst.Addr() && e.Proto == proto && e.Port == dst.Port() && e.Index == slot {

@@ -704,6 +704,9 @@ type GatewaySyncReport struct {
 	// failed, or to delete a netdev table a failed one left (zero: nothing to retry). Sync itself
 	// returns no error for those (the family's table forwards), so nothing else would retry them.
 	RetryAt time.Time
+	// FlowCopies are the copies of a connection table into another that the fast path's coming
+	// and going made (gateway_flowcopy.go), those that read something or failed.
+	FlowCopies []FlowCopy
 }
 
 // GatewayProxier owns the gateway's dataplane state, as Proxier does the node's: one goroutine calls
@@ -913,8 +916,15 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 	})
 	rep.Conflicts = slices.Compact(rep.Conflicts)
 	applied := make([]*Tx, 0, len(rep.Txs))
+	// copies: the connection table copies of this sync (gateway_flowcopy.go), with their budget.
+	copies := &syncCopies{done: map[cluster.Family]bool{}}
 	for _, tx := range rep.Txs {
-		err := p.prog.Apply(tx)
+		var err error
+		if isNetdev(tx.Family) {
+			err = p.applyNetdev(tx, newFams[ipFamily(tx.Family)].Entries, rep, copies)
+		} else {
+			err = p.prog.Apply(tx)
+		}
 		if err == nil {
 			applied = append(applied, tx)
 			continue
@@ -928,7 +938,8 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 			why := fmt.Sprintf("programming %s: %v", txTableName(tx), err)
 			if deletion := tx.Full && len(tx.AddChains) == 0 && len(tx.AddSets) == 0; !deletion {
 				// What the failed batch left (it is atomic: the previous netdev table) may be wrong
-				// now, e.g. a chain of a device that is gone: delete it.
+				// now, e.g. a chain of a device that is gone: delete it, its flows copied first.
+				p.saveNetdevFlows(tx, newFams[f].Entries, rep, copies)
 				if derr := p.prog.Apply(&Tx{Family: tx.Family, Table: tx.Table, Full: true}); derr != nil {
 					why += fmt.Sprintf("; deleting the table: %v", derr)
 					stale[f] = true

@@ -245,7 +245,7 @@ func (e *encoder) flowUpdate(op uint32) ([]expr.Any, error) {
 //
 // IPv6 the same with the flow key's hash in reg32 0 (its 40-byte input, 0..9, is consumed by the
 // hash before the conns key overwrites 1..9), the conns key in 1..7 and the address in 8..11. The
-// nft spelling (conntableActionText) is unchanged: nft lists the rule as the text says.
+// nft spelling (flowRecallText) is unchanged: nft lists the rule as the text says.
 //
 // In the netdev table (dev set) the update comes before a fwd through dev, which ends the rule.
 func (e *encoder) flowRecall(dev string) ([]expr.Any, error) {
@@ -289,54 +289,51 @@ func (e *encoder) flowRecall(dev string) ([]expr.Any, error) {
 	return append(xs, fwd...), nil
 }
 
-// conntableAction encodes the connection table's action kinds; ok is false for other kinds.
-func (e *encoder) conntableAction(a Action) (xs []expr.Any, ok bool, err error) {
+// encodeFlowRecall encodes ActFlowRecall (flowRecall); encodeFlowPick ActFlowPick and
+// ActFlowDaisy. Their descriptors are kinds_gateway.go's.
+func encodeFlowRecall(e *encoder, a Action) ([]expr.Any, error) {
+	return e.flowRecall(a.Device)
+}
+
+func encodeFlowPick(e *encoder, a Action) ([]expr.Any, error) {
 	var first []expr.Any
-	switch a.Kind {
-	case ActFlowRecall:
-		xs, err := e.flowRecall(a.Device)
-		return xs, true, err
-	case ActFlowPick, ActFlowDaisy:
-		m := MapGatewayRouteIDs
-		if a.Kind == ActFlowDaisy {
-			m = MapGatewayPrevIDs
-			first = []expr.Any{
-				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{ProtoTCP}},
-				&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
-				&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 1, Mask: []byte{0x02}, Xor: []byte{0}},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{0}},
-			}
+	m := MapGatewayRouteIDs
+	if a.Kind == ActFlowDaisy {
+		m = MapGatewayPrevIDs
+		first = []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{ProtoTCP}},
+			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 1, Mask: []byte{0x02}, Xor: []byte{0}},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{0}},
 		}
-		xs, err := e.jhashLookup(Action{Kind: ActDupJhashMap, Map: m, Value: a.Value}, hashShape{tuple: true, flow: true})
-		if err != nil {
-			return nil, true, err
-		}
-		first = append(append(first, xs...), &expr.Meta{Key: expr.MetaKeyMARK, Register: reg1, SourceRegister: true})
-	default:
-		return nil, false, nil
 	}
+	xs, err := e.jhashLookup(Action{Kind: ActDupJhashMap, Map: m, Value: a.Value}, hashShape{tuple: true, flow: true})
+	if err != nil {
+		return nil, err
+	}
+	first = append(append(first, xs...), &expr.Meta{Key: expr.MetaKeyMARK, Register: reg1, SourceRegister: true})
 	addr := uint32(reg1)
 	if a.Device != "" {
 		addr = fwdAddrReg
 	}
 	node, err := e.connNode(addr)
 	if err != nil {
-		return nil, true, err
+		return nil, err
 	}
 	up, err := e.flowUpdate(unix.NFT_DYNSET_OP_ADD)
 	if err != nil {
-		return nil, true, err
+		return nil, err
 	}
 	if a.Device == "" {
 		xs := append(append(first, node...), &expr.Dup{RegAddr: reg1})
-		return append(append(xs, up...), &expr.Verdict{Kind: expr.VerdictDrop}), true, nil
+		return append(append(xs, up...), &expr.Verdict{Kind: expr.VerdictDrop}), nil
 	}
 	fwd, err := e.fwdTo(addr, fwdDevReg, a.Device)
 	if err != nil {
-		return nil, true, err
+		return nil, err
 	}
-	return append(append(append(first, node...), up...), fwd...), true, nil
+	return append(append(append(first, node...), up...), fwd...), nil
 }
 
 // flowKeyText is the nft spelling of the gateway-flows key.
@@ -347,20 +344,21 @@ func flowKeyText(ip string) string {
 	return "ip saddr . th sport . ip daddr . th dport"
 }
 
-// conntableActionText spells the connection table's action kinds; ok is false for other kinds.
-func conntableActionText(f *Flat, fam nftFamily, a Action) (string, bool, error) {
+// conntableText is what the connection table's action kinds spell alike: the entry key, the flow
+// key, the tail of a new flow's rule (add) and of a known flow's (update). err is the first of the
+// maps the rules need that f lacks; ferr a fwd that cannot be spelled.
+func conntableText(f *Flat, fam nftFamily, a Action) (key, flow, tail, recall string, err, ferr error) {
 	ip := fam.table
-	key := ip + " daddr . meta l4proto . th dport"
-	flow := flowKeyText(ip)
-	tail := fmt.Sprintf("dup to %[3]s . meta mark map @%[4]s add @%[1]s { %[2]s : meta mark } drop", MapGatewayFlows, flow, key, MapGatewayConns)
-	recall := fmt.Sprintf("dup to %s . meta mark map @%s update @%s { %s : meta mark } drop", key, MapGatewayConns, MapGatewayFlows, flow)
-	var err error
+	key = ip + " daddr . meta l4proto . th dport"
+	flow = flowKeyText(ip)
+	tail = fmt.Sprintf("dup to %[3]s . meta mark map @%[4]s add @%[1]s { %[2]s : meta mark } drop", MapGatewayFlows, flow, key, MapGatewayConns)
+	recall = fmt.Sprintf("dup to %s . meta mark map @%s update @%s { %s : meta mark } drop", key, MapGatewayConns, MapGatewayFlows, flow)
 	if a.Device != "" {
 		// The fast path (gateway_netdev.go): fwd ends the rule, so the node's membership in
 		// gateway-conns is tested before the add or update, as the dup's lookup does above.
 		fwd, ferr := fwdText(fam, fmt.Sprintf("%s . meta mark map @%s", key, MapGatewayConns), a.Device)
 		if ferr != nil {
-			return "", true, ferr
+			return "", "", "", "", nil, ferr
 		}
 		check := fmt.Sprintf("%s . meta mark @%s", key, MapGatewayConns)
 		tail = fmt.Sprintf("%s add @%s { %s : meta mark } %s", check, MapGatewayFlows, flow, fwd)
@@ -374,139 +372,140 @@ func conntableActionText(f *Flat, fam nftFamily, a Action) (string, bool, error)
 			err = e
 		}
 	}
-	switch a.Kind {
-	case ActFlowRecall:
-		return fmt.Sprintf("meta mark set %s map @%s %s", flow, MapGatewayFlows, recall), true, err
-	case ActFlowPick:
-		if a.Value == 0 {
-			return "", true, fmt.Errorf("jhash modulus 0")
-		}
-		return fmt.Sprintf("meta mark set %s . %s map @%s %s", key, jhashText(ip, hashShape{tuple: true, flow: true}, a.Value), MapGatewayRouteIDs, tail), true, err
-	case ActFlowDaisy:
-		if a.Value == 0 {
-			return "", true, fmt.Errorf("jhash modulus 0")
-		}
-		return fmt.Sprintf("tcp flags & syn == 0 meta mark set %s . %s map @%s %s", key, jhashText(ip, hashShape{tuple: true, flow: true}, a.Value), MapGatewayPrevIDs, tail), true, err
-	}
-	return "", false, nil
+	return key, flow, tail, recall, err, nil
 }
 
-// conntableAct traces the connection table's action kinds; ok is false for other kinds. A Packet is
-// the first packet of a flow: ActFlowRecall finds no entry, and ActFlowPick forks one branch per node
-// the VIP port's slots lead to and sends the packet there.
-func (t *tracer) conntableAct(st pstate, ch *Chain, idx int, r Rule, text, by string, done func(pstate, verdict, string)) (next pstate, cont, ok bool) {
-	a := r.Action
-	switch a.Kind {
-	case ActFlowRecall:
-		if err := needSet(t.f, MapGatewayFlows, KindGatewayFlows); err != nil {
-			t.fail("%s: %v", by, err)
-			return st, false, true
+// flowRecallText spells ActFlowRecall, and flowSlotText ActFlowPick and ActFlowDaisy.
+func flowRecallText(f *Flat, fam nftFamily, a Action) (string, error) {
+	_, flow, _, recall, err, ferr := conntableText(f, fam, a)
+	if ferr != nil {
+		return "", ferr
+	}
+	return fmt.Sprintf("meta mark set %s map @%s %s", flow, MapGatewayFlows, recall), err
+}
+
+// flowSlotText spells a connection table kind that marks a flow with the node its jhash slot
+// leads to in map m (ActFlowPick: gateway-route-ids; ActFlowDaisy: gateway-prev-ids). cond is the
+// match in front (empty, or ending in a space). Both spell the flow hash, so both refuse a modulus
+// of 0, and the tracer, which spells a rule before it runs it, never meets one.
+func flowSlotText(cond, m string) func(f *Flat, fam nftFamily, a Action) (string, error) {
+	return func(f *Flat, fam nftFamily, a Action) (string, error) {
+		key, _, tail, _, err, ferr := conntableText(f, fam, a)
+		if ferr != nil {
+			return "", ferr
 		}
-		t.stepOf(st, StepNoMatch, ch.Name, idx, text, fmt.Sprintf("no match: a new flow is not in @%s yet", MapGatewayFlows))
-		return st, true, true
-	case ActFlowDaisy:
-		if err := needSet(t.f, MapGatewayPrevIDs, KindTupleMark); err != nil {
-			t.fail("%s: %v", by, err)
-			return st, false, true
-		}
-		t.stepOf(st, StepNoMatch, ch.Name, idx, text, "no match: a new connection starts with a SYN (only a connection in progress that this gateway does not know goes to its slot's previous node)")
-		return st, true, true
-	case ActFlowPick:
 		if a.Value == 0 {
-			t.fail("%s: jhash modulus 0", by)
-			return st, false, true
+			return "", fmt.Errorf("jhash modulus 0")
 		}
-		pick := Action{Kind: ActFlowPick, Map: MapGatewayRouteIDs, Value: a.Value}
-		t.jhashBranches(st, ch, idx, text, pick, KindTupleMark, by, done, func(b pstate, ep netip.AddrPort, slots int) {
-			id, _ := GatewayNodeID(ep.Addr())
-			key, _ := t.entryKey(b, true)
-			key.Index = id
-			if _, found, err := t.lookup(MapGatewayConns, key, KindTupleAddr); err != nil || !found {
-				t.fail("%s: node %s (id %d) chosen by Maglev is not in @%s", by, ep.Addr(), id, MapGatewayConns)
-				return
-			}
-			if a.Device != "" {
-				t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: Maglev picks node %s (id %d, %d of %d slots), @%s remembers it for the flow's later packets; fwd unchanged by device %s",
-					ep.Addr(), id, slots, a.Value, MapGatewayFlows, a.Device))
-				t.sendTo(b, netip.AddrPortFrom(ep.Addr(), b.port), fmt.Sprintf("forwarded by %s to %s dev %s", by, ep.Addr(), a.Device))
-				return
-			}
-			t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: Maglev picks node %s (id %d, %d of %d slots), @%s remembers it for the flow's later packets; sent unchanged, the original is dropped",
-				ep.Addr(), id, slots, a.Value, MapGatewayFlows))
-			t.sendTo(b, netip.AddrPortFrom(ep.Addr(), b.port), "routed by "+by)
-		})
-		return st, false, true
+		return fmt.Sprintf("%smeta mark set %s . %s map @%s %s", cond, key, jhashText(fam.table, hashShape{tuple: true, flow: true}, a.Value), m, tail), err
 	}
-	return st, false, false
 }
 
-// gatewayNftSet is the netlink set of the connection table's kind (netlink.go's nftSet default).
-func (e *encoder) gatewayNftSet(s *Set, ns *nftables.Set) bool {
-	switch s.Kind {
-	case KindTupleMark:
-		ns.KeyType = nftables.MustConcatSetType(e.addrType(), nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark)
-		ns.IsMap, ns.DataType = true, nftables.TypeMark
-	case KindGatewayFlows:
-		ns.KeyType = nftables.TypeInteger
-		if e.f != cluster.IPv6 {
-			ns.KeyType = nftables.MustConcatSetType(e.addrType(), nftables.TypeInetService, e.addrType(), nftables.TypeInetService)
-		}
-		ns.IsMap, ns.DataType = true, nftables.TypeMark
-		ns.HasTimeout, ns.Timeout, ns.Dynamic, ns.Size = true, s.Timeout, true, GatewayFlowsMax
-	default:
-		return false
+// traceFlowRecall, traceFlowDaisy and traceFlowPick trace the connection table's action kinds. A
+// Packet is the first packet of a flow: ActFlowRecall finds no entry, ActFlowDaisy does not take a
+// SYN, and ActFlowPick forks one branch per node the VIP port's slots lead to and sends the packet
+// there.
+func traceFlowRecall(c actCall, st pstate, a Action) (pstate, bool) {
+	t, ch, idx, text, by := c.t, c.ch, c.idx, c.text, c.by
+	if err := needSet(t.f, MapGatewayFlows, KindGatewayFlows); err != nil {
+		t.fail("%s: %v", by, err)
+		return st, false
 	}
-	return true
+	t.stepOf(st, StepNoMatch, ch.Name, idx, text, fmt.Sprintf("no match: a new flow is not in @%s yet", MapGatewayFlows))
+	return st, true
 }
 
-// gatewayElementBytes writes an element of the connection table's kind (netlink.go's element
-// encoder default); ok is false for other kinds.
-func gatewayElementBytes(s *Set, el Element, key, val []byte, alen int) (k, v []byte, ok bool, err error) {
-	if s.Kind != KindTupleMark {
-		return nil, nil, false, nil
+func traceFlowDaisy(c actCall, st pstate, a Action) (pstate, bool) {
+	t, ch, idx, text, by := c.t, c.ch, c.idx, c.text, c.by
+	if err := needSet(t.f, MapGatewayPrevIDs, KindTupleMark); err != nil {
+		t.fail("%s: %v", by, err)
+		return st, false
 	}
+	t.stepOf(st, StepNoMatch, ch.Name, idx, text, "no match: a new connection starts with a SYN (only a connection in progress that this gateway does not know goes to its slot's previous node)")
+	return st, true
+}
+
+func traceFlowPick(c actCall, st pstate, a Action) (pstate, bool) {
+	t, ch, idx, text, by, done := c.t, c.ch, c.idx, c.text, c.by, c.done
+	pick := Action{Kind: ActFlowPick, Map: MapGatewayRouteIDs, Value: a.Value}
+	t.jhashBranches(st, ch, idx, text, pick, KindTupleMark, by, done, func(b pstate, ep netip.AddrPort, slots int) {
+		id, _ := GatewayNodeID(ep.Addr())
+		key, _ := t.entryKey(b, true)
+		key.Index = id
+		if _, found, err := t.lookup(MapGatewayConns, key, KindTupleAddr); err != nil || !found {
+			t.fail("%s: node %s (id %d) chosen by Maglev is not in @%s", by, ep.Addr(), id, MapGatewayConns)
+			return
+		}
+		if a.Device != "" {
+			t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: Maglev picks node %s (id %d, %d of %d slots), @%s remembers it for the flow's later packets; fwd unchanged by device %s",
+				ep.Addr(), id, slots, a.Value, MapGatewayFlows, a.Device))
+			t.sendTo(b, netip.AddrPortFrom(ep.Addr(), b.port), fmt.Sprintf("forwarded by %s to %s dev %s", by, ep.Addr(), a.Device))
+			return
+		}
+		t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: Maglev picks node %s (id %d, %d of %d slots), @%s remembers it for the flow's later packets; sent unchanged, the original is dropped",
+			ep.Addr(), id, slots, a.Value, MapGatewayFlows))
+		t.sendTo(b, netip.AddrPortFrom(ep.Addr(), b.port), "routed by "+by)
+	})
+	return st, false
+}
+
+// tupleMarkNftSet, tupleMarkElement, tupleMarkDecl and tupleMarkText are KindTupleMark's netlink
+// set, element encoding, declaration and element text (its descriptor is kinds_gateway.go's).
+func tupleMarkNftSet(e *encoder, s *Set, ns *nftables.Set) {
+	ns.KeyType = nftables.MustConcatSetType(e.addrType(), nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark)
+	ns.IsMap, ns.DataType = true, nftables.TypeMark
+}
+
+func tupleMarkElement(w *elementLists, key, val []byte, el Element, alen int) error {
 	id, idOK := GatewayNodeID(el.DataAddr)
 	if !idOK {
-		return nil, nil, true, fmt.Errorf("set %s: node %v has no id", s.Name, el.DataAddr)
+		return fmt.Errorf("set %s: node %v has no id", w.set.Name, el.DataAddr)
 	}
 	putU32(putPort(putProto(putAddr(key, el.Addr), el.Proto), el.Port), el.Index)
 	putU32(val, id)
-	return key[:tupleAddrKeyLen(alen)], val[:4], true, nil
+	w.element(key[:tupleAddrKeyLen(alen)], val[:4], nil, false)
+	return nil
 }
 
-// gatewaySetDecl declares the connection table's maps in nft syntax (render.go's setDecl).
-func gatewaySetDecl(fam nftFamily, s *Set) (lines []string, ok bool) {
-	switch {
-	case s.Kind == KindTupleMark:
-		return []string{fmt.Sprintf("typeof %s daddr . meta l4proto . th dport . numgen random mod 1 : meta mark", fam.table)}, true
-	case s.Kind == KindTupleAddr && s.Name == MapGatewayConns:
-		// Keyed by the mark: nft refuses a mark looked up in a key typed by numgen (integer).
-		return []string{fmt.Sprintf("typeof %[1]s daddr . meta l4proto . th dport . meta mark : %[1]s daddr", fam.table)}, true
-	case s.Kind == KindGatewayFlows:
-		key := "ip saddr . th sport . ip daddr . th dport"
-		if fam.table == "ip6" {
-			key = "numgen random mod 1" // an integer: the hash of the flow
-		}
-		return []string{"typeof " + key + " : meta mark", "flags dynamic,timeout",
-			fmt.Sprintf("timeout %ds", max(int64(s.Timeout.Seconds()), 1)), fmt.Sprintf("size %d", GatewayFlowsMax)}, true
-	}
-	return nil, false
+func tupleMarkDecl(fam nftFamily, s *Set) (string, []string) {
+	return "map", []string{fmt.Sprintf("typeof %s daddr . meta l4proto . th dport . numgen random mod 1 : meta mark", fam.table)}
 }
 
-// gatewayElementText spells an element of the connection table's kind (render.go's elementText).
-func gatewayElementText(fam nftFamily, s *Set, e Element) (string, bool, error) {
-	if s.Kind != KindTupleMark {
-		return "", false, nil
-	}
+func tupleMarkText(f *Flat, fam nftFamily, s *Set, e Element) (string, error) {
 	a, err := addrText(fam, e.Addr)
 	if err != nil {
-		return "", true, err
+		return "", err
 	}
 	id, ok := GatewayNodeID(e.DataAddr)
 	if !ok {
-		return "", true, fmt.Errorf("node %v has no id", e.DataAddr)
+		return "", fmt.Errorf("node %v has no id", e.DataAddr)
 	}
-	return fmt.Sprintf("%s . %s . %d . %d : %d", a, ProtoName(e.Proto), e.Port, e.Index, id), true, nil
+	return fmt.Sprintf("%s . %s . %d . %d : %d", a, ProtoName(e.Proto), e.Port, e.Index, id), nil
+}
+
+// gatewayConnsDecl declares gateway-conns, of KindTupleAddr, keyed by the mark: nft refuses a mark
+// looked up in a key typed by numgen (integer).
+func gatewayConnsDecl(fam nftFamily) []string {
+	return []string{fmt.Sprintf("typeof %[1]s daddr . meta l4proto . th dport . meta mark : %[1]s daddr", fam.table)}
+}
+
+// gatewayFlowsNftSet and gatewayFlowsDecl are KindGatewayFlows's netlink set and declaration.
+func gatewayFlowsNftSet(e *encoder, s *Set, ns *nftables.Set) {
+	ns.KeyType = nftables.TypeInteger
+	if e.f != cluster.IPv6 {
+		ns.KeyType = nftables.MustConcatSetType(e.addrType(), nftables.TypeInetService, e.addrType(), nftables.TypeInetService)
+	}
+	ns.IsMap, ns.DataType = true, nftables.TypeMark
+	ns.HasTimeout, ns.Timeout, ns.Dynamic, ns.Size = true, s.Timeout, true, GatewayFlowsMax
+}
+
+func gatewayFlowsDecl(fam nftFamily, s *Set) (string, []string) {
+	key := "ip saddr . th sport . ip daddr . th dport"
+	if fam.table == "ip6" {
+		key = "numgen random mod 1" // an integer: the hash of the flow
+	}
+	return "map", []string{"typeof " + key + " : meta mark", "flags dynamic,timeout",
+		fmt.Sprintf("timeout %ds", max(int64(s.Timeout.Seconds()), 1)), fmt.Sprintf("size %d", GatewayFlowsMax)}
 }
 
 // decodeMarkElement decodes a KindTupleMark element: the node id goes to DataAddr as an IPv4

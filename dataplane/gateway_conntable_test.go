@@ -447,9 +447,9 @@ func TestGatewayFlowRecallEncoding(t *testing.T) {
 		for _, s := range append(gatewayConntableSets(time.Hour), &Set{Name: MapGatewayRoutes, Kind: KindTupleAddr}) {
 			e.kinds[s.Name] = s
 		}
-		xs, ok, err := e.conntableAction(Action{Kind: ActFlowRecall})
-		if err != nil || !ok {
-			t.Fatalf("%v: %v %v", f, ok, err)
+		xs, err := e.action(Action{Kind: ActFlowRecall})
+		if err != nil {
+			t.Fatalf("%v: %v", f, err)
 		}
 		var hashes, loads int
 		var lookups []*expr.Lookup

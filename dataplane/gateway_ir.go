@@ -2,18 +2,17 @@ package dataplane
 
 import (
 	"encoding/binary"
-	"fmt"
 	"math/bits"
 	"net/netip"
 
 	"github.com/google/nftables/expr"
 )
 
-// This file adds the gateway's one new rule shape to the model's vocabulary, with its meaning in each
-// consumer: the netlink encoding (encoder.gatewayAction), the nft text (gatewayActionText) and the
-// tracer (tracer.gatewayAct). model.go, netlink.go, render.go and trace.go reach these from the
-// default branch of their action switches, so the closed vocabulary stays closed: a kind nobody knows
-// still fails loudly.
+// This file adds the gateway's consistent-hash DNAT to the model's vocabulary. Its meaning in each
+// consumer is the balancing algorithms' jhash-map code (lbalgo.go: encodeJhashMap, jhashMapText and
+// traceJhashMapDNAT with the flow hash and the VIP tuple key), which its descriptor in
+// kinds_gateway.go gives to the consumers; what is the gateway's own is here: the kind, the seed and
+// the slot a flow hashes to (GatewaySlot).
 
 // ActDNATJhashMap is the gateway's consistent-hash DNAT:
 //
@@ -37,78 +36,6 @@ const GatewayHashSeed uint32 = 0x76697067 // "vipg"
 // Payload offset of the transport source port.
 func loadSport(reg uint32) expr.Any {
 	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2}
-}
-
-// gatewayAction encodes the gateway's and the balancing algorithms' action kinds (see netlink.go's
-// encoder.action). The key and hash loads are lbalgo.go's jhashLookup, in the layout nft itself
-// generates for these statements, so `nft list` prints them back as render does. The IPv6 flow hash
-// covers the source address and port only: with the destination address and port as well, key and
-// hash input need more registers than nft 1.0.6 can allocate ("BUG: register reg_low 12 invalid"),
-// and an operator could not load or check what render prints.
-func (e *encoder) gatewayAction(a Action) ([]expr.Any, error) {
-	if xs, ok, err := e.algoAction(a); ok {
-		return xs, err
-	}
-	if xs, ok, err := e.conntableAction(a); ok {
-		return xs, err
-	}
-	switch a.Kind {
-	case ActDupJhashMap:
-		return e.gatewayRouteAction(a)
-	case ActDNATJhashMap:
-	default:
-		return nil, fmt.Errorf("unknown action kind %d", a.Kind)
-	}
-	xs, err := e.gatewayJhashLookup(a)
-	if err != nil {
-		return nil, err
-	}
-	return append(xs, e.dnatFromMap()), nil
-}
-
-// gatewayActionText is the nft spelling of the gateway's action kinds (see render.go's actionText).
-func gatewayActionText(f *Flat, fam nftFamily, a Action) (string, error) {
-	if s, ok, err := algoActionText(f, fam, a); ok {
-		return s, err // lbalgo.go spells ActDNATJhashMap and ActDupJhashMap too
-	}
-	if s, ok, err := conntableActionText(f, fam, a); ok {
-		return s, err
-	}
-	return "", fmt.Errorf("unknown action kind %d", a.Kind)
-}
-
-// gatewayAct traces the gateway's action kinds (see trace.go's act). A Packet has no source port, so
-// the hash is not computed: every backend the entry's slots lead to is a branch (use GatewaySlot to
-// find the one a given flow takes).
-func (t *tracer) gatewayAct(st pstate, ch *Chain, idx int, r Rule, text, by string, done func(pstate, verdict, string)) (pstate, bool) {
-	a := r.Action
-	if next, cont, ok := t.algoAct(st, ch, idx, r, text, by, done); ok {
-		return next, cont
-	}
-	if next, cont, ok := t.conntableAct(st, ch, idx, r, text, by, done); ok {
-		return next, cont
-	}
-	if a.Kind == ActDupJhashMap {
-		return t.gatewayRouteAct(st, ch, idx, r, text, by, done)
-	}
-	if a.Kind != ActDNATJhashMap {
-		t.fail("%s: unknown action kind %d", by, a.Kind)
-		return st, false
-	}
-	if err := t.checkNAT(st, "dnat", HookPrerouting, HookOutput); err != nil {
-		t.fail("%s: %v", by, err)
-		return st, false
-	}
-	if a.Value == 0 {
-		t.fail("%s: jhash modulus 0", by)
-		return st, false
-	}
-	t.jhashBranches(st, ch, idx, text, a, KindTupleEndpoints, by, done, func(b pstate, ep netip.AddrPort, slots int) {
-		b.dst, b.port, b.dnat, b.dnatBy = ep.Addr(), ep.Port(), true, by
-		t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: DNAT to %s (%d of %d slots)", ep, slots, a.Value)).Endpoint = ep
-		done(b, vAccept, by)
-	})
-	return st, false
 }
 
 // GatewaySlot returns the slot the kernel's flow-hash rules (ActDNATJhashMap, ActDupJhashMap,

@@ -275,18 +275,28 @@ func buildGatewayNetdevBase(f cluster.Family, inet *Part, size int, plan netdevP
 	for _, dev := range plan.ingress {
 		p.Chains = append(p.Chains, &Chain{Name: ingressChainName(dev), Type: FilterType, Hook: HookIngress, Priority: PriorityFilter,
 			Devices: []string{dev}, Comment: "VIP traffic to its node, before the IP stack", Rules: []Rule{
-				// A datagram's fragments must all go one way: only the first carries the ports the
-				// rules match, so taking it here would part it from the others. All go on to the
-				// family's table.
-				{Matches: []Match{{Kind: MatchFragment}}, Action: Action{Kind: ActReturn}, Comment: "fragments: all of them to the IP stack's path"},
 				// Only frames sent to this host: the ingress hook also sees those the IP stack drops
 				// (PACKET_OTHERHOST: a promiscuous device, e.g. under tcpdump, or frames flooded by
 				// a switch to the other gateway of the LAN), which fwd would send to the nodes as
 				// duplicates. A match here rather than a rule of its own: the VIP packets pay one
 				// comparison, and no other rule is added to every packet's path.
-				{Matches: []Match{{Kind: MatchPktTypeHost}, {Kind: MatchDaddrInSet, Set: SetGatewayVIPs}}, Action: Action{Kind: ActJump, Chain: ChainServices}},
+				//
+				// The dispatch itself is the ingress chain's: service-ips holds only the VIP ports
+				// the fast path takes (with nodes), so a packet it does not hold — traffic to no
+				// VIP, a VIP port without nodes, another protocol — falls off the chain to the
+				// policy's accept, as it did past a gateway-vips check and an empty services
+				// chain. The family's table keeps that check (its VIP ports without nodes are
+				// rejected there); here it was a second lookup per VIP packet and a jump. The one
+				// rule is all that traffic to no VIP pays, on every device of the plan.
+				{Matches: []Match{{Kind: MatchPktTypeHost}}, Action: Action{Kind: ActVmapTuple, Map: MapServiceIPs}},
 			}})
 	}
+	// A datagram's fragments must all go one way: only the first carries the ports the rules match,
+	// so taking it here would part it from the others; all go on to the family's table. Only the
+	// first can get this far: the kernel loads no th dport from a packet with a fragment offset
+	// (nft_payload checks pkt->fragoff), so the dispatch does not match a later one. Here rather
+	// than in the ingress chain, VIP packets pay the check as before and other traffic not at all;
+	// its return ends the goto from the ingress chain there, whose policy accepts.
 	rules := gatewayConntableRules(size)
 	for i := range rules {
 		rules[i].Action.Device = plan.nodeDev
@@ -294,6 +304,7 @@ func buildGatewayNetdevBase(f cluster.Family, inet *Part, size int, plan netdevP
 			rules[i].Action.Kind = ActFwdJhashMap
 		}
 	}
+	rules = append([]Rule{{Matches: []Match{{Kind: MatchFragment}}, Action: Action{Kind: ActReturn}, Comment: "fragments: all of them to the IP stack's path"}}, rules...)
 	if f == cluster.IPv6 {
 		// The stateless rule (gateway-flows is full) needs more registers than nft 1.0.6 allocates
 		// for an IPv6 key, hash and device ("BUG: register reg_low 16 invalid"): an operator could
@@ -301,7 +312,6 @@ func buildGatewayNetdevBase(f cluster.Family, inet *Part, size int, plan netdevP
 		rules = rules[:len(rules)-1]
 	}
 	p.Chains = append(p.Chains,
-		&Chain{Name: ChainServices, Comment: "VIP dispatch", Rules: []Rule{{Action: Action{Kind: ActVmapTuple, Map: MapServiceIPs}}}},
 		&Chain{Name: ChainGatewayRoute, Comment: "Maglev: a fixed hash of the flow picks the node; the packet goes there unchanged", Rules: rules})
 	if slices.ContainsFunc(inet.Chains, func(c *Chain) bool { return c.Name == ChainGatewayRouteSH }) {
 		// Source-hash VIP ports go on to the family's table, which dups them: an empty chain

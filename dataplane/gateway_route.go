@@ -99,29 +99,10 @@ func (e *encoder) gatewayJhashLookup(a Action) ([]expr.Any, error) {
 	return e.jhashLookup(a, hashShape{tuple: true, flow: true})
 }
 
-// gatewayRouteAction encodes ActDupJhashMap.
-func (e *encoder) gatewayRouteAction(a Action) ([]expr.Any, error) {
-	xs, err := e.gatewayJhashLookup(a)
-	if err != nil {
-		return nil, err
-	}
-	return append(xs, &expr.Dup{RegAddr: reg1}, &expr.Verdict{Kind: expr.VerdictDrop}), nil
-}
-
-// gatewayRouteActionText is the nft spelling of ActDupJhashMap.
-func gatewayRouteActionText(f *Flat, fam nftFamily, a Action) (string, error) {
-	s, _, err := algoActionText(f, fam, a)
-	return s, err
-}
-
 // gatewayRouteAct traces ActDupJhashMap: one branch per node the VIP port's slots lead to (the
 // source port is unknown; GatewaySlot finds a given flow's slot).
 func (t *tracer) gatewayRouteAct(st pstate, ch *Chain, idx int, r Rule, text, by string, done func(pstate, verdict, string)) (pstate, bool) {
 	a := r.Action
-	if a.Value == 0 {
-		t.fail("%s: jhash modulus 0", by)
-		return st, false
-	}
 	t.jhashBranches(st, ch, idx, text, a, KindTupleAddr, by, done, func(b pstate, ep netip.AddrPort, slots int) {
 		t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: sent unchanged to next hop %s (%d of %d slots); the original is dropped", ep.Addr(), slots, a.Value))
 		t.sendTo(b, netip.AddrPortFrom(ep.Addr(), st.port), "routed by "+by)
@@ -133,7 +114,8 @@ func (t *tracer) gatewayRouteAct(st pstate, ch *Chain, idx int, r Rule, text, by
 // slot of the packet's VIP port in a.Map (of kind), groups the slots by the address and port they
 // lead to, and forks one branch per group (a Packet has no source port, so every slot is possible).
 // Slots not in the map make the rule not match: that branch goes on with the next rule. hit handles
-// a branch whose slots lead to ep (port 0 for KindTupleAddr).
+// a branch whose slots lead to ep (port 0 for KindTupleAddr). A modulus of 0 (no slots) never
+// reaches it: the tracer spells each rule before it runs it, and the actions' text refuses one.
 func (t *tracer) jhashBranches(st pstate, ch *Chain, idx int, text string, a Action, kind SetKind, by string,
 	done func(pstate, verdict, string), hit func(b pstate, ep netip.AddrPort, slots int)) {
 	type target struct {

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 
@@ -11,9 +12,10 @@ import (
 )
 
 // This file adds the per-Service balancing algorithms (annotation vipgate.io/lb-algorithm, see
-// docs/lb-algorithms.md) to the model's vocabulary, with their meaning in each consumer, the way
-// gateway_ir.go does for the gateway: the netlink encoding (encoder.algoAction), the nft text
-// (algoActionText) and the tracer (tracer.algoAct), reached from gateway_ir.go's dispatchers.
+// docs/lb-algorithms.md) to the model's vocabulary, with their meaning in each consumer: the netlink
+// encoding (encodeJhashMap, encodeRoundRobin), the nft text (jhashMapText, roundRobinText) and the
+// tracer (traceJhashMapDNAT, traceSrcHashMap, traceRoundRobin). Their descriptors, which give
+// them to the consumers, are kinds_lbalgo.go's.
 //
 //	random       the shared picker `numgen random mod N` (ActDNATTupleMap), the default on nodes
 //	round-robin  a chain per Service port: `numgen inc mod (N-i) == 0 ... dnat to endpoint i`
@@ -50,20 +52,6 @@ const (
 type hashShape struct {
 	tuple bool // key daddr . l4proto . dport . slot (else l4proto . dport . slot)
 	flow  bool // hash the flow (else the source address only)
-}
-
-func algoShape(k ActionKind) (hashShape, bool) {
-	switch k {
-	case ActDNATJhashMap, ActDupJhashMap:
-		return hashShape{tuple: true, flow: true}, true
-	case ActDNATProtoPortJhashMap:
-		return hashShape{flow: true}, true
-	case ActDNATSrcHashMap, ActDupSrcHashMap:
-		return hashShape{tuple: true}, true
-	case ActDNATProtoPortSrcHashMap:
-		return hashShape{}, true
-	}
-	return hashShape{}, false
 }
 
 // jhashLookup loads the key (entry . slot), with the slot a jhash of the shape's input modulo
@@ -106,37 +94,41 @@ func (e *encoder) jhashLookup(a Action, sh hashShape) ([]expr.Any, error) {
 	return append(xs, l), nil
 }
 
-// algoAction encodes the algorithm kinds; ok is false for a kind that is not one of them.
-func (e *encoder) algoAction(a Action) (xs []expr.Any, ok bool, err error) {
-	switch a.Kind {
-	case ActDNATProtoPortJhashMap, ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap, ActDupSrcHashMap:
-		sh, _ := algoShape(a.Kind)
+// encodeJhashMap encodes a jhash-map action of shape sh: a DNAT to the endpoint the slot's map
+// element holds, or (dup) a copy sent to the next hop it holds and the original dropped. The IPv6
+// flow hash covers the source address and port only: with the destination address and port as
+// well, key and hash input need more registers than nft 1.0.6 can allocate ("BUG: register reg_low
+// 12 invalid"), and an operator could not load or check what render prints.
+func encodeJhashMap(sh hashShape, dup bool) func(e *encoder, a Action) ([]expr.Any, error) {
+	return func(e *encoder, a Action) ([]expr.Any, error) {
 		xs, err := e.jhashLookup(a, sh)
 		if err != nil {
-			return nil, true, err
+			return nil, err
 		}
-		if a.Kind == ActDupSrcHashMap {
-			return append(xs, &expr.Dup{RegAddr: reg1}, &expr.Verdict{Kind: expr.VerdictDrop}), true, nil
+		if dup {
+			return append(xs, &expr.Dup{RegAddr: reg1}, &expr.Verdict{Kind: expr.VerdictDrop}), nil
 		}
-		return append(xs, e.dnatFromMap()), true, nil
-	case ActDNATRoundRobin:
-		if !a.Addr.IsValid() || cluster.FamilyOf(a.Addr) != e.f {
-			return nil, true, fmt.Errorf("round-robin DNAT to %v in an IPv%d table", a.Addr, e.f)
-		}
-		if a.Value == 1 {
-			return nil, true, fmt.Errorf("round-robin step mod 1 (use 0 for the last endpoint)")
-		}
-		if a.Value > 1 {
-			xs = append(xs,
-				&expr.Numgen{Register: reg1, Modulus: a.Value, Type: unix.NFT_NG_INCREMENTAL},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: hostU32(0)})
-		}
-		return append(xs,
-			&expr.Immediate{Register: reg1, Data: addrBytes(a.Addr.Unmap())},
-			&expr.Immediate{Register: reg2, Data: []byte{byte(a.Port >> 8), byte(a.Port)}},
-			&expr.NAT{Type: expr.NATTypeDestNAT, Family: e.natFamily(), RegAddrMin: reg1, RegProtoMin: reg2}), true, nil
+		return append(xs, e.dnatFromMap()), nil
 	}
-	return nil, false, nil
+}
+
+// encodeRoundRobin encodes ActDNATRoundRobin.
+func encodeRoundRobin(e *encoder, a Action) (xs []expr.Any, err error) {
+	if !a.Addr.IsValid() || cluster.FamilyOf(a.Addr) != e.f {
+		return nil, fmt.Errorf("round-robin DNAT to %v in an IPv%d table", a.Addr, e.f)
+	}
+	if a.Value == 1 {
+		return nil, fmt.Errorf("round-robin step mod 1 (use 0 for the last endpoint)")
+	}
+	if a.Value > 1 {
+		xs = append(xs,
+			&expr.Numgen{Register: reg1, Modulus: a.Value, Type: unix.NFT_NG_INCREMENTAL},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: hostU32(0)})
+	}
+	return append(xs,
+		&expr.Immediate{Register: reg1, Data: addrBytes(a.Addr.Unmap())},
+		&expr.Immediate{Register: reg2, Data: []byte{byte(a.Port >> 8), byte(a.Port)}},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: e.natFamily(), RegAddrMin: reg1, RegProtoMin: reg2}), nil
 }
 
 // flowHashText is the nft spelling of the flow hash input of family ip ("ip" or "ip6").
@@ -156,74 +148,93 @@ func jhashText(ip string, sh hashShape, m uint32) string {
 	return fmt.Sprintf("jhash %s mod %d seed %#x", in, m, GatewayHashSeed)
 }
 
-// algoActionText spells the algorithm kinds; ok is false for a kind that is not one of them.
-func algoActionText(f *Flat, fam nftFamily, a Action) (string, bool, error) {
-	ip := fam.table
-	switch a.Kind {
-	case ActDNATJhashMap, ActDNATProtoPortJhashMap, ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap, ActDupJhashMap, ActDupSrcHashMap:
+// jhashMapText spells a jhash-map action of shape sh (dup: a copy to the next hop, see
+// encodeJhashMap).
+func jhashMapText(sh hashShape, dup bool) func(f *Flat, fam nftFamily, a Action) (string, error) {
+	return func(f *Flat, fam nftFamily, a Action) (string, error) {
+		ip := fam.table
 		if a.Value == 0 {
-			return "", true, fmt.Errorf("jhash modulus 0")
+			return "", fmt.Errorf("jhash modulus 0")
 		}
-		sh, _ := algoShape(a.Kind)
 		key, kind := "meta l4proto . th dport", KindProtoPortEndpoints
 		if sh.tuple {
 			key, kind = ip+" daddr . meta l4proto . th dport", KindTupleEndpoints
 		}
-		if a.Kind == ActDupJhashMap || a.Kind == ActDupSrcHashMap {
-			return fmt.Sprintf("dup to %s . %s map @%s drop", key, jhashText(ip, sh, a.Value), a.Map), true, needSet(f, a.Map, KindTupleAddr)
+		if dup {
+			return fmt.Sprintf("dup to %s . %s map @%s drop", key, jhashText(ip, sh, a.Value), a.Map), needSet(f, a.Map, KindTupleAddr)
 		}
-		return fmt.Sprintf("dnat %s addr . port to %s . %s map @%s", ip, key, jhashText(ip, sh, a.Value), a.Map), true, needSet(f, a.Map, kind)
-	case ActDNATRoundRobin:
-		addr, err := addrText(fam, a.Addr)
-		if err != nil {
-			return "", true, fmt.Errorf("round-robin DNAT: %w", err)
-		}
-		if ip == "ip6" {
-			addr = "[" + addr + "]"
-		}
-		turn := ""
-		switch {
-		case a.Value == 1:
-			return "", true, fmt.Errorf("round-robin step mod 1")
-		case a.Value > 1:
-			turn = fmt.Sprintf("numgen inc mod %d == 0 ", a.Value)
-		}
-		// The protocol match is nft's requirement for a port mapping (see ActAffinityDNAT).
-		return fmt.Sprintf("%smeta l4proto { tcp, udp, sctp } dnat %s to %s:%d", turn, ip, addr, a.Port), true, nil
+		return fmt.Sprintf("dnat %s addr . port to %s . %s map @%s", ip, key, jhashText(ip, sh, a.Value), a.Map), needSet(f, a.Map, kind)
 	}
-	return "", false, nil
 }
 
-// algoAct traces the algorithm kinds; ok is false for a kind that is not one of them.
-func (t *tracer) algoAct(st pstate, ch *Chain, idx int, r Rule, text, by string, done func(pstate, verdict, string)) (next pstate, cont, ok bool) {
-	a := r.Action
-	switch a.Kind {
-	case ActDNATProtoPortJhashMap:
+// roundRobinText spells ActDNATRoundRobin.
+func roundRobinText(f *Flat, fam nftFamily, a Action) (string, error) {
+	ip := fam.table
+	addr, err := addrText(fam, a.Addr)
+	if err != nil {
+		return "", fmt.Errorf("round-robin DNAT: %w", err)
+	}
+	if ip == "ip6" {
+		addr = "[" + addr + "]"
+	}
+	turn := ""
+	switch {
+	case a.Value == 1:
+		return "", fmt.Errorf("round-robin step mod 1")
+	case a.Value > 1:
+		turn = fmt.Sprintf("numgen inc mod %d == 0 ", a.Value)
+	}
+	// The protocol match is nft's requirement for a port mapping (see ActAffinityDNAT).
+	return fmt.Sprintf("%smeta l4proto { tcp, udp, sctp } dnat %s to %s:%d", turn, ip, addr, a.Port), nil
+}
+
+// roundRobinHint proposes a round-robin step's turn and endpoint.
+func roundRobinHint(h hints) Action {
+	a := Action{Value: h.modulus}
+	if len(h.imm) == 2 && len(h.imm[1]) == 2 {
+		a.Addr, _ = netip.AddrFromSlice(h.imm[0])
+		a.Port = binary.BigEndian.Uint16(h.imm[1])
+	}
+	return a
+}
+
+// traceJhashMapDNAT traces a DNAT by a flow hash over the slots of an endpoint map of kind
+// (ActDNATProtoPortJhashMap's KindProtoPortEndpoints, ActDNATJhashMap's KindTupleEndpoints): a
+// Packet has no source port, so every endpoint the entry's slots lead to is a branch (GatewaySlot
+// finds the one a given flow takes).
+func traceJhashMapDNAT(kind SetKind) func(c actCall, st pstate, a Action) (pstate, bool) {
+	return func(c actCall, st pstate, a Action) (pstate, bool) {
+		t, ch, idx, text, by, done := c.t, c.ch, c.idx, c.text, c.by, c.done
 		if err := t.checkNAT(st, "dnat", HookPrerouting, HookOutput); err != nil {
 			t.fail("%s: %v", by, err)
-			return st, false, true
+			return st, false
 		}
-		t.jhashBranches(st, ch, idx, text, a, KindProtoPortEndpoints, by, done, func(b pstate, ep netip.AddrPort, slots int) {
+		t.jhashBranches(st, ch, idx, text, a, kind, by, done, func(b pstate, ep netip.AddrPort, slots int) {
 			b.dst, b.port, b.dnat, b.dnatBy = ep.Addr(), ep.Port(), true, by
 			t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: DNAT to %s (%d of %d slots)", ep, slots, a.Value)).Endpoint = ep
 			done(b, vAccept, by)
 		})
-		return st, false, true
-	case ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap, ActDupSrcHashMap:
-		route := a.Kind == ActDupSrcHashMap
+		return st, false
+	}
+}
+
+// traceSrcHashMap traces ActDNATSrcHashMap, ActDNATProtoPortSrcHashMap and (route) ActDupSrcHashMap:
+// the client address is known, so the slot is computed.
+func traceSrcHashMap(tuple, route bool) func(c actCall, st pstate, a Action) (pstate, bool) {
+	return func(c actCall, st pstate, a Action) (pstate, bool) {
+		t, ch, idx, text, by, done := c.t, c.ch, c.idx, c.text, c.by, c.done
 		if !route {
 			if err := t.checkNAT(st, "dnat", HookPrerouting, HookOutput); err != nil {
 				t.fail("%s: %v", by, err)
-				return st, false, true
+				return st, false
 			}
 		}
 		if a.Value == 0 {
 			t.fail("%s: jhash modulus 0", by)
-			return st, false, true
+			return st, false
 		}
 		// The client address is known, so the hash is computed: one branch, as in the kernel.
 		slot := SourceHashSlot(st.src, a.Value)
-		tuple := a.Kind != ActDNATProtoPortSrcHashMap
 		kind := KindProtoPortEndpoints
 		switch {
 		case route:
@@ -236,48 +247,52 @@ func (t *tracer) algoAct(st pstate, ch *Chain, idx int, r Rule, text, by string,
 		e, found, err := t.lookup(a.Map, key, kind)
 		if err != nil {
 			t.fail("%s: %v", by, err)
-			return st, false, true
+			return st, false
 		}
 		if !found {
 			t.stepOf(st, StepNoMatch, ch.Name, idx, text, fmt.Sprintf("no match: %s . %d (jhash of %s) not in @%s", keyText, slot, st.src, a.Map))
-			return st, true, true
+			return st, true
 		}
 		ep := netip.AddrPortFrom(e.DataAddr.Unmap(), e.DataPort)
 		if route {
 			t.stepOf(st, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: client %s hashes to slot %d of %d: sent unchanged to next hop %s; the original is dropped", st.src, slot, a.Value, ep.Addr()))
 			t.sendTo(st, netip.AddrPortFrom(ep.Addr(), st.port), "routed by "+by)
-			return st, false, true
+			return st, false
 		}
 		st.dst, st.port, st.dnat, st.dnatBy = ep.Addr(), ep.Port(), true, by
 		t.stepOf(st, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: client %s hashes to %d of %d: DNAT to %s", st.src, slot, a.Value, ep)).Endpoint = ep
 		done(st, vAccept, by)
-		return st, false, true
-	case ActDNATRoundRobin:
-		if err := t.checkNAT(st, "dnat", HookPrerouting, HookOutput); err != nil {
-			t.fail("%s: %v", by, err)
-			return st, false, true
-		}
-		if !a.Addr.IsValid() || a.Value == 1 {
-			t.fail("%s: bad round-robin step %+v", by, a)
-			return st, false, true
-		}
-		dnat := func(b pstate, note string) {
-			b.dst, b.port, b.dnat, b.dnatBy = a.Addr.Unmap(), a.Port, true, by
-			t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("%s: DNAT to %s", note, netip.AddrPortFrom(b.dst, b.port))).Endpoint = netip.AddrPortFrom(b.dst, b.port)
-			done(b, vAccept, by)
-		}
-		if a.Value == 0 {
-			dnat(st, "match (last in turn)")
-			return st, false, true
-		}
-		// The counter is kernel state: its turn both comes and does not.
-		label := fmt.Sprintf("%s#%d", ch.Name, idx)
-		dnat(st.fork(label+" its turn", 1/float64(a.Value)), fmt.Sprintf("match: every %d-th new connection reaching this rule", a.Value))
-		notTaken := st.fork(label+" not its turn", float64(a.Value-1)/float64(a.Value))
-		t.stepOf(notTaken, StepNoMatch, ch.Name, idx, text, "no match: not this endpoint's turn")
-		return notTaken, true, true
+		return st, false
 	}
-	return st, false, false
+}
+
+// traceRoundRobin traces ActDNATRoundRobin: the counter is kernel state, so a step both takes its
+// turn and does not.
+func traceRoundRobin(c actCall, st pstate, a Action) (pstate, bool) {
+	t, ch, idx, text, by, done := c.t, c.ch, c.idx, c.text, c.by, c.done
+	if err := t.checkNAT(st, "dnat", HookPrerouting, HookOutput); err != nil {
+		t.fail("%s: %v", by, err)
+		return st, false
+	}
+	if !a.Addr.IsValid() || a.Value == 1 {
+		t.fail("%s: bad round-robin step %+v", by, a)
+		return st, false
+	}
+	dnat := func(b pstate, note string) {
+		b.dst, b.port, b.dnat, b.dnatBy = a.Addr.Unmap(), a.Port, true, by
+		t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("%s: DNAT to %s", note, netip.AddrPortFrom(b.dst, b.port))).Endpoint = netip.AddrPortFrom(b.dst, b.port)
+		done(b, vAccept, by)
+	}
+	if a.Value == 0 {
+		dnat(st, "match (last in turn)")
+		return st, false
+	}
+	// The counter is kernel state: its turn both comes and does not.
+	label := fmt.Sprintf("%s#%d", ch.Name, idx)
+	dnat(st.fork(label+" its turn", 1/float64(a.Value)), fmt.Sprintf("match: every %d-th new connection reaching this rule", a.Value))
+	notTaken := st.fork(label+" not its turn", float64(a.Value-1)/float64(a.Value))
+	t.stepOf(notTaken, StepNoMatch, ch.Name, idx, text, "no match: not this endpoint's turn")
+	return notTaken, true
 }
 
 // SourceHashSlot returns the slot the kernel's `jhash ip saddr mod m seed GatewayHashSeed` computes

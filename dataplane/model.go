@@ -12,8 +12,9 @@ import (
 // elements the kernel should hold. Three consumers read it and must agree on its meaning:
 // render.go (nft syntax), netlink.go (the kernel) and trace.go (the packet tracer). So a rule is not free
 // text but a small closed vocabulary of match and action kinds; each kind has exactly one meaning in each
-// consumer, and a consumer that meets an unknown kind fails loudly. kinds.go gathers a kind's meanings
-// into one descriptor (session affinity's so far; the other kinds are still spelled in each consumer).
+// consumer, and a consumer that meets an unknown kind fails loudly. Every kind's meanings are one
+// descriptor (kinds.go, with the descriptors in kinds_*.go by family of kinds): the consumers have no
+// switch over kinds, only a lookup, and kinds.go says how to add a kind.
 
 // Proto numbers used in set keys (IANA protocol numbers, as `meta l4proto` yields them).
 const (
@@ -266,7 +267,9 @@ type Part struct {
 	Chains   []*Chain
 	Sets     []*Set
 	Elements []Element
-	// Uses lists the shared chains (by name) this part's rules and elements jump to.
+	// Uses lists the shared chains (by name) this part's rules and elements jump to. Read only: parts
+	// built in one sync share equal lists (compact.go, nameInterner), so a write through one part
+	// would change the others'; its capacity equals its length, so an append copies.
 	Uses []string
 	// Backends and Entries describe the Service for conntrack cleanup and health checks; they are not
 	// programmed.

@@ -337,38 +337,12 @@ func (e *encoder) addrType() nftables.SetDatatype {
 }
 
 func (e *encoder) nftSet(s *Set) (*nftables.Set, error) {
-	a := e.addrType()
 	ns := &nftables.Set{Table: e.t, Name: s.Name, Comment: s.Comment}
-	switch s.Kind {
-	case KindAddr:
-		ns.KeyType = a
-	case KindPrefix:
-		ns.KeyType, ns.Interval = a, true
-	case KindTupleVmap:
-		ns.KeyType, ns.IsMap, ns.DataType = nftables.MustConcatSetType(a, nftables.TypeInetProto, nftables.TypeInetService), true, nftables.TypeVerdict
-	case KindProtoPortVmap:
-		ns.KeyType, ns.IsMap, ns.DataType = nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService), true, nftables.TypeVerdict
-	case KindTupleEndpoints:
-		ns.KeyType = nftables.MustConcatSetType(a, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark)
-		ns.IsMap, ns.DataType = true, nftables.MustConcatSetType(a, nftables.TypeInetService)
-	case KindProtoPortEndpoints:
-		ns.KeyType = nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark)
-		ns.IsMap, ns.DataType = true, nftables.MustConcatSetType(a, nftables.TypeInetService)
-	case KindTupleAddr:
-		ns.KeyType = nftables.MustConcatSetType(a, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark)
-		ns.IsMap, ns.DataType = true, a
-	case KindHairpin:
-		ns.KeyType = nftables.MustConcatSetType(a, a, nftables.TypeInetProto, nftables.TypeInetService)
-	default:
-		if d := setKindDescs[s.Kind]; d != nil { // kinds.go
-			d.nftSet(e, s, ns)
-			return ns, nil
-		}
-		if e.gatewayNftSet(s, ns) { // gateway_conntable.go
-			return ns, nil
-		}
+	d := setKindDescs[s.Kind] // kinds.go
+	if d == nil {
 		return nil, fmt.Errorf("set %s: unknown kind %d", s.Name, s.Kind)
 	}
+	d.nftSet(e, s, ns)
 	return ns, nil
 }
 
@@ -480,53 +454,11 @@ func (e *encoder) writeElement(w *elementLists, key, val []byte, s *Set, el Elem
 	if e.f == cluster.IPv6 {
 		alen = 16
 	}
-	switch s.Kind {
-	case KindAddr:
-		putAddr(key, el.Addr)
-		w.element(key[:alen], nil, nil, false)
-	case KindPrefix:
-		putAddr(key, el.Prefix.Masked().Addr())
-		w.element(key[:alen], nil, nil, false)
-		if end, ok := prefixEnd(el.Prefix); ok {
-			putAddr(key, end)
-			w.element(key[:alen], nil, nil, true)
-		}
-	case KindTupleVmap:
-		putPort(putProto(putAddr(key, el.Addr), el.Proto), el.Port)
-		w.element(key[:alen+8], nil, verdictData(el), false)
-	case KindProtoPortVmap:
-		putPort(putProto(key, el.Proto), el.Port)
-		w.element(key[:8], nil, verdictData(el), false)
-	case KindTupleEndpoints:
-		putU32(putPort(putProto(putAddr(key, el.Addr), el.Proto), el.Port), el.Index)
-		putPort(putAddr(val, el.DataAddr), el.DataPort)
-		w.element(key[:alen+12], val[:alen+4], nil, false)
-	case KindTupleAddr:
-		putU32(putPort(putProto(putAddr(key, el.Addr), el.Proto), el.Port), el.Index)
-		putAddr(val, el.DataAddr)
-		w.element(key[:tupleAddrKeyLen(alen)], val[:alen], nil, false)
-	case KindProtoPortEndpoints:
-		putU32(putPort(putProto(key, el.Proto), el.Port), el.Index)
-		putPort(putAddr(val, el.DataAddr), el.DataPort)
-		w.element(key[:12], val[:alen+4], nil, false)
-	case KindHairpin:
-		putPort(putProto(putAddr(putAddr(key, el.Addr), el.Addr2), el.Proto), el.Port)
-		w.element(key[:2*alen+8], nil, nil, false)
-	default:
-		if d := setKindDescs[s.Kind]; d != nil { // kinds.go
-			w.element(d.key(el, key, alen), nil, nil, false)
-			return nil
-		}
-		k, v, ok, err := gatewayElementBytes(s, el, key, val, alen) // gateway_conntable.go
-		if !ok {
-			return fmt.Errorf("unknown set kind %d", s.Kind)
-		}
-		if err != nil {
-			return err
-		}
-		w.element(k, v, nil, false)
+	d := setKindDescs[s.Kind] // kinds.go
+	if d == nil || d.element == nil {
+		return fmt.Errorf("unknown set kind %d", s.Kind)
 	}
-	return nil
+	return d.element(w, key, val, el, alen)
 }
 
 // prefixEnd returns the first address after p (the exclusive end of an interval), if there is one.
@@ -646,140 +578,22 @@ func (e *encoder) rule(r Rule) ([]expr.Any, error) {
 	return append(out, x...), nil
 }
 
+// match encodes match m (its kind's encode, kinds.go).
 func (e *encoder) match(m Match) ([]expr.Any, error) {
-	switch m.Kind {
-	case MatchCtStateNew:
-		return []expr.Any{
-			&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: hostU32(expr.CtStateBitNEW), Xor: hostU32(0)},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: hostU32(0)},
-		}, nil
-	case MatchCtStatusDNAT:
-		return []expr.Any{
-			&expr.Ct{Register: reg1, Key: expr.CtKeySTATUS},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: hostU32(ipsDstNAT), Xor: hostU32(0)},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: hostU32(0)},
-		}, nil
-	case MatchDaddrInSet, MatchSaddrInSet, MatchSaddrNotInSet:
-		load := e.loadDaddr(reg1)
-		if m.Kind != MatchDaddrInSet {
-			load = e.loadSaddr(reg1)
-		}
-		l, err := e.lookup(m.Set, reg1, m.Kind == MatchSaddrNotInSet)
-		if err != nil {
-			return nil, err
-		}
-		return []expr.Any{load, l}, nil
-	case MatchSaddrInPrefix:
-		p := m.Prefix.Masked()
-		mask := make([]byte, p.Addr().BitLen()/8)
-		for i := 0; i < p.Bits(); i++ {
-			mask[i/8] |= 1 << (7 - uint(i%8))
-		}
-		return []expr.Any{
-			e.loadSaddr(reg1),
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: uint32(len(mask)), Mask: mask, Xor: make([]byte, len(mask))},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addrBytes(p.Addr())},
-		}, nil
-	case MatchFibSaddrLocal:
-		return []expr.Any{
-			&expr.Fib{Register: reg1, FlagSADDR: true, ResultADDRTYPE: true},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: hostU32(unix.RTN_LOCAL)},
-		}, nil
-	case MatchMarkAny:
-		return []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: hostU32(m.Value), Xor: hostU32(0)},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: hostU32(0)},
-		}, nil
-	case MatchHairpin:
-		r := uint32(reg32)
-		out := []expr.Any{e.loadSaddr(r)}
-		r += e.addrRegs()
-		out = append(out, e.loadDaddr(r))
-		r += e.addrRegs()
-		out = append(out, loadL4Proto(r), loadDport(r+1))
-		l, err := e.lookup(m.Set, reg32, false)
-		if err != nil {
-			return nil, err
-		}
-		return append(out, l), nil
-	case MatchNumgenZero:
-		return []expr.Any{
-			&expr.Numgen{Register: reg1, Modulus: m.Value, Type: unix.NFT_NG_RANDOM},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: hostU32(0)},
-		}, nil
-	case MatchFragment:
-		return e.fragmentMatch(), nil // gateway_netdev.go
-	case MatchPktTypeHost:
-		return pktTypeHostMatch(), nil // gateway_netdev.go
+	d := matchKindDescs[m.Kind]
+	if d == nil {
+		return nil, fmt.Errorf("unknown match kind %d", m.Kind)
 	}
-	return nil, fmt.Errorf("unknown match kind %d", m.Kind)
+	return d.encode(e, m)
 }
 
+// action encodes action a (its kind's encode, kinds.go).
 func (e *encoder) action(a Action) ([]expr.Any, error) {
-	switch a.Kind {
-	case ActJump:
-		return []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: a.Chain}}, nil
-	case ActGoto:
-		return []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: a.Chain}}, nil
-	case ActReturn:
-		return []expr.Any{&expr.Verdict{Kind: expr.VerdictReturn}}, nil
-	case ActDrop:
-		return []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}, nil
-	case ActReject:
-		code := uint8(3) // ICMP port unreachable
-		if e.f == cluster.IPv6 {
-			code = 4 // ICMPv6 port unreachable
-		}
-		return []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: code}}, nil
-	case ActMarkSet:
-		return []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: hostU32(^a.Value), Xor: hostU32(a.Value)},
-			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
-		}, nil
-	case ActMasqClearMark:
-		return []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: hostU32(0xffffffff), Xor: hostU32(a.Value)},
-			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
-			&expr.Masq{FullyRandom: true},
-		}, nil
-	case ActMasquerade:
-		return []expr.Any{&expr.Masq{FullyRandom: true}}, nil
-	case ActVmapTuple:
-		key, _ := e.tupleKey()
-		l, err := e.mapLookup(a.Map, reg32, regVer)
-		if err != nil {
-			return nil, err
-		}
-		return append(key, l), nil
-	case ActVmapProtoPort:
-		l, err := e.mapLookup(a.Map, reg32, regVer)
-		if err != nil {
-			return nil, err
-		}
-		return []expr.Any{loadL4Proto(reg32), loadDport(reg32 + 1), l}, nil
-	case ActDNATTupleMap:
-		key, next := e.tupleKey()
-		key = append(key, &expr.Numgen{Register: next, Modulus: a.Value, Type: unix.NFT_NG_RANDOM})
-		l, err := e.mapLookup(a.Map, reg32, reg1)
-		if err != nil {
-			return nil, err
-		}
-		return append(key, l, e.dnatFromMap()), nil
-	case ActDNATProtoPortMap:
-		l, err := e.mapLookup(a.Map, reg32, reg1)
-		if err != nil {
-			return nil, err
-		}
-		return []expr.Any{loadL4Proto(reg32), loadDport(reg32 + 1), &expr.Numgen{Register: reg32 + 2, Modulus: a.Value, Type: unix.NFT_NG_RANDOM}, l, e.dnatFromMap()}, nil
+	d := actionKindDescs[a.Kind]
+	if d == nil {
+		return nil, fmt.Errorf("unknown action kind %d", a.Kind)
 	}
-	if d := actionKindDescs[a.Kind]; d != nil { // kinds.go
-		return d.encode(e, a)
-	}
-	return e.gatewayAction(a) // gateway_ir.go; unknown kinds fail there
+	return d.encode(e, a)
 }
 
 // ipsDstNAT is IPS_DST_NAT from the kernel's nf_conntrack_common.h: the connection was DNATed.

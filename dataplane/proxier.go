@@ -93,8 +93,10 @@ type Proxier struct {
 	mu       sync.Mutex
 	fams     map[cluster.Family]*familyState
 	needFull bool
-	// What the last successful sync saw, to find changed Services by pointer.
-	seen map[cluster.ServiceKey]seenService
+	// What the last successful sync saw, to find changed Services by pointer: seen for every
+	// Service, seenSlices the slices of those with more than one (see seenService).
+	seen       map[cluster.ServiceKey]seenService
+	seenSlices map[cluster.ServiceKey][]*cluster.EndpointSlice
 	// nodeAddrs are the node addresses the last sync screened external IPs against; when they
 	// change, every Service with external or LoadBalancer IPs is screened again.
 	nodeAddrs map[netip.Addr]bool
@@ -186,7 +188,7 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 		if fs == nil {
 			fs = &familyState{
 				rs:         &Ruleset{Family: f, Table: p.cfg.Table, Services: make(map[cluster.ServiceKey]*Part, len(changed)), Shared: map[string]*Chain{}},
-				elemRefs:   newElementRefs(0),
+				elemRefs:   newElementRefsOf(f, 0),
 				sharedRefs: map[string]int{},
 				claims:     newClaimTable(),
 				refused:    map[cluster.ServiceKey][]Refusal{},
@@ -205,6 +207,8 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 		ni := p.nodeInfo(f)
 		ni.Screen = screen
 		ni.shared = map[string]string{}
+		ni.names = newNameInterner()
+		ni.picks = map[pickKey]string{}
 		// Withdraw every claim of the changed Services, then make their new ones. Who holds an
 		// entry afterwards depends only on who claims it, never on this order (claims.go); a
 		// Service that gains or loses an entry this way is rebuilt too (moved).
@@ -242,6 +246,9 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 			}
 		}
 		if tx.Full {
+			// Every built part is added (diff.go's addParts, after the base's): the list at its
+			// final size.
+			tx.addParts = slices.Grow(tx.addParts, len(built))
 			// The count of sharable elements at its final size. (The transaction lists the parts
 			// whose elements it adds: diff.go's addParts.)
 			sharable := 0
@@ -250,7 +257,7 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 				sharable += s
 			}
 			if fs.elemRefs.len() == 0 {
-				fs.elemRefs = newElementRefs(sharable)
+				fs.elemRefs = newElementRefsOf(f, sharable)
 				d.refs = fs.elemRefs
 			}
 		}
@@ -432,7 +439,7 @@ func (p *Proxier) changedServices(st *cluster.State) []cluster.ServiceKey {
 		}
 	}
 	for k, svc := range st.Services {
-		if s := p.seen[k]; s.svc != svc || !slices.Equal(s.slices, st.EndpointSlices[k]) {
+		if s := p.seen[k]; s.svc != svc || !p.sameSlices(k, s, st.EndpointSlices[k]) {
 			add(k)
 		}
 	}
@@ -445,22 +452,45 @@ func (p *Proxier) changedServices(st *cluster.State) []cluster.ServiceKey {
 	return out
 }
 
-// seenService is what a sync saw of one Service: its object and its slices.
+// seenService is what a sync saw of one Service: its object and, when it had exactly one, its
+// slice (most Services have one; those with more keep them in Proxier.seenSlices). Two pointers
+// instead of a pointer and a slice: the map of every Service is a fifth smaller (10,000 Services:
+// 1.1 -> 0.9 MiB).
 type seenService struct {
-	svc    *cluster.Service
-	slices []*cluster.EndpointSlice
+	svc   *cluster.Service
+	slice *cluster.EndpointSlice
+}
+
+// sameSlices says whether slices are the ones the last sync saw of Service k (s).
+func (p *Proxier) sameSlices(k cluster.ServiceKey, s seenService, slices_ []*cluster.EndpointSlice) bool {
+	if len(slices_) == 1 {
+		return s.slice == slices_[0]
+	}
+	return s.slice == nil && slices.Equal(p.seenSlices[k], slices_)
 }
 
 func (p *Proxier) remember(st *cluster.State, changed []cluster.ServiceKey, full bool) {
 	if full || p.seen == nil {
 		p.seen = make(map[cluster.ServiceKey]seenService, len(st.Services))
+		p.seenSlices = map[cluster.ServiceKey][]*cluster.EndpointSlice{}
 	}
 	for _, k := range changed {
-		if v := st.Services[k]; v != nil {
-			p.seen[k] = seenService{v, st.EndpointSlices[k]}
-		} else {
+		v := st.Services[k]
+		if v == nil {
 			delete(p.seen, k)
+			delete(p.seenSlices, k)
+			continue
 		}
+		s := seenService{svc: v}
+		if sl := st.EndpointSlices[k]; len(sl) == 1 {
+			s.slice = sl[0]
+			delete(p.seenSlices, k)
+		} else if len(sl) > 1 {
+			p.seenSlices[k] = sl
+		} else {
+			delete(p.seenSlices, k)
+		}
+		p.seen[k] = s
 	}
 }
 

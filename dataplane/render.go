@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/vipgate/vipgate/cluster"
@@ -124,46 +123,18 @@ func orderedNames[V any](order []string, m map[string]V) []string {
 	return append(out, rest...)
 }
 
-// setDecl returns the keyword (set or map) and the declaration lines of a set kind.
+// setDecl returns the keyword (set or map) and the declaration lines of a set kind (kinds.go).
 func setDecl(fam nftFamily, s *Set) (keyword string, lines []string, err error) {
-	a := fam.addrType
-	switch s.Kind {
-	case KindAddr:
-		return "set", []string{"type " + a}, nil
-	case KindPrefix:
-		return "set", []string{"type " + a, "flags interval"}, nil
-	case KindTupleVmap:
-		return "map", []string{"type " + a + " . inet_proto . inet_service : verdict"}, nil
-	case KindProtoPortVmap:
-		return "map", []string{"type inet_proto . inet_service : verdict"}, nil
-	case KindTupleEndpoints:
-		// `typeof`, not `type ... . mark`: nft types `numgen random mod N` as a plain integer and
-		// refuses to look it up in a map keyed by mark.
-		return "map", []string{fmt.Sprintf("typeof %[1]s daddr . meta l4proto . th dport . numgen random mod 1 : %[1]s daddr . th dport", fam.table)}, nil
-	case KindProtoPortEndpoints:
-		return "map", []string{fmt.Sprintf("typeof meta l4proto . th dport . numgen random mod 1 : %s daddr . th dport", fam.table)}, nil
-	case KindTupleAddr:
-		return "map", []string{fmt.Sprintf("typeof %[1]s daddr . meta l4proto . th dport . numgen random mod 1 : %[1]s daddr", fam.table)}, nil
-	case KindHairpin:
-		return "set", []string{"type " + a + " . " + a + " . inet_proto . inet_service"}, nil
+	d := setKindDescs[s.Kind]
+	if d == nil {
+		return "", nil, fmt.Errorf("set %q: unknown set kind %d", s.Name, s.Kind)
 	}
-	if d := setKindDescs[s.Kind]; d != nil { // kinds.go
-		keyword, lines := d.decl(fam, s)
-		return keyword, lines, nil
-	}
-	return "", nil, fmt.Errorf("set %q: unknown set kind %d", s.Name, s.Kind)
-}
-
-// setDeclGateway is setDecl with the gateway connection table's maps first (gateway_conntable.go).
-func setDeclGateway(fam nftFamily, s *Set) (string, []string, error) {
-	if lines, ok := gatewaySetDecl(fam, s); ok {
-		return "map", lines, nil
-	}
-	return setDecl(fam, s)
+	keyword, lines = d.decl(fam, s)
+	return keyword, lines, nil
 }
 
 func renderSet(w *bufio.Writer, f *Flat, fam nftFamily, s *Set) error {
-	keyword, lines, err := setDeclGateway(fam, s)
+	keyword, lines, err := setDecl(fam, s)
 	if err != nil {
 		return err
 	}
@@ -261,80 +232,18 @@ func needChain(f *Flat, name string) error {
 	return nil
 }
 
-// elementText formats one element of set s.
+// elementText formats one element of set s (its kind's text, kinds.go).
 func elementText(f *Flat, fam nftFamily, s *Set, e Element) (string, error) {
 	wrap := func(err error) error { return fmt.Errorf("set %q element %+v: %w", s.Name, e, err) }
-	proto := ProtoName(e.Proto)
-	port := strconv.Itoa(int(e.Port))
-	switch s.Kind {
-	case KindAddr:
-		a, err := addrText(fam, e.Addr)
-		if err != nil {
-			return "", wrap(err)
-		}
-		return a, nil
-	case KindPrefix:
-		p, err := prefixText(fam, e.Prefix)
-		if err != nil {
-			return "", wrap(err)
-		}
-		return p, nil
-	case KindTupleVmap, KindProtoPortVmap:
-		v, err := verdictText(f, e)
-		if err != nil {
-			return "", wrap(err)
-		}
-		if s.Kind == KindProtoPortVmap {
-			return proto + " . " + port + " : " + v, nil
-		}
-		a, err := addrText(fam, e.Addr)
-		if err != nil {
-			return "", wrap(err)
-		}
-		return a + " . " + proto + " . " + port + " : " + v, nil
-	case KindTupleAddr:
-		d, err := addrText(fam, e.DataAddr)
-		if err != nil {
-			return "", wrap(err)
-		}
-		a, err := addrText(fam, e.Addr)
-		if err != nil {
-			return "", wrap(err)
-		}
-		return a + " . " + proto + " . " + port + " . " + strconv.FormatUint(uint64(e.Index), 10) + " : " + d, nil
-	case KindTupleEndpoints, KindProtoPortEndpoints:
-		d, err := addrText(fam, e.DataAddr)
-		if err != nil {
-			return "", wrap(err)
-		}
-		data := d + " . " + strconv.Itoa(int(e.DataPort))
-		key := proto + " . " + port + " . " + strconv.FormatUint(uint64(e.Index), 10)
-		if s.Kind == KindProtoPortEndpoints {
-			return key + " : " + data, nil
-		}
-		a, err := addrText(fam, e.Addr)
-		if err != nil {
-			return "", wrap(err)
-		}
-		return a + " . " + key + " : " + data, nil
-	case KindHairpin:
-		a, err := addrText(fam, e.Addr)
-		if err != nil {
-			return "", wrap(err)
-		}
-		a2, err := addrText(fam, e.Addr2)
-		if err != nil {
-			return "", wrap(err)
-		}
-		return a + " . " + a2 + " . " + proto + " . " + port, nil
+	d := setKindDescs[s.Kind]
+	if d == nil || d.text == nil {
+		return "", wrap(fmt.Errorf("unknown set kind %d", s.Kind))
 	}
-	if t, ok, err := gatewayElementText(fam, s, e); ok { // gateway_conntable.go
-		if err != nil {
-			return "", wrap(err)
-		}
-		return t, nil
+	t, err := d.text(f, fam, s, e)
+	if err != nil {
+		return "", wrap(err)
 	}
-	return "", wrap(fmt.Errorf("unknown set kind %d", s.Kind))
+	return t, nil
 }
 
 func renderChain(w *bufio.Writer, f *Flat, fam nftFamily, c *Chain) error {
@@ -404,85 +313,22 @@ func needSet(f *Flat, name string, kinds ...SetKind) error {
 	return nil
 }
 
-// addrSetKinds are the sets an address can be looked up in.
-var addrSetKinds = []SetKind{KindAddr, KindPrefix, KindAffinity}
-
+// matchText is the nft spelling of match m (its kind's text, kinds.go).
 func matchText(f *Flat, fam nftFamily, m Match) (string, error) {
-	ip := fam.table
-	switch m.Kind {
-	case MatchCtStateNew:
-		return "ct state new", nil
-	case MatchCtStatusDNAT:
-		return "ct status dnat", nil
-	case MatchDaddrInSet:
-		return ip + " daddr @" + m.Set, needSet(f, m.Set, addrSetKinds...)
-	case MatchSaddrInSet:
-		return ip + " saddr @" + m.Set, needSet(f, m.Set, addrSetKinds...)
-	case MatchSaddrNotInSet:
-		return ip + " saddr != @" + m.Set, needSet(f, m.Set, addrSetKinds...)
-	case MatchSaddrInPrefix:
-		p, err := prefixText(fam, m.Prefix)
-		if err != nil {
-			return "", fmt.Errorf("saddr match: %w", err)
-		}
-		return ip + " saddr " + p, nil
-	case MatchFibSaddrLocal:
-		return "fib saddr type local", nil
-	case MatchMarkAny:
-		return fmt.Sprintf("meta mark & %#x != 0", m.Value), nil
-	case MatchHairpin:
-		return fmt.Sprintf("%[1]s saddr . %[1]s daddr . meta l4proto . th dport @%s", ip, m.Set), needSet(f, m.Set, KindHairpin)
-	case MatchNumgenZero:
-		if m.Value == 0 {
-			return "", fmt.Errorf("numgen modulus 0")
-		}
-		return fmt.Sprintf("numgen random mod %d == 0", m.Value), nil
-	case MatchFragment:
-		return fragmentText(fam), nil // gateway_netdev.go
-	case MatchPktTypeHost:
-		return "meta pkttype host", nil // gateway_netdev.go
+	d := matchKindDescs[m.Kind]
+	if d == nil {
+		return "", fmt.Errorf("unknown match kind %d", m.Kind)
 	}
-	return "", fmt.Errorf("unknown match kind %d", m.Kind)
+	return d.text(f, fam, m)
 }
 
+// actionText is the nft spelling of action a (its kind's text, kinds.go).
 func actionText(f *Flat, fam nftFamily, a Action) (string, error) {
-	ip := fam.table
-	tuple := ip + " daddr . meta l4proto . th dport"
-	switch a.Kind {
-	case ActJump:
-		return "jump " + a.Chain, needChain(f, a.Chain)
-	case ActGoto:
-		return "goto " + a.Chain, needChain(f, a.Chain)
-	case ActReturn:
-		return "return", nil
-	case ActDrop:
-		return "drop", nil
-	case ActReject:
-		return "reject", nil
-	case ActMarkSet:
-		return fmt.Sprintf("meta mark set meta mark | %#x", a.Value), nil
-	case ActMasqClearMark:
-		return fmt.Sprintf("meta mark set meta mark ^ %#x masquerade fully-random", a.Value), nil
-	case ActMasquerade:
-		return "masquerade fully-random", nil
-	case ActVmapTuple:
-		return tuple + " vmap @" + a.Map, needSet(f, a.Map, KindTupleVmap)
-	case ActVmapProtoPort:
-		return "meta l4proto . th dport vmap @" + a.Map, needSet(f, a.Map, KindProtoPortVmap)
-	case ActDNATTupleMap, ActDNATProtoPortMap:
-		if a.Value == 0 {
-			return "", fmt.Errorf("numgen modulus 0")
-		}
-		key, kind := tuple, KindTupleEndpoints
-		if a.Kind == ActDNATProtoPortMap {
-			key, kind = "meta l4proto . th dport", KindProtoPortEndpoints
-		}
-		return fmt.Sprintf("dnat %s addr . port to %s . numgen random mod %d map @%s", ip, key, a.Value, a.Map), needSet(f, a.Map, kind)
+	d := actionKindDescs[a.Kind]
+	if d == nil {
+		return "", fmt.Errorf("unknown action kind %d", a.Kind)
 	}
-	if d := actionKindDescs[a.Kind]; d != nil { // kinds.go
-		return d.text(f, fam, a)
-	}
-	return gatewayActionText(f, fam, a) // gateway_ir.go; unknown kinds fail there
+	return d.text(f, fam, a)
 }
 
 // quote makes s an nft string literal. nft strings cannot escape a double quote, and comments are

@@ -158,7 +158,7 @@ func TestRenderNftAcceptsGatewayFastPath(t *testing.T) {
 				}
 				text := RenderString(gatewayNetdevRuleset(cfg, fam, grs, plan).Flatten())
 				ip := map[cluster.Family]string{cluster.IPv4: "ip", cluster.IPv6: "ip6"}[fam]
-				for _, want := range []string{"table netdev " + NetdevTableName(cfg.Table, fam), `hook ingress devices = { "lo" }`, "fwd " + ip + " to ", "meta pkttype host " + ip + " daddr @gateway-vips jump services"} {
+				for _, want := range []string{"table netdev " + NetdevTableName(cfg.Table, fam), `hook ingress devices = { "lo" }`, "fwd " + ip + " to ", "meta pkttype host " + ip + " daddr . meta l4proto . th dport vmap @service-ips"} {
 					if !strings.Contains(text, want) {
 						t.Errorf("IPv%d netdev table has no %q:\n%s", fam, want, text)
 					}

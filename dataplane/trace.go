@@ -17,10 +17,10 @@ import (
 // too (Step.Kind, Candidate.Rule, MasqReason, Probability, Result.Decisions) besides the words, and
 // explain.go builds its report from those: nothing downstream reads the prose.
 //
-// It evaluates the model, not nft text, and knows every match and action kind of model.go. Anything it
-// does not know — an unknown kind, a lookup in a set the table does not hold, a NAT statement in a
-// chain the kernel would refuse it in — ends the trace with Outcome ERROR, so the tracer can never
-// drift silently from the rules.
+// It evaluates the model, not nft text, and knows every match and action kind of model.go through
+// its descriptor's trace (kinds.go). Anything it does not know — an unknown kind, a lookup in a set
+// the table does not hold, a NAT statement in a chain the kernel would refuse it in — ends the trace
+// with Outcome ERROR, so the tracer can never drift silently from the rules.
 //
 // Random choices are explored, not drawn: a picker's `numgen random mod N` yields every index, and a
 // `numgen random mod N == 0` match both holds and fails; the result is the union of every branch.
@@ -604,55 +604,16 @@ func (t *tracer) exec(st pstate, done func(pstate, verdict, string)) {
 // matches evaluates the matches of r. The numgen matches are returned rather than decided.
 func (t *tracer) matches(st pstate, r Rule) (ok bool, why string, numgen []uint32, err error) {
 	for _, m := range r.Matches {
-		var hold bool
-		switch m.Kind {
-		case MatchCtStateNew:
-			hold, why = true, ""
-		case MatchCtStatusDNAT:
-			hold, why = st.dnat, "the connection was not DNATed"
-		case MatchDaddrInSet:
-			if hold, err = t.addrIn(m.Set, st.dst); err != nil {
-				return false, "", nil, err
-			}
-			why = fmt.Sprintf("%s not in @%s", st.dst, m.Set)
-		case MatchSaddrInSet:
-			if hold, err = t.addrIn(m.Set, st.src); err != nil {
-				return false, "", nil, err
-			}
-			why = fmt.Sprintf("%s not in @%s", st.src, m.Set)
-			if d := setKindDescs[t.f.Sets[m.Set].Kind]; d != nil && d.traceMiss != "" { // kinds.go
-				why += " (" + d.traceMiss + ")"
-			}
-		case MatchSaddrNotInSet:
-			in, err := t.addrIn(m.Set, st.src)
-			if err != nil {
-				return false, "", nil, err
-			}
-			hold, why = !in, fmt.Sprintf("%s is in @%s", st.src, m.Set)
-		case MatchSaddrInPrefix:
-			hold, why = m.Prefix.IsValid() && m.Prefix.Contains(st.src), fmt.Sprintf("%s not in %s", st.src, m.Prefix)
-		case MatchFibSaddrLocal:
-			hold, why = t.isLoc(st.src), fmt.Sprintf("%s is not a local address", st.src)
-		case MatchMarkAny:
-			hold, why = st.mark&m.Value != 0, fmt.Sprintf("mark %#x has no bit of %#x", st.mark, m.Value)
-		case MatchHairpin:
-			key := Element{Addr: st.src, Addr2: st.dst, Proto: t.proto, Port: st.port}
-			if _, hold, err = t.lookup(m.Set, key, KindHairpin); err != nil {
-				return false, "", nil, err
-			}
-			why = fmt.Sprintf("%s . %s . %s . %d not in @%s", st.src, st.dst, ProtoName(t.proto), st.port, m.Set)
-		case MatchNumgenZero:
-			if m.Value == 0 {
-				return false, "", nil, fmt.Errorf("numgen modulus 0")
-			}
-			numgen = append(numgen, m.Value)
-			hold = true
-		case MatchFragment:
-			hold, why = false, "a traced packet is not a fragment"
-		case MatchPktTypeHost:
-			hold = true // a traced packet is sent to the gateway (its MAC address), as the VIP's owner
-		default:
+		d := matchKindDescs[m.Kind] // kinds.go
+		if d == nil {
 			return false, "", nil, fmt.Errorf("unknown match kind %d", m.Kind)
+		}
+		hold, why, random, err := d.trace(t, st, m)
+		if err != nil {
+			return false, "", nil, err
+		}
+		if random != 0 {
+			numgen = append(numgen, random)
 		}
 		if !hold {
 			return false, why, nil, nil
@@ -661,25 +622,14 @@ func (t *tracer) matches(st pstate, r Rule) (ok bool, why string, numgen []uint3
 	return true, "", numgen, nil
 }
 
-// keyOf projects e onto the key fields of a set of kind k: what the kernel compares.
+// keyOf projects e onto the key fields of a set of kind k: what the kernel compares (the kind's
+// traceKey, kinds.go).
 func keyOf(k SetKind, e Element) (Element, error) {
-	switch k {
-	case KindAddr:
-		return Element{Addr: e.Addr.Unmap()}, nil
-	case KindPrefix:
-		return Element{Prefix: e.Prefix.Masked()}, nil
-	case KindTupleVmap:
-		return Element{Addr: e.Addr.Unmap(), Proto: e.Proto, Port: e.Port}, nil
-	case KindProtoPortVmap:
-		return Element{Proto: e.Proto, Port: e.Port}, nil
-	case KindTupleEndpoints, KindTupleAddr, KindTupleMark:
-		return Element{Addr: e.Addr.Unmap(), Proto: e.Proto, Port: e.Port, Index: e.Index}, nil
-	case KindProtoPortEndpoints:
-		return Element{Proto: e.Proto, Port: e.Port, Index: e.Index}, nil
-	case KindHairpin:
-		return Element{Addr: e.Addr.Unmap(), Addr2: e.Addr2.Unmap(), Proto: e.Proto, Port: e.Port}, nil
+	d := setKindDescs[k]
+	if d == nil || d.traceKey == nil {
+		return Element{}, fmt.Errorf("unknown set kind %d", k)
 	}
-	return Element{}, fmt.Errorf("unknown set kind %d", k)
+	return d.traceKey(e), nil
 }
 
 // lookup finds key in set name, which must be of one of kinds.
@@ -777,133 +727,14 @@ func (t *tracer) applyVerdict(st pstate, e Element, by string, done func(pstate,
 func (t *tracer) act(st pstate, ch *Chain, idx int, r Rule, text string, done func(pstate, verdict, string)) (pstate, bool) {
 	a := r.Action
 	by := fmt.Sprintf("%s#%d (%s)", ch.Name, idx, cmp.Or(r.Comment, text))
-	note := func(s string) *Step { return t.stepOf(st, StepMatch, ch.Name, idx, text, s) }
-	noMatch := func(s string) { t.stepOf(st, StepNoMatch, ch.Name, idx, text, s) }
-	top := len(st.stack) - 1
-	switch a.Kind {
-	case ActJump:
-		if _, ok := t.f.Chains[a.Chain]; !ok {
-			t.fail("%s: jump to missing chain %q", by, a.Chain)
-			return st, false
-		}
-		if len(st.stack) >= maxJumpDepth {
-			t.fail("%s: more than %d nested jumps", by, maxJumpDepth)
-			return st, false
-		}
-		note("match: jump " + a.Chain).Target = a.Chain
-		if a.Chain == ChainMarkForMasquerade && st.markRule.Chain == "" {
-			st.markRule = st.rule
-		}
-		st.stack = append(st.stack[:len(st.stack):len(st.stack)], frame{chain: a.Chain})
-		return st, true
-	case ActGoto:
-		note("match: goto " + a.Chain).Target = a.Chain
-		next, err := t.gotoChain(st, a.Chain)
-		if err != nil {
-			t.fail("%s: %v", by, err)
-			return st, false
-		}
-		return next, true
-	case ActReturn:
-		if top == 0 {
-			note("match: return from the base chain: policy accept")
-			done(st, vAccept, by)
-			return st, false
-		}
-		note("match: return to " + st.stack[top-1].chain).Target = st.stack[top-1].chain
-		st.stack = st.stack[:top:top]
-		return st, true
-	case ActDrop:
-		note("match: DROP")
-		done(st, vDrop, by)
-		return st, false
-	case ActReject:
-		note("match: REJECT")
-		done(st, vReject, by)
-		return st, false
-	case ActMarkSet:
-		st.mark |= a.Value
-		note(fmt.Sprintf("match: mark is now %#x", st.mark))
-		return st, true
-	case ActMasqClearMark, ActMasquerade:
-		if err := t.checkNAT(st, "masquerade", HookPostrouting); err != nil {
-			t.fail("%s: %v", by, err)
-			return st, false
-		}
-		if a.Kind == ActMasqClearMark {
-			st.mark ^= a.Value
-		}
-		st.masq, st.masqWhy, st.masqRule = true, by, st.rule
-		st.masqHairpin = slices.ContainsFunc(r.Matches, func(m Match) bool { return m.Kind == MatchHairpin })
-		note("match: MASQUERADE")
-		done(st, vAccept, by)
-		return st, false
-	case ActVmapTuple, ActVmapProtoPort:
-		key, keyText := t.entryKey(st, a.Kind == ActVmapTuple)
-		kind := KindProtoPortVmap
-		if a.Kind == ActVmapTuple {
-			kind = KindTupleVmap
-		}
-		e, found, err := t.lookup(a.Map, key, kind)
-		if err != nil {
-			t.fail("%s: %v", by, err)
-			return st, false
-		}
-		if !found {
-			noMatch(fmt.Sprintf("no match: %s not in @%s", keyText, a.Map))
-			return st, true
-		}
-		v, _ := verdictText(t.f, e)
-		ms := note(fmt.Sprintf("match: %s -> %s", keyText, v))
-		if e.Verdict == VerdictGoto || e.Verdict == VerdictReject {
-			ms.Target = cmp.Or(e.Chain, ChainReject)
-		}
-		return t.applyVerdict(st, e, by, done)
-	case ActDNATTupleMap, ActDNATProtoPortMap:
-		if err := t.checkNAT(st, "dnat", HookPrerouting, HookOutput); err != nil {
-			t.fail("%s: %v", by, err)
-			return st, false
-		}
-		if a.Value == 0 {
-			t.fail("%s: numgen modulus 0", by)
-			return st, false
-		}
-		tuple := a.Kind == ActDNATTupleMap
-		kind := KindProtoPortEndpoints
-		if tuple {
-			kind = KindTupleEndpoints
-		}
-		for i := uint32(0); i < a.Value && t.err == nil; i++ {
-			b := st
-			if a.Value > 1 {
-				b = st.fork(fmt.Sprintf("endpoint %d of %d", i, a.Value), 1/float64(a.Value))
-			}
-			key, keyText := t.entryKey(b, tuple)
-			key.Index = i
-			e, found, err := t.lookup(a.Map, key, kind)
-			if err != nil {
-				t.fail("%s: %v", by, err)
-				return st, false
-			}
-			if !found {
-				// The kernel's map lookup fails, so the rule does not match and the packet goes on.
-				t.stepOf(b, StepNoMatch, ch.Name, idx, text, fmt.Sprintf("no match: %s . %d not in @%s", keyText, i, a.Map))
-				t.exec(b, done)
-				continue
-			}
-			b.dst, b.port, b.dnat, b.dnatBy = e.DataAddr.Unmap(), e.DataPort, true, by
-			t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: DNAT to %s", netip.AddrPortFrom(b.dst, b.port))).Endpoint = netip.AddrPortFrom(b.dst, b.port)
-			done(b, vAccept, by)
-		}
+	d := actionKindDescs[a.Kind] // kinds.go
+	if d == nil {
+		t.fail("%s: unknown action kind %d", by, a.Kind)
 		return st, false
 	}
-	if d := actionKindDescs[a.Kind]; d != nil && d.trace != nil { // kinds.go
-		return d.trace(actCall{t: t, ch: ch, idx: idx, text: text, by: by, done: done}, st, a)
-	}
-	// gateway_ir.go; unknown kinds fail there. The routes its hooks record themselves (not through
-	// sendTo) are given their rule here.
+	// The routes a trace hook records itself (not through sendTo) are given their rule here.
 	before := len(t.finals)
-	next, cont := t.gatewayAct(st, ch, idx, r, text, by, done)
+	next, cont := d.trace(actCall{t: t, ch: ch, idx: idx, text: text, by: by, rule: r, done: done}, st, a)
 	for i := before; i < len(t.finals); i++ {
 		if fi := &t.finals[i]; fi.outcome == OutcomeRoute && fi.rule.Chain == "" {
 			fi.rule, fi.cand.Rule = st.rule, st.rule
@@ -924,6 +755,8 @@ type actCall struct {
 	text string
 	// by names the rule in decisions and failures: "chain#index (comment or text)".
 	by string
+	// rule is the rule itself (its matches and action).
+	rule Rule
 	// done ends the branch with a verdict (as tracer.exec's done).
 	done func(pstate, verdict, string)
 }

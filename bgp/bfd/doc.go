@@ -22,6 +22,18 @@
 // the session not being Up again within one detection time at the 1 s slow rate. AdminDown from
 // the peer is never a failure (RFC 5882 section 3.2), nor is removing a session (it sends AdminDown).
 //
+// A receiver that falls behind (a loaded machine not running our goroutines) neither loses a session
+// nor keeps one for it: the detection time runs from each packet's arrival, the kernel's receive
+// timestamp (a packet that arrived after it expired does not rescue the session), and a detection
+// time about to expire while datagrams are still queued on a listening socket, or on their way to
+// the session goroutine, waits for them a few milliseconds (at most 5 ms from the first wait, so no
+// sender can put a failure off for longer; packets due go out meanwhile). A timestamp the wall
+// clock's steps may have made wrong is not used: the packet counts from when it was read.
+// SO_TIMESTAMPNS is a per-socket option, set on the listening sockets only (best effort: without
+// it packets count from their read), but it enables the kernel's global netstamp_needed_key static
+// key, so while such a socket is open the kernel timestamps every packet the machine receives, in
+// every network namespace: one clock read per packet.
+//
 // Hostile input costs the same whatever it is: the readers drop datagrams with a TTL other than 255
 // (single hop, GTSM: RFC 5881 section 5) or below the session's minimum (multi-hop), from addresses
 // that are no peer, or malformed, before they reach the session goroutine; every drop is counted by

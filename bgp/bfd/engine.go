@@ -82,10 +82,10 @@ func (e *engine) isPeer(addr netip.Addr) bool {
 	return ok
 }
 
-// receive hands a parsed packet from src, which arrived with the given TTL (hop limit) on the
-// single-hop (multihop false) or multi-hop port, to its session. Costs a few map lookups whatever
-// the packet.
-func (e *engine) receive(now time.Time, src netip.Addr, ttl int, multihop bool, p Packet, a *actions) DropReason {
+// receive hands a parsed packet from src, which arrived at at (at most now) with the given TTL
+// (hop limit) on the single-hop (multihop false) or multi-hop port, to its session. Costs a few
+// map lookups whatever the packet.
+func (e *engine) receive(now, at time.Time, src netip.Addr, ttl int, multihop bool, p Packet, a *actions) DropReason {
 	s, ok := e.byPeer[src.Unmap().WithZone("")]
 	if !ok {
 		return DropUnknownPeer
@@ -108,19 +108,39 @@ func (e *engine) receive(now time.Time, src netip.Addr, ttl int, multihop bool, 
 	} else if p.State != StateDown && p.State != StateAdminDown {
 		return DropZeroYourDiscr
 	}
-	return s.receive(now, p, a)
+	return s.receive(now, at, p, a)
 }
 
 // tick runs every due timer and deletes the sessions that finished retiring.
-func (e *engine) tick(now time.Time, a *actions) {
+func (e *engine) tick(now time.Time, a *actions) { e.run(now, true, a) }
+
+// transmit is tick without the detection times and graces: it sends the packets due (periodic,
+// and the retiring sessions' AdminDown) while the owner holds the expiries back for packets still
+// on their way in, so that no session's transmissions wait for another's expiry.
+func (e *engine) transmit(now time.Time, a *actions) { e.run(now, false, a) }
+
+// run runs the due timers, the detection times and graces only if expire, and deletes the
+// sessions that finished retiring.
+func (e *engine) run(now time.Time, expire bool, a *actions) {
 	for _, s := range e.byPeer {
 		if n := s.next(); !n.IsZero() && !now.Before(n) {
-			s.tick(now, a)
+			s.tick(now, expire, a)
 		}
 		if s.retired {
 			e.forget(s)
 		}
 	}
+}
+
+// expiring reports whether tick at now would expire a detection time or a grace: the owner's cue
+// to make sure every packet that arrived before now has been received first.
+func (e *engine) expiring(now time.Time) bool {
+	for _, s := range e.byPeer {
+		if s.expiring(now) {
+			return true
+		}
+	}
+	return false
 }
 
 // next is the earliest time tick has work; zero if none.

@@ -420,3 +420,108 @@ func TestHoldUntilStarted(t *testing.T) {
 		}
 	}
 }
+
+// TestStarvedReceiverKeepsSession: a receiver whose packets reach the engine long after they
+// arrived (here only when a detection time is about to expire, which is when Server puts the tick
+// off for queued datagrams) keeps a healthy session, because the detection time runs from each
+// packet's arrival; and it still detects a peer that stopped, on the same schedule as a timely
+// receiver.
+func TestStarvedReceiverKeepsSession(t *testing.T) {
+	s, a, b := upPair(t)
+	a.lazy = true
+	s.run(10 * time.Second)
+	if a.maxLag < 200*ms {
+		t.Fatalf("packets reached a's engine at most %v after they arrived: not starved", a.maxLag)
+	}
+	if f := append(a.failures(), b.failures()...); len(f) != 0 {
+		t.Fatalf("failures with a starved receiver and a healthy peer: %+v", f)
+	}
+	if a.session(b).state != StateUp || b.session(a).state != StateUp {
+		t.Fatalf("sessions %s and %s, want up", a.session(b).state, b.session(a).state)
+	}
+
+	cut := s.elapsed()
+	b.drop = true
+	s.run(2 * time.Second)
+	fa := a.failures()
+	if len(fa) != 1 || fa[0].Failure != FailureDetectTimeExpired {
+		t.Fatalf("a's failures %+v, want one detection time expiry", fa)
+	}
+	// As for a timely receiver (TestDetectionTimeExpired): 300ms after the last packet from b,
+	// which arrived at most one interval before the cut.
+	if d := fa[0].at - cut; d < 200*ms || d > 301*ms {
+		t.Errorf("detected %v after the cut, want 200-300ms", d)
+	}
+}
+
+// TestLatePacketDoesNotHideExpiry: a packet handed to the engine after the detection time expired
+// (our timer ran late) rescues the session only if it arrived before the expiry.
+func TestLatePacketDoesNotHideExpiry(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		arrival time.Duration // relative to the expiry
+		fail    bool
+	}{
+		{"arrived before the expiry", -10 * ms, false},
+		{"arrived after the expiry", 10 * ms, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, a, b := upPair(t)
+			sa := a.session(b)
+			expiry := sa.detectAt
+			out := b.session(a).packet(false)
+			p, why := Parse(out.Append(nil))
+			if why != DropNone {
+				t.Fatalf("parse: %v", why)
+			}
+			// a gets to the packet 50ms after the expiry, before its timer has run.
+			s.now = expiry.Add(50 * ms)
+			if why := s.deliverAt(a, expiry.Add(tc.arrival), b.addr, 255, p, DropNone); why != DropNone {
+				t.Fatalf("packet dropped: %v", why)
+			}
+			var act actions
+			a.eng.tick(s.now, &act)
+			s.apply(a, &act)
+			fa := a.failures()
+			switch {
+			case tc.fail && (len(fa) != 1 || fa[0].Failure != FailureDetectTimeExpired):
+				t.Errorf("failures %+v, want one detection time expiry", fa)
+			case !tc.fail && len(fa) != 0:
+				t.Errorf("failures %+v, want none", fa)
+			case !tc.fail && (sa.state != StateUp || sa.detectAt != expiry.Add(tc.arrival).Add(sa.detectTime())):
+				t.Errorf("state %s, detection timer %v; want up, %v after the arrival", sa.state, sa.detectAt.Sub(expiry), sa.detectTime())
+			}
+		})
+	}
+}
+
+// TestTransmitWhileExpiryHeld: with its detection time expiring held back (Server waiting for
+// packets on their way in), a session still sends its periodic packet on time; the expiry comes
+// with the next full tick.
+func TestTransmitWhileExpiryHeld(t *testing.T) {
+	_, a, b := upPair(t)
+	sa := a.session(b)
+	now := sa.detectAt
+	if sa.nextTx.After(now) {
+		now = sa.nextTx
+	}
+	var act actions
+	a.eng.transmit(now, &act)
+	if len(act.events) != 0 || sa.state != StateUp {
+		t.Errorf("events %+v, state %s with the expiry held back; want none, up", act.events, sa.state)
+	}
+	if len(act.send) != 1 || act.send[0].p.State != StateUp {
+		t.Errorf("sent %+v with the expiry held back, want the periodic packet (up)", act.send)
+	}
+	act = actions{}
+	a.eng.tick(now, &act)
+	var failures []Failure
+	for _, ev := range act.events {
+		if ev.Kind == EventFailure {
+			failures = append(failures, ev.Failure)
+		}
+	}
+	if sa.state != StateDown || !slices.Equal(failures, []Failure{FailureDetectTimeExpired}) {
+		t.Errorf("after the tick: state %s, failures %v; want down, one detection time expiry", sa.state, failures)
+	}
+}

@@ -5,8 +5,10 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
 )
 
 func TestPacketRoundTrip(t *testing.T) {
@@ -81,6 +83,84 @@ func TestHopLimit(t *testing.T) {
 	}
 }
 
+// stampOOB is the control message of a kernel receive timestamp at.
+func stampOOB(at time.Time) []byte {
+	b := make([]byte, unix.CmsgSpace(16))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+	h.Level, h.Type = unix.SOL_SOCKET, unix.SCM_TIMESTAMPNS
+	h.SetLen(unix.CmsgLen(16))
+	binary.NativeEndian.PutUint64(b[unix.CmsgLen(0):], uint64(at.Unix()))
+	binary.NativeEndian.PutUint64(b[unix.CmsgLen(8):], uint64(at.Nanosecond()))
+	return b
+}
+
+// TestArrival: a datagram's arrival is its age by the kernel's timestamp before the read; without
+// a timestamp, or with one that cannot be right (the wall clock was stepped), it is the read.
+func TestArrival(t *testing.T) {
+	now := time.Now()
+	wall := now.Round(0)
+	for _, tc := range []struct {
+		name string
+		oob  []byte
+		want time.Time
+	}{
+		{"no timestamp", nil, now},
+		{"queued 300ms", stampOOB(wall.Add(-300 * ms)), now.Add(-300 * ms)},
+		{"stamped in the future (clock stepped back)", stampOOB(wall.Add(time.Second)), now},
+		{"queued for longer than maxQueueAge (clock stepped forward)", stampOOB(wall.Add(-time.Hour)), now},
+		{"truncated", stampOOB(wall.Add(-300 * ms))[:12], now},
+	} {
+		if got := arrival(tc.oob, now); !got.Equal(tc.want) {
+			t.Errorf("%s: %v from the read, want %v", tc.name, got.Sub(now), tc.want.Sub(now))
+		}
+	}
+}
+
+// TestArrivals: the datagrams read from one socket are dated in order, none before the socket
+// was opened.
+func TestArrivals(t *testing.T) {
+	opened := time.Now()
+	r := arrivals{last: opened, prev: opened}
+	for _, tc := range []struct {
+		name       string
+		read, sent time.Duration // after opened
+		want       time.Duration
+	}{
+		{"stamped before the socket was opened", 10 * ms, -time.Second, 0},
+		{"queued 5ms", 20 * ms, 15 * ms, 15 * ms},
+		{"stamped before the previous one", 30 * ms, 10 * ms, 15 * ms},
+		{"queued 100ms", 300 * ms, 200 * ms, 200 * ms},
+	} {
+		now := opened.Add(tc.read)
+		if got := r.at(stampOOB(opened.Round(0).Add(tc.sent)), now); !got.Equal(opened.Add(tc.want)) {
+			t.Errorf("%s: %v after the socket was opened, want %v", tc.name, got.Sub(opened), tc.want)
+		}
+	}
+}
+
+// TestClockStepped: only a wall clock that moved against the monotonic one by more than
+// maxClockStep between two reads counts as stepped.
+func TestClockStepped(t *testing.T) {
+	for _, tc := range []struct {
+		wall, mono time.Duration
+		want       bool
+	}{
+		{time.Second, time.Second, false},
+		{time.Second + 500*time.Microsecond, time.Second, false},
+		{2 * time.Second, time.Second, true},
+		{-time.Hour, time.Second, true},
+		{0, 5 * ms, true},
+	} {
+		if got := clockStepped(tc.wall, tc.mono); got != tc.want {
+			t.Errorf("wall clock moved %v, monotonic %v: stepped %v, want %v", tc.wall, tc.mono, got, tc.want)
+		}
+	}
+	now := time.Now()
+	if base := now.Add(-time.Second); clockStepped(now.Round(0).Sub(base.Round(0)), now.Sub(base)) {
+		t.Errorf("times from one clock reading taken for a step")
+	}
+}
+
 // FuzzReceive feeds arbitrary datagrams to an engine with an Up session, from the peer and with
 // TTL 255: nothing may panic, and whatever is accepted must have passed every check.
 func FuzzReceive(f *testing.F) {
@@ -101,7 +181,7 @@ func FuzzReceive(f *testing.F) {
 		if q.DetectMult == 0 || q.MyDiscr == 0 || q.Multipoint || q.AuthPresent || int(b[3]) > len(b) {
 			t.Fatalf("Parse accepted %x as %+v", b, q)
 		}
-		e.receive(t0, peer, 255, false, q, &a)
+		e.receive(t0, t0, peer, 255, false, q, &a)
 		e.tick(t0.Add(10*time.Second), &a)
 		for _, o := range a.send {
 			if o.p.Poll && o.p.Final {
@@ -124,7 +204,7 @@ func BenchmarkReceiveNonPeer(b *testing.B) {
 	for b.Loop() {
 		q, why := Parse(buf)
 		if why == DropNone {
-			e.receive(t0, stranger, 255, false, q, &a)
+			e.receive(t0, t0, stranger, 255, false, q, &a)
 		}
 	}
 }
@@ -148,7 +228,7 @@ func BenchmarkUpSession(b *testing.B) {
 		now = now.Add(100 * ms)
 		a.send, a.events = a.send[:0], a.events[:0]
 		q, _ := Parse(buf)
-		x.eng.receive(now, y.addr, 255, false, q, &a)
+		x.eng.receive(now, now, y.addr, 255, false, q, &a)
 		sx.nextTx = now
 		x.eng.tick(now, &a)
 		for _, o := range a.send {

@@ -58,6 +58,11 @@ type Server struct {
 	once sync.Once
 
 	drops dropCounters
+	// pending counts the datagrams the readers have taken from a socket and the loop has not
+	// yet received from rx (those dropped by a reader are uncounted at once). A datagram is in
+	// neither the socket nor pending only between the read's return and the count; a loop that
+	// looks just then ticks as it would without looking.
+	pending atomic.Int64
 	// peers is the readers' filter: the set of peer addresses (value: multi-hop), replaced
 	// (never modified) by the loop.
 	peers atomic.Pointer[map[netip.Addr]bool]
@@ -72,7 +77,35 @@ type Server struct {
 	lastWarn map[string]time.Time
 	// gen is the engine generation the sockets and the readers' filter were last made for.
 	gen uint64
+	// deferUntil is when a tick put off for packets still on their way in (see deferStep) runs
+	// whatever the sockets hold, deferredAt when it was last put off; both zero when no detection
+	// time or grace is expiring.
+	deferUntil, deferredAt time.Time
+	// noStamps is set once listen reported that a socket gets no receive timestamps.
+	noStamps bool
+
+	hooks testHooks
 }
+
+// testHooks let tests stand in for the scheduler: beforeRead runs in a reader before each read,
+// onDefer in the loop when it puts a tick off at now, with the deadline of the deferral. Both nil
+// outside tests.
+type testHooks struct {
+	beforeRead func()
+	onDefer    func(now, until time.Time)
+}
+
+// A tick that would expire a detection time while datagrams are queued on a listening socket, or
+// read but not yet handed to the loop, holds the expiry back for deferStep so the readers can catch
+// up (when our process was not scheduled for a while, the Go runtime runs the expired timer before
+// it polls the sockets, so the loop would otherwise act first); the transmissions due run on time.
+// Packets count from their arrival, so this only delays the report of a failure, by at most
+// maxDefer from the first time it was held back, however much a sender keeps the sockets busy
+// (multi-hop packets have no TTL to check: anyone can send them).
+const (
+	deferStep = time.Millisecond
+	maxDefer  = 5 * time.Millisecond
+)
 
 type listenKey struct{ v6, multihop bool }
 
@@ -88,6 +121,8 @@ type sender struct {
 }
 
 type received struct {
+	// at is when the datagram arrived (arrival).
+	at       time.Time
 	src      netip.Addr
 	ttl      int
 	multihop bool
@@ -95,7 +130,9 @@ type received struct {
 }
 
 // New starts a Server with no sessions.
-func New(opts Options) *Server {
+func New(opts Options) *Server { return newServer(opts, testHooks{}) }
+
+func newServer(opts Options, hooks testHooks) *Server {
 	if opts.Logger == nil {
 		opts.Logger = hclog.NewNullLogger()
 	}
@@ -120,6 +157,7 @@ func New(opts Options) *Server {
 		listeners: map[listenKey]*listener{},
 		senders:   map[*session]*sender{},
 		lastWarn:  map[string]time.Time{},
+		hooks:     hooks,
 	}
 	s.peers.Store(&map[netip.Addr]bool{})
 	s.gen = ^uint64(0)
@@ -277,8 +315,25 @@ func (s *Server) loop() {
 					drained = true
 				}
 			}
-			s.eng.tick(now, &a)
-			s.flush(now, &a)
+			if s.eng.expiring(now) && (s.deferUntil.IsZero() || now.Before(s.deferUntil)) && s.backlog() {
+				if s.deferUntil.IsZero() {
+					s.deferUntil = now.Add(maxDefer)
+				}
+				s.deferredAt = now
+				s.eng.transmit(now, &a)
+				s.flush(now, &a)
+				if s.hooks.onDefer != nil {
+					s.hooks.onDefer(now, s.deferUntil)
+				}
+			} else {
+				s.eng.tick(now, &a)
+				s.flush(now, &a)
+			}
+		}
+		if !s.deferUntil.IsZero() && !s.eng.expiring(time.Now()) {
+			// Expired, or rescued by a packet that arrived in time: the next expiry gets
+			// its own deadline.
+			s.deferUntil, s.deferredAt = time.Time{}, time.Time{}
 		}
 		if next := s.nextWakeup(); next.IsZero() {
 			timer.Stop()
@@ -289,16 +344,39 @@ func (s *Server) loop() {
 }
 
 func (s *Server) receive(now time.Time, r received, a *actions) {
-	if why := s.eng.receive(now, r.src, r.ttl, r.multihop, r.p, a); why != DropNone {
+	s.pending.Add(-1)
+	// The reader took its time after our now: the packet arrived no later than we handle it.
+	if r.at.After(now) {
+		r.at = now
+	}
+	if why := s.eng.receive(now, r.at, r.src, r.ttl, r.multihop, r.p, a); why != DropNone {
 		s.drops.add(why)
 		s.warnf("drop/"+why.String(), "dropped a BFD packet", "peer", r.src, "reason", why,
 			"state", r.p.State, "diag", r.p.Diag, "my_discriminator", r.p.MyDiscr, "your_discriminator", r.p.YourDiscr)
 	}
 }
 
-// nextWakeup is the earliest engine timer or socket retry.
+// backlog reports whether datagrams are on their way to the loop: queued on a listening socket,
+// or taken by a reader and not yet received. The sockets are looked at first: a datagram read
+// between the two looks is then counted in pending.
+func (s *Server) backlog() bool {
+	for _, l := range s.listeners {
+		if l.conn != nil && queued(l.conn) {
+			return true
+		}
+	}
+	return s.pending.Load() > 0
+}
+
+// nextWakeup is the earliest engine timer or socket retry; while an expiry is held back, no
+// earlier than a deferStep after it last was (the engine's timer for it has passed).
 func (s *Server) nextWakeup() time.Time {
 	t := s.eng.next()
+	if !s.deferredAt.IsZero() {
+		if step := s.deferredAt.Add(deferStep); t.IsZero() || t.Before(step) {
+			t = step
+		}
+	}
 	earlier := func(c time.Time) {
 		if !c.IsZero() && (t.IsZero() || c.Before(t)) {
 			t = c
@@ -397,26 +475,36 @@ func (s *Server) reconcile(now time.Time) {
 		if k.multihop {
 			port = s.port[1]
 		}
-		conn, err := listen(k.v6, port)
+		opened := time.Now()
+		conn, noStamps, err := listen(k.v6, port)
 		if err != nil {
 			l.retryAt = now.Add(5 * time.Second)
 			s.log.Error("cannot listen for BFD packets (retrying every 5s)", "port", port, "ipv6", k.v6, "err", err)
 			continue
 		}
+		if noStamps != nil && !s.noStamps {
+			s.noStamps = true
+			s.log.Debug("no kernel receive timestamps on a BFD socket: its packets count from when they are read", "port", port, "ipv6", k.v6, "err", noStamps)
+		}
 		l.conn = conn
 		s.readers.Add(1)
-		go s.read(conn, k.multihop)
+		go s.read(conn, k.multihop, opened)
 	}
 }
 
 // read receives datagrams on one listening socket until it is closed. It drops, at constant cost,
 // what is not from a configured peer, has no or (single hop) the wrong TTL, or is malformed; the
-// loop sees only well-formed packets from peers.
-func (s *Server) read(conn *net.UDPConn, multihop bool) {
+// loop sees only well-formed packets from peers, each with its arrival time (no earlier than
+// opened, before the socket was).
+func (s *Server) read(conn *net.UDPConn, multihop bool, opened time.Time) {
 	defer s.readers.Done()
 	buf := make([]byte, readBuffer)
-	oob := make([]byte, 64)
+	oob := make([]byte, oobBuffer)
+	dates := arrivals{last: opened, prev: opened}
 	for {
+		if s.hooks.beforeRead != nil {
+			s.hooks.beforeRead()
+		}
 		n, oobn, flags, from, err := conn.ReadMsgUDPAddrPort(buf, oob)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
@@ -424,6 +512,8 @@ func (s *Server) read(conn *net.UDPConn, multihop bool) {
 			}
 			continue
 		}
+		s.pending.Add(1)
+		at := dates.at(oob[:oobn], time.Now())
 		src := from.Addr().Unmap().WithZone("")
 		hops, ok := hopLimit(oob[:oobn])
 		peerMultihop, isPeer := (*s.peers.Load())[src]
@@ -438,15 +528,17 @@ func (s *Server) read(conn *net.UDPConn, multihop bool) {
 		}
 		if why != DropNone {
 			s.drops.add(why)
+			s.pending.Add(-1)
 			continue
 		}
 		p, why := Parse(buf[:n])
 		if why != DropNone {
 			s.drops.add(why)
+			s.pending.Add(-1)
 			continue
 		}
 		select {
-		case s.rx <- received{src: src, ttl: hops, multihop: multihop, p: p}:
+		case s.rx <- received{at: at, src: src, ttl: hops, multihop: multihop, p: p}:
 		case <-s.quit:
 			return
 		}

@@ -333,14 +333,20 @@ func (s *session) fail(f Failure, a *actions) {
 }
 
 // receive applies a packet that the engine has already matched to this session (RFC 5880 6.8.6
-// from "If bfd.SessionState is AdminDown" on), plus the binding to one remote session.
-func (s *session) receive(now time.Time, p Packet, a *actions) DropReason {
+// from "If bfd.SessionState is AdminDown" on), plus the binding to one remote session. The packet
+// arrived at at (the kernel's receive timestamp, at most now): the detection time runs from its
+// arrival, not from when we get to it, so a receiver that falls behind neither loses a session
+// whose packets arrived in time nor keeps one whose packets did not.
+func (s *session) receive(now, at time.Time, p Packet, a *actions) DropReason {
 	if s.state == StateAdminDown {
 		return DropLocalAdminDown
 	}
 	if s.cfg.Hold {
 		return DropHeld
 	}
+	// A detection time (or grace) that had run out before the packet arrived has expired,
+	// however late our timer is: the packet does not rescue the session.
+	s.expire(now, at, a)
 	// Once bound to a remote discriminator, only that remote session may drive ours. The one
 	// exception is a new remote session starting (Down, Your Discriminator zero): the peer
 	// replaced its session, as FRR does when BGP comes up after BFD. Anything else from another
@@ -392,12 +398,13 @@ func (s *session) receive(now time.Time, p Packet, a *actions) DropReason {
 		teardown := p.Diag == DiagNeighborDown || p.Diag == DiagAdminDown
 		if replaced || teardown {
 			// Re-handshake (with the new session if there is one); it is a failure only if the
-			// session is not Up again within a detection time at the slow rate.
+			// session is not Up again within a detection time at the slow rate, counted like the
+			// detection time from the packet's arrival.
 			grace := time.Duration(p.DetectMult) * max(s.rxInUse, p.DesiredMinTx, slowTx)
 			ev.Grace, ev.Replaced, ev.ReplacedFrom = grace, replaced, s.upRemote
 			s.setState(now, StateDown, DiagNeighborDown, a, ev)
 			s.graceFrom = s.upRemote
-			s.graceUntil = now.Add(grace)
+			s.graceUntil = at.Add(grace)
 			if !replaced {
 				// The peer's session is going away: answer its successor with Your
 				// Discriminator zero, which it can match (FRR drops a packet naming a
@@ -412,12 +419,12 @@ func (s *session) receive(now time.Time, p Packet, a *actions) DropReason {
 		changed = false
 	}
 
-	// The packet is valid: restart the detection timer (RFC 5880 6.8.4), unless the peer is
-	// administratively down and sends nothing more to time out.
+	// The packet is valid: restart the detection timer (RFC 5880 6.8.4) from its arrival, unless
+	// the peer is administratively down and sends nothing more to time out.
 	if s.remoteState == StateAdminDown {
 		s.detectAt = time.Time{}
 	} else {
-		s.detectAt = now.Add(s.detectTime())
+		s.detectAt = at.Add(s.detectTime())
 	}
 
 	switch {
@@ -454,9 +461,24 @@ func (s *session) transmitReply(now time.Time, changed, final bool, a *actions) 
 	}
 }
 
-// tick runs the timers that are due at now.
-func (s *session) tick(now time.Time, a *actions) {
-	if !s.detectAt.IsZero() && !now.Before(s.detectAt) {
+// tick runs the timers that are due at now; the detection time and the grace only if expire.
+func (s *session) tick(now time.Time, expire bool, a *actions) {
+	if expire {
+		s.expire(now, now, a)
+	}
+	if !s.nextTx.IsZero() && !now.Before(s.nextTx) {
+		if s.canSendPeriodic() {
+			s.transmit(now, false, a)
+		} else {
+			s.nextTx = time.Time{}
+		}
+	}
+}
+
+// expire runs the detection time and the grace of a torn-down session if they had run out at at
+// (tick: now; a received packet: its arrival). now is the time of the actions it takes.
+func (s *session) expire(now, at time.Time, a *actions) {
+	if !s.detectAt.IsZero() && !at.Before(s.detectAt) {
 		s.detectAt = time.Time{}
 		wasUp := s.state == StateUp
 		ev := Event{RemoteState: s.remoteState, RemoteDiag: s.remoteDiag}
@@ -472,17 +494,15 @@ func (s *session) tick(now time.Time, a *actions) {
 			s.nextTx = time.Time{}
 		}
 	}
-	if !s.graceUntil.IsZero() && !now.Before(s.graceUntil) {
+	if !s.graceUntil.IsZero() && !at.Before(s.graceUntil) {
 		s.fail(FailureNotBackUp, a)
 		s.graceUntil, s.graceFrom = time.Time{}, 0
 	}
-	if !s.nextTx.IsZero() && !now.Before(s.nextTx) {
-		if s.canSendPeriodic() {
-			s.transmit(now, false, a)
-		} else {
-			s.nextTx = time.Time{}
-		}
-	}
+}
+
+// expiring reports whether the detection time or the grace has run out at now.
+func (s *session) expiring(now time.Time) bool {
+	return !s.detectAt.IsZero() && !now.Before(s.detectAt) || !s.graceUntil.IsZero() && !now.Before(s.graceUntil)
 }
 
 // next is the earliest time tick has something to do; zero if nothing.

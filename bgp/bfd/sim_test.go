@@ -23,6 +23,13 @@ type simNode struct {
 	eng  *engine
 	// drop makes the node's outgoing packets vanish; deaf its incoming ones.
 	drop, deaf bool
+	// lazy makes the node a starved receiver: packets that arrived are handed to its engine, with
+	// their arrival times, only when a detection time or grace would expire, just before the
+	// timers run: the worst case of Server's reader, which then gets to run because the loop
+	// puts the tick off for the datagrams queued on its sockets. maxLag is the longest a packet
+	// waited to be handed over.
+	lazy   bool
+	maxLag time.Duration
 	// events and sent record everything, in order; drops counts the receive drops.
 	events []timedEvent
 	sent   []timedPacket
@@ -106,9 +113,15 @@ func (s *sim) inject(n *simNode, src netip.Addr, ttl int, p Packet) DropReason {
 }
 
 func (s *sim) deliver(n *simNode, src netip.Addr, ttl int, p Packet, why DropReason) DropReason {
+	return s.deliverAt(n, s.now, src, ttl, p, why)
+}
+
+// deliverAt hands n a packet that arrived at at.
+func (s *sim) deliverAt(n *simNode, at time.Time, src netip.Addr, ttl int, p Packet, why DropReason) DropReason {
 	var a actions
+	n.maxLag = max(n.maxLag, s.now.Sub(at))
 	if why == DropNone {
-		why = n.eng.receive(s.now, src, ttl, false, p, &a)
+		why = n.eng.receive(s.now, at, src, ttl, false, p, &a)
 	}
 	if why != DropNone {
 		n.drops[why]++
@@ -128,7 +141,7 @@ func (s *sim) run(d time.Duration) {
 			}
 		}
 		for _, f := range s.flights {
-			if f.at.Before(next) {
+			if n := s.nodes[f.to]; f.at.Before(next) && (n == nil || !n.lazy) {
 				next = f.at
 			}
 		}
@@ -138,7 +151,7 @@ func (s *sim) run(d time.Duration) {
 		progressed := false
 		var due, rest []flight
 		for _, f := range s.flights {
-			if f.at.After(s.now) {
+			if n := s.nodes[f.to]; f.at.After(s.now) || n != nil && n.lazy {
 				rest = append(rest, f)
 			} else {
 				due = append(due, f)
@@ -154,6 +167,9 @@ func (s *sim) run(d time.Duration) {
 		}
 		for _, n := range s.nodes {
 			if t := n.eng.next(); !t.IsZero() && !t.After(s.now) {
+				if n.lazy && n.eng.expiring(s.now) {
+					s.catchUp(n)
+				}
 				var a actions
 				n.eng.tick(s.now, &a)
 				s.apply(n, &a)
@@ -164,6 +180,24 @@ func (s *sim) run(d time.Duration) {
 			return
 		}
 	}
+}
+
+// catchUp hands lazy node n every packet that has arrived for it, in order, with its arrival time.
+func (s *sim) catchUp(n *simNode) {
+	var rest []flight
+	flights := s.flights
+	s.flights = nil // what n sends meanwhile
+	for _, f := range flights {
+		if f.to != n.addr || f.at.After(s.now) {
+			rest = append(rest, f)
+			continue
+		}
+		if !n.deaf {
+			p, why := Parse(f.b)
+			s.deliverAt(n, f.at, f.from, f.ttl, p, why)
+		}
+	}
+	s.flights = append(rest, s.flights...)
 }
 
 // session is n's session with peer (nil if none).

@@ -195,11 +195,30 @@ func runGateway(args []string) error {
 	// warns about a fast path that is on without some of its devices (a misspelt
 	// routeFastPath.devices entry gets no chain) or with ingress MTUs the nodes' link cannot carry.
 	var noFastPath fastPathStatus
+	// The connection table copies of the fast path's transitions (the dataplane logs each one):
+	// entries copied, and copies by result, for an alert on those that did not end ("truncated":
+	// the sync's budget or the cap of refused transactions; "full": the destination map is full).
+	flowCopies := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "vipgate", Name: "gateway_flow_copies_total",
+		Help: "Copies of a route forwarding connection table (gateway-flows) into the other table when the fast path goes off or comes on, by result (done, truncated, full, failed).",
+	}, []string{"result"})
+	flowsCopied := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "vipgate", Name: "gateway_flows_copied_total",
+		Help: "Connection table entries copied between the fast path's netdev table and the family's table.",
+	})
 	if dpCfg.FastPath != nil {
 		admin.addWarnings(noFastPath.warnings)
 		for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
 			if err := nodeRegistry().Register(noFastPath.gauge(f)); err != nil {
 				log.Warn("fast path metric not registered", "err", err)
+			}
+		}
+	}
+	if dpCfg.Forwarding == cluster.ForwardRoute {
+		// Also without the fast path: the first sync copies a netdev table an earlier run left.
+		for _, c := range []prometheus.Collector{flowCopies, flowsCopied} {
+			if err := nodeRegistry().Register(c); err != nil {
+				log.Warn("flow copy metric not registered", "err", err)
 			}
 		}
 	}
@@ -240,6 +259,10 @@ func runGateway(args []string) error {
 					log.Debug("rejected", "object", r.Object, "reason", r.Reason)
 				}
 				noFastPath.set(rep.NoFastPath, rep.FastPathWarnings)
+				for _, c := range rep.FlowCopies {
+					flowsCopied.Add(float64(c.Copied))
+					flowCopies.WithLabelValues(c.Result()).Inc()
+				}
 				spk.Update(st, rep)
 				ctClean.Delete(rep.StaleFlows)
 				log.Info("synced", "full", rep.Full, "duration", rep.Duration, "vips", len(rep.VIPs), "backends", gatewayBackendSummary(rep.Entries))

@@ -36,7 +36,12 @@ import (
 // endpoint 10.244.1.11 on node1, so one receiver on the node (0.0.0.0:30080) takes every mode's
 // packets: route (the packet unchanged to the node, dup in raw prerouting), nodePort (DNAT to
 // 192.0.2.11:30080, masqueraded: snat auto), direct (DNAT to the pod address, routed via the node).
-// The plainly routed reference sends to 192.0.2.11:30080 through the same gateway namespace.
+// The plainly routed reference sends to 192.0.2.11:30080 through the same gateway namespace. For
+// nodePort and direct there is a second reference, "plain + NAT": the gateway namespace with a
+// hand-written ruleset doing the least the kernel must do in that mode (conntrack, one DNAT rule,
+// masquerade for nodePort; gwNATRef), so that the row tells vipgate's rules apart from the cost of
+// stateful NAT itself. --gw-compare measures a second binary's route+fastPath in the same rounds,
+// right after the first's (a change to the fast path's rules, before / after).
 //
 // The generator (`bench udpsend`, this binary in the sender namespace) writes batches with sendmmsg
 // over 16 connected sockets (16 flows), for a fixed time and at most a fixed count. On veth the
@@ -73,6 +78,9 @@ type gwPPSOptions struct {
 	sampleTime time.Duration
 	maxCount   int
 	modes      []string
+	// compare is a second vipgate binary whose route+fastPath is measured in the same rounds
+	// (--gw-compare: a change to the fast path's rules, before / after), "" for none.
+	compare string
 }
 
 // gwLab is the three namespaces of the row.
@@ -176,7 +184,9 @@ spec:
   clusterIP: 10.96.5.1
   clusterIPs: [10.96.5.1]
   externalTrafficPolicy: Cluster
-  ports: [{name: udp, protocol: UDP, port: 30080, targetPort: 30080, nodePort: 30080}]
+  ports:
+  - {name: udp, protocol: UDP, port: 30080, targetPort: 30080, nodePort: 30080}
+  - {name: tcp, protocol: TCP, port: 30080, targetPort: 30080, nodePort: 30080}
 status:
   loadBalancer:
     ingress: [{ip: 203.0.113.50}]
@@ -188,7 +198,7 @@ metadata:
   namespace: bench
   labels: {kubernetes.io/service-name: pps}
 addressType: IPv4
-ports: [{name: udp, protocol: UDP, port: 30080}]
+ports: [{name: udp, protocol: UDP, port: 30080}, {name: tcp, protocol: TCP, port: 30080}]
 endpoints:
 - addresses: ["10.244.1.11"]
   nodeName: node1
@@ -220,9 +230,47 @@ nodes:
 `, gwPPSGwIP, forwarding, gwPPSNodeIP) + extra
 }
 
-// startGateway runs `vipgate gateway` in the gateway namespace and waits for its first sync.
-func (g *gwLab) startGateway(forwarding string) error {
+// gwNATRef is the hand-written ruleset of the "plain + NAT" reference of a forwarding mode: the least
+// the kernel must do for that mode's packets — conntrack, one DNAT rule (evaluated for a flow's first
+// packet only: NAT rules see a connection once) and, for nodePort, masquerade — with nothing of
+// vipgate's (no VIP sets, no dispatch maps, no Maglev). The mode's cost over it is vipgate's rules;
+// its cost over plain routing is the kernel's stateful NAT, which any gateway of that mode pays.
+func gwNATRef(mode string) string {
+	switch mode {
+	case "nodePort":
+		return fmt.Sprintf(`table ip natref {
+	chain pre { type nat hook prerouting priority dstnat; ip daddr %s meta l4proto { tcp, udp } th dport %d dnat to %s:%d; }
+	chain post { type nat hook postrouting priority srcnat; ct status dnat masquerade; }
+}
+`, gwPPSVIP, gwPPSPort, gwPPSNodeIP, gwPPSPort)
+	case "direct":
+		return fmt.Sprintf(`table ip natref {
+	chain pre { type nat hook prerouting priority dstnat; ip daddr %s meta l4proto { tcp, udp } th dport %d dnat to %s:%d; }
+}
+`, gwPPSVIP, gwPPSPort, gwPPSPod, gwPPSPort)
+	}
+	return ""
+}
+
+// loadNATRef replaces whatever runs in the gateway namespace with mode's "plain + NAT" ruleset,
+// loaded with nft -f inside it.
+func (g *gwLab) loadNATRef(mode string) error {
 	g.stopGateway()
+	cmd := exec.Command("ip", "netns", "exec", g.gw.name, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(gwNATRef(mode))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("netns %s: nft -f (plain + NAT, %s): %v: %s", g.gw.name, mode, err, oneLine(string(out)))
+	}
+	return nil
+}
+
+// startGateway runs `vipgate gateway` (bin; "": the lab's) in the gateway namespace and waits for
+// its first sync.
+func (g *gwLab) startGateway(forwarding, bin string) error {
+	g.stopGateway()
+	if bin == "" {
+		bin = g.vipgate
+	}
 	cfg := filepath.Join(g.dir, "gateway-"+forwarding+".yaml")
 	if err := os.WriteFile(cfg, []byte(gwPPSConfig(forwarding)), 0o644); err != nil {
 		return err
@@ -232,7 +280,7 @@ func (g *gwLab) startGateway(forwarding string) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command("ip", "netns", "exec", g.gw.name, g.vipgate, "gateway", "--config", cfg,
+	cmd := exec.Command("ip", "netns", "exec", g.gw.name, bin, "gateway", "--config", cfg,
 		"--manifests", filepath.Join(g.dir, "manifests"))
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
@@ -451,7 +499,18 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 	if slices.Contains(modes, "route") {
 		modes = append(modes, gwPPSFastPath)
 	}
-	budget := time.Duration(o.rounds*(len(modes)+2))*(o.sampleTime+5*time.Second) + time.Minute
+	// The "plain + NAT" references of the NAT modes, and the compared binary's fast path.
+	var natRefs []string
+	for _, m := range modes {
+		if gwNATRef(m) != "" {
+			natRefs = append(natRefs, m)
+		}
+	}
+	compare := ""
+	if o.compare != "" && slices.Contains(modes, gwPPSFastPath) {
+		compare = gwPPSFastPath + " (--gw-compare)"
+	}
+	budget := time.Duration(o.rounds*(len(modes)+len(natRefs)+3))*(o.sampleTime+5*time.Second) + time.Minute
 	stopSink, err := g.startSink(budget)
 	if err != nil {
 		t.fail(what, err)
@@ -461,11 +520,21 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 
 	type target struct {
 		name, fwd string // fwd: "" plainly routed, else the gateway's forwarding mode; "ceiling": direct veth
+		bin       string // the vipgate binary ("": the lab's)
+		natRef    string // the mode whose "plain + NAT" ruleset the gateway namespace holds instead
 		dst       netip.AddrPort
 	}
+	vip := netip.AddrPortFrom(gwPPSVIP, gwPPSPort)
 	targets := []target{{name: "plain", dst: netip.AddrPortFrom(gwPPSNodeIP, gwPPSPort)}}
 	for _, m := range modes {
-		targets = append(targets, target{name: m, fwd: m, dst: netip.AddrPortFrom(gwPPSVIP, gwPPSPort)})
+		targets = append(targets, target{name: m, fwd: m, dst: vip})
+	}
+	// The compared binary next to the fast path (the last mode): the pair is measured back to back.
+	if compare != "" {
+		targets = append(targets, target{name: compare, fwd: gwPPSFastPath, bin: o.compare, dst: vip})
+	}
+	for _, m := range natRefs {
+		targets = append(targets, target{name: natRefName(m), natRef: m, dst: vip})
 	}
 	samples := map[string][]ppsSample{}
 	for r := 0; r < o.rounds; r++ {
@@ -481,9 +550,16 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 		}
 		samples["ceiling"] = append(samples["ceiling"], c)
 		for _, tg := range order {
-			if tg.fwd == "" {
+			var err error
+			switch {
+			case tg.natRef != "":
+				err = g.loadNATRef(tg.natRef)
+			case tg.fwd == "":
 				g.stopGateway()
-			} else if err := g.startGateway(tg.fwd); err != nil {
+			default:
+				err = g.startGateway(tg.fwd, tg.bin)
+			}
+			if err != nil {
 				t.fail(what, err)
 				return
 			}
@@ -522,19 +598,46 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 			Vipgate: kpps(got) + "; receiver took " + kpps(pick(m, dlv)), Ref: "plainly routed: " + kpps(plain),
 			Ratio: pairedRatio(got, plain, 0.9)})
 	}
+	for _, m := range natRefs {
+		ref := pick(natRefName(m), fwd)
+		t.add(row{Sub: true, What: fmt.Sprintf("the NAT floor of %s: %s (hand-written: conntrack, one DNAT rule%s; no vipgate)", m, natRefName(m), map[bool]string{true: ", masquerade"}[m == "nodePort"]),
+			Vipgate: "", Ref: kpps(ref) + "; plainly routed: " + kpps(plain), Ratio: "floor/plain " + pairedRatio(ref, plain, 0)})
+		t.add(row{Sub: true, What: fmt.Sprintf("through `vipgate gateway`, forwarding: %s, against its NAT floor", m),
+			Vipgate: kpps(pick(m, fwd)), Ref: natRefName(m) + ": " + kpps(ref), Ratio: pairedRatio(pick(m, fwd), ref, 0)})
+	}
 	// The sender's CPU time per packet: the path's cost, little moved by other load. The ratio is
 	// plain's cost over the mode's (as a rate ratio: higher is better).
 	cpu := func(s ppsSample) float64 { return s.cpuNS }
+	ns := func(xs []float64) string {
+		return fmt.Sprintf("%.0f ns (%.0f-%.0f)", median(xs), slices.Min(xs), slices.Max(xs))
+	}
 	if pc := pick("plain", cpu); slices.Min(pc) > 0 {
-		for _, m := range modes {
+		for _, m := range append(slices.Clone(modes), compare) {
+			if m == "" {
+				continue
+			}
 			mc := pick(m, cpu)
 			if slices.Min(mc) <= 0 {
 				continue
 			}
 			t.add(row{Sub: true, What: fmt.Sprintf("sender CPU per packet (the path's cost, less moved by other load), forwarding: %s", m),
-				Vipgate: fmt.Sprintf("%.0f ns (%.0f-%.0f)", median(mc), slices.Min(mc), slices.Max(mc)),
-				Ref:     fmt.Sprintf("plainly routed: %.0f ns (%.0f-%.0f)", median(pc), slices.Min(pc), slices.Max(pc)),
-				Ratio:   "plain/mode " + pairedRatio(pc, mc, 0.9)})
+				Vipgate: ns(mc), Ref: "plainly routed: " + ns(pc), Ratio: "plain/mode " + pairedRatio(pc, mc, 0.9)})
+			if m == compare {
+				fc := pick(gwPPSFastPath, cpu)
+				t.add(row{Sub: true, What: "sender CPU per packet, " + gwPPSFastPath + " of --vipgate against that of --gw-compare (same rounds)",
+					Vipgate: ns(fc), Ref: "--gw-compare: " + ns(mc), Ratio: "compare/this " + pairedRatio(mc, fc, 0)})
+			}
+			if !slices.Contains(natRefs, m) {
+				continue
+			}
+			rc := pick(natRefName(m), cpu)
+			if slices.Min(rc) <= 0 {
+				continue
+			}
+			t.add(row{Sub: true, What: fmt.Sprintf("sender CPU per packet, the NAT floor of %s (%s)", m, natRefName(m)),
+				Vipgate: "", Ref: ns(rc) + "; plainly routed: " + ns(pc), Ratio: "plain/floor " + pairedRatio(pc, rc, 0)})
+			t.add(row{Sub: true, What: fmt.Sprintf("sender CPU per packet, forwarding: %s, against its NAT floor", m),
+				Vipgate: ns(mc), Ref: natRefName(m) + ": " + ns(rc), Ratio: "floor/mode " + pairedRatio(rc, mc, 0)})
 		}
 	}
 	c := pick("ceiling", sent)
@@ -542,6 +645,9 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 		Vipgate: "", Ref: fmt.Sprintf("sent %s; receiver took %s", kpps(c), kpps(pick("ceiling", dlv))),
 		Ratio: fmt.Sprintf("plainly routed = %.2f of it", median(plain)/median(c))})
 }
+
+// natRefName is the row name of mode's "plain + NAT" reference.
+func natRefName(mode string) string { return "plain + NAT (" + mode + ")" }
 
 // udpSendMain is the generator (`bench udpsend`), run in the sender namespace: batches of 64
 // packets with sendmmsg, round-robin over --flows connected sockets, for --duration or --count

@@ -19,7 +19,9 @@
 //  6. control plane to data plane: `vipgate node --manifests DIR`, EndpointSlice file written ->
 //     first connection through the new ClusterIP;
 //  7. the gateway's small-packet rate (64-byte UDP) in each forwarding mode against the same hop
-//     plainly routed (gateway.go).
+//     plainly routed and, for nodePort and direct, against a hand-written NAT ruleset (gateway.go);
+//  8. the gateway's TCP throughput (one iperf3 stream) in route forwarding with and without its
+//     fast path against the same hop plainly routed (gateway_tcp.go).
 //
 // Results are printed and appended to BENCH.md with the date and the machine; --plots draws the
 // scaling curves (full sync time and peak memory against the number of Services) as SVG. --quick
@@ -60,10 +62,11 @@ type options struct {
 	churnRate    int
 	churnTime    time.Duration
 	gwPPS        gwPPSOptions
+	gwTCP        gwTCPOptions
 	timeout      time.Duration
 }
 
-var allSections = []string{"sync", "incremental", "churn", "packets", "throughput", "controlplane", "gateway-pps"}
+var allSections = []string{"sync", "incremental", "churn", "packets", "throughput", "controlplane", "gateway-pps", "gateway-tcp"}
 
 // extraSections are valid for --only but not run by default: parts of a default section.
 var extraSections = []string{"controlplane-kube"} // the kube-apiserver row of controlplane alone
@@ -99,6 +102,9 @@ func parseFlags(args []string) (*options, error) {
 	gwTime := fs.Duration("gw-time", 2*time.Second, "duration of one gateway packet-rate sample (the generator's time bound)")
 	gwCount := fs.Int("gw-count", 20_000_000, "packets at most per gateway packet-rate sample (the generator's count bound)")
 	gwModes := fs.String("gw-modes", "route,nodePort,direct", "forwarding modes of `vipgate gateway` in the packet-rate row")
+	gwTCPRounds := fs.Int("gw-tcp-rounds", 4, "alternating rounds of the gateway TCP row (even: each path as often first as last)")
+	gwTCPTime := fs.Int("gw-tcp-time", 3, "seconds of one iperf3 run of the gateway TCP row")
+	gwCompare := fs.String("gw-compare", "", "a second vipgate binary whose route+fastPath is measured in the same rounds of the gateway packet-rate row (before / after a change)")
 	cpCompare := fs.String("cp-compare", "", "a second vipgate binary measured in the kube-apiserver control-plane row of the same run, in ABBA turns (before / after a change)")
 	timeout := fs.Duration("timeout", 45*time.Minute, "give up (and clean up) after this long")
 	if err := fs.Parse(args); err != nil {
@@ -126,6 +132,8 @@ func parseFlags(args []string) (*options, error) {
 			"kube-proxy-changes": func() { *kubeProxyChanges = 3 },
 			"gw-rounds":          func() { *gwRounds = 2 },
 			"gw-time":            func() { *gwTime = time.Second },
+			"gw-tcp-rounds":      func() { *gwTCPRounds = 2 },
+			"gw-tcp-time":        func() { *gwTCPTime = 2 },
 		}
 		for name, f := range quickDefaults {
 			if !set[name] {
@@ -133,7 +141,13 @@ func parseFlags(args []string) (*options, error) {
 			}
 		}
 	}
-	o.gwPPS = gwPPSOptions{rounds: *gwRounds, sampleTime: *gwTime, maxCount: *gwCount}
+	o.gwTCP = gwTCPOptions{rounds: *gwTCPRounds, seconds: *gwTCPTime}
+	o.gwPPS = gwPPSOptions{rounds: *gwRounds, sampleTime: *gwTime, maxCount: *gwCount, compare: *gwCompare}
+	if *gwCompare != "" {
+		if fi, err := os.Stat(*gwCompare); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+			return nil, fmt.Errorf("--gw-compare: %q is not an executable file", *gwCompare)
+		}
+	}
 	for _, m := range strings.Split(*gwModes, ",") {
 		m = strings.TrimSpace(m)
 		if m != "route" && m != "nodePort" && m != "direct" {
@@ -187,6 +201,10 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--churn-rate must be 1-100000")
 	case o.churnTime <= 0 || o.churnTime > 30*time.Minute:
 		return nil, fmt.Errorf("--churn-time must be positive and at most 30m")
+	case o.gwTCP.rounds < 1 || o.gwTCP.rounds > 20:
+		return nil, fmt.Errorf("--gw-tcp-rounds must be 1-20")
+	case o.gwTCP.seconds < 1 || o.gwTCP.seconds > 60:
+		return nil, fmt.Errorf("--gw-tcp-time must be 1-60 seconds")
 	case o.gwPPS.rounds < 1 || o.gwPPS.rounds > 20:
 		return nil, fmt.Errorf("--gw-rounds must be 1-20")
 	case o.gwPPS.sampleTime <= 0 || o.gwPPS.sampleTime > maxGeneratorTime:
@@ -276,6 +294,9 @@ func run(o *options) int {
 
 	if o.sections["gateway-pps"] {
 		gatewayPPS(t, o.vipgate, o.gwPPS)
+	}
+	if o.sections["gateway-tcp"] {
+		gatewayTCP(t, o.vipgate, o.gwTCP)
 	}
 
 	md := t.markdown()

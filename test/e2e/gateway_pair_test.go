@@ -147,6 +147,11 @@ func testGatewayPair(t *testing.T, forwarding string) {
 
 	// The owner of the L2 VIP dies: its link goes down, then its process is killed (a dead machine,
 	// not a clean stop: the kernel of a stopped gateway would keep forwarding with the rules left).
+	// BFD must be watching over both gateways, or the dead one's route stays until the hold timer;
+	// it is checked before the connections and probes start, so that a slow BFD handshake cannot
+	// make the kill land after they ended.
+	d := waitBIRDBFDUp(t, bird, gws, 15*time.Second)
+	t.Logf("BIRD's BFD sessions to both gateways Up (waited %v)", d.Round(time.Millisecond))
 	hold, err := l.StartHold(lab.RoleClient, "203.0.113.10:80", 100, 12*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -167,14 +172,12 @@ func testGatewayPair(t *testing.T, forwarding string) {
 	if owner == gws[0] {
 		survivor = gws[1]
 	}
-	killed := time.Now()
 	gwSh(t, l, owner.Name, "ip", "link", "set", "eth0", "down")
 	if err := procs[owner.Name].Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	gone := waitHops("203.0.113.10/32", []string{survivor.IPv4.String()}, 15*time.Second)
 	t.Logf("gateway %s dead -> its route gone at BIRD in %v (BFD 100 ms x 3)", owner.Name, gone.Round(time.Millisecond))
-	_ = killed
 	wg.Wait()
 	if l2err != nil {
 		t.Fatal(l2err)
