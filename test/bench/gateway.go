@@ -576,13 +576,7 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 		}
 		g.stopGateway()
 	}
-	pick := func(name string, f func(ppsSample) float64) []float64 {
-		var xs []float64
-		for _, s := range samples[name] {
-			xs = append(xs, f(s))
-		}
-		return xs
-	}
+	pick := func(name string, f func(ppsSample) float64) []float64 { return pickSamples(samples[name], f) }
 	fwd := func(s ppsSample) float64 { return s.forwarded }
 	sent := func(s ppsSample) float64 { return s.sent }
 	dlv := func(s ppsSample) float64 { return s.delivered }
@@ -768,4 +762,13 @@ func udpSinkMain(args []string) int {
 		_, _, _ = unix.Syscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&msgs[0])), batch, unix.MSG_WAITFORONE, 0, 0)
 	}
 	return 0
+}
+
+// pickSamples is one figure (f) of every sample of a path, in round order.
+func pickSamples[S any](samples []S, f func(S) float64) []float64 {
+	xs := make([]float64, 0, len(samples))
+	for _, s := range samples {
+		xs = append(xs, f(s))
+	}
+	return xs
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os/exec"
@@ -51,6 +52,7 @@ func iperfSent(out string) (bytes, bps float64, err error) {
 		} `json:"end"`
 		Error string `json:"error"`
 	}
+	// ip netns exec may print warnings before the JSON document.
 	if i := strings.Index(out, "{"); i > 0 {
 		out = out[i:]
 	}
@@ -60,8 +62,8 @@ func iperfSent(out string) (bytes, bps float64, err error) {
 	if res.Error != "" {
 		return 0, 0, fmt.Errorf("iperf3: %s", res.Error)
 	}
-	if res.End.SumSent.Bytes <= 0 || res.End.SumReceived.BitsPerSecond <= 0 {
-		return 0, 0, fmt.Errorf("iperf3 reported no bytes sent or received")
+	if res.End.SumReceived.BitsPerSecond <= 0 {
+		return 0, 0, fmt.Errorf("iperf3 reported no received bytes")
 	}
 	return res.End.SumSent.Bytes, res.End.SumReceived.BitsPerSecond, nil
 }
@@ -85,6 +87,9 @@ func (g *gwLab) iperf(dst netip.AddrPort, seconds int) (tcpSample, error) {
 			continue
 		}
 		bytes, bps, err := iperfSent(string(out))
+		if err == nil && bytes <= 0 {
+			err = errors.New("iperf3 reported no bytes sent")
+		}
 		if err != nil {
 			lastErr = fmt.Errorf("iperf3 to %s: %w", dst, err)
 			continue
@@ -151,13 +156,7 @@ func gatewayTCP(t *table, vipgateFlag string, o gwTCPOptions) {
 		}
 		g.stopGateway()
 	}
-	pick := func(name string, f func(tcpSample) float64) []float64 {
-		var xs []float64
-		for _, s := range samples[name] {
-			xs = append(xs, f(s))
-		}
-		return xs
-	}
+	pick := func(name string, f func(tcpSample) float64) []float64 { return pickSamples(samples[name], f) }
 	gbps := func(s tcpSample) float64 { return s.gbps }
 	cpu := func(s tcpSample) float64 { return s.cpuNS64 }
 	rate := func(xs []float64) string {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -281,26 +280,6 @@ func throughput(t *table, pl *packetLab, o packetOptions) {
 
 // parseIperf returns the receiver's throughput in Gbit/s from iperf3 -J output.
 func parseIperf(out string) (float64, error) {
-	var res struct {
-		End struct {
-			SumReceived struct {
-				BitsPerSecond float64 `json:"bits_per_second"`
-			} `json:"sum_received"`
-		} `json:"end"`
-		Error string `json:"error"`
-	}
-	// ip netns exec may print warnings before the JSON document.
-	if i := strings.Index(out, "{"); i > 0 {
-		out = out[i:]
-	}
-	if err := json.Unmarshal([]byte(out), &res); err != nil {
-		return 0, fmt.Errorf("parsing iperf3 -J output: %w", err)
-	}
-	if res.Error != "" {
-		return 0, fmt.Errorf("iperf3: %s", res.Error)
-	}
-	if res.End.SumReceived.BitsPerSecond <= 0 {
-		return 0, fmt.Errorf("iperf3 reported no received bytes")
-	}
-	return res.End.SumReceived.BitsPerSecond / 1e9, nil
+	_, bps, err := iperfSent(out)
+	return bps / 1e9, err
 }

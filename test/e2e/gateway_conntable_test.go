@@ -296,7 +296,12 @@ func testGatewayConnTable(t *testing.T, forwarding string) {
 
 	// A gateway dies while a node is added: the flows it carried reach the survivor, which has no
 	// table entry for them: route forwarding sends a TCP packet without SYN to its slot's previous
-	// node (daisy chaining); nodePort's SNAT state is lost with the gateway.
+	// node (daisy chaining); nodePort's SNAT state is lost with the gateway. BFD must be watching
+	// over both gateways, or the dead one's route stays until the BGP hold timer (9 s) and its
+	// connections stall; it is checked before the connections open, so that a slow BFD handshake
+	// cannot make the kill land after their hold ended.
+	d := waitBIRDBFDUp(t, bird, gws, 15*time.Second)
+	t.Logf("BIRD's BFD sessions to both gateways Up (waited %v)", d.Round(time.Millisecond))
 	wait = hold(14 * time.Second)
 	time.Sleep(time.Second)
 	setNodes(false, node1, node2, node3)

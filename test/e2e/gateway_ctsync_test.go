@@ -38,6 +38,9 @@ type ctsyncEnv struct {
 	startGateway func(name string)
 	// waitBoth waits until the router has both gateways as next hops of the VIP again.
 	waitBoth func()
+	// waitBFD waits until BIRD's BFD sessions to both gateways are Up: before a kill, or the dead
+	// gateway's route stays until the BGP hold timer (9 s) and the connections through it stall.
+	waitBFD func()
 	// waitTakenOver waits until the named gateway's route has left the router and node1 sends
 	// the replies to its SNAT address to the other gateway.
 	waitTakenOver func(name string)
@@ -128,6 +131,9 @@ func TestGatewayConntrackSync(t *testing.T) {
 				start := time.Now()
 				e.startGateway("gw2")
 				e.waitBoth()
+				// gw1 dies next: BIRD asks for gw2's new BFD session only once BGP is up again,
+				// and a kill before it is Up would go unnoticed until the hold timer.
+				e.waitBFD()
 				atReturn, _ := ctsyncStatelessCounts(t, e.l, "gw2")
 				// The route came back only once the resync was over (the announcement hold).
 				if line := ctsyncResyncLine(e.procs["gw2"].Log()); line == "" {
@@ -283,7 +289,15 @@ conntrackSync:
 					t.Fatalf("node1's ARP entry for %s never moved to %s: %s", snat, other.Name, out)
 				}
 			}
+		},
+		waitBFD: func() {
+			d := waitBIRDBFDUp(t, bird, gws, 15*time.Second)
+			t.Logf("BIRD's BFD sessions to both gateways Up (waited %v)", d.Round(time.Millisecond))
 		}}
+	// A gateway dies while the connections are held: BFD must be watching over both gateways, or
+	// the dead one's route stays until the BGP hold timer. It is checked before the connections
+	// open, so that a slow BFD handshake cannot make the kill land after their hold ended.
+	env.waitBFD()
 	if sc.beforeOpen != nil {
 		sc.beforeOpen(t, env)
 	}
