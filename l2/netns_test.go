@@ -324,7 +324,14 @@ func TestNetnsAnnouncer(t *testing.T) {
 			t.Fatalf("b's entry for %s is %s, want reachable after a unicast probe", vip6, neighState(state))
 		}
 		t.Logf("b confirmed %s by unicast probe %v after use (delay_first_probe_time 1s)", vip6, time.Since(start))
-		if after := metricValue(t, reg, "vipgate_l2_replies_sent_total", map[string]string{"interface": "va", "family": "ipv6"}); after <= before {
+		// The responder counts a reply after sending it: under load the entry can be reachable
+		// before the count moves, so wait for it.
+		labels := map[string]string{"interface": "va", "family": "ipv6"}
+		counted := false
+		for deadline := time.Now().Add(5 * time.Second); !counted && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			counted = metricValue(t, reg, "vipgate_l2_replies_sent_total", labels) > before
+		}
+		if !counted {
 			t.Errorf("no neighbor advertisement counted for the probe")
 		}
 	})

@@ -260,6 +260,21 @@ healthCheckInterval: 250ms
 			t.Fatal(err)
 		}
 	}
+	if fast {
+		// The fast path's ingress chains are added after the gateway's first flows could pass
+		// (the netdev table is seeded from the family table's connection table before it takes
+		// traffic): wait for them, so that every probe below goes through the fast path.
+		for _, nd := range []string{"vipgate-fwd4", "vipgate-fwd6"} {
+			hooked := false
+			for deadline := time.Now().Add(10 * time.Second); !hooked && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				out, _ := l.Exec("gw1", "nft", "list", "table", "netdev", nd)
+				hooked = strings.Contains(out, "hook ingress")
+			}
+			if !hooked {
+				t.Fatalf("table netdev %s has no ingress chain 10 s after the gateway started", nd)
+			}
+		}
+	}
 	for _, c := range []struct {
 		vip    netip.Addr
 		client netip.Addr
