@@ -423,12 +423,8 @@ func (n *NetlinkProgrammer) ReadGatewayFlows(f cluster.Family, table string, dea
 	chunk := make([]GatewayFlow, 0, 1024)
 	interrupted := false
 	for {
-		var nr int
-		var rerr error
-		if err := rc.Read(func(fd uintptr) bool {
-			nr, _, rerr = unix.Recvfrom(int(fd), buf, 0)
-			return rerr != unix.EAGAIN
-		}); err != nil {
+		nr, rerr, err := recvRaw(rc, buf)
+		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				err = fmt.Errorf("%w: dumping %s: the deadline passed", ErrFlowCopyTruncated, MapGatewayFlows)
 			}
@@ -690,12 +686,8 @@ func (w *netlinkFlowWriter) exchange(msgs []netlink.Message) (clean bool, err er
 	var clash *flowClashError
 	var other error
 	for got := 0; got < len(bySeq); {
-		var nr int
-		var rerr error
-		if err := rc.Read(func(fd uintptr) bool {
-			nr, _, rerr = unix.Recvfrom(int(fd), buf, 0)
-			return rerr != unix.EAGAIN
-		}); err != nil {
+		nr, rerr, err := recvRaw(rc, buf)
+		if err != nil {
 			return false, cmp.Or(other, err)
 		}
 		if rerr != nil {
@@ -968,4 +960,15 @@ func splitIngress(tx *Tx) (first, hooks *Tx) {
 		return tx, nil
 	}
 	return &t, &Tx{Family: tx.Family, Table: tx.Table, AddChains: ingress, Sets: tx.Sets}
+}
+
+// recvRaw reads one datagram of the netlink socket behind rc into buf, waiting (under the
+// socket's read deadline) while there is none: err is the wait's (a passed deadline), rerr the
+// receive's.
+func recvRaw(rc syscall.RawConn, buf []byte) (n int, rerr, err error) {
+	err = rc.Read(func(fd uintptr) bool {
+		n, _, rerr = unix.Recvfrom(int(fd), buf, 0)
+		return rerr != unix.EAGAIN
+	})
+	return n, rerr, err
 }

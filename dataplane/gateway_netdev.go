@@ -272,31 +272,8 @@ func planNetdev(fp *GatewayFastPath, nodes []netip.Addr) netdevPlan {
 // parts fill both tables), ingress chains, the dispatch, and the route chain with fwd.
 func buildGatewayNetdevBase(f cluster.Family, inet *Part, size int, plan netdevPlan) *Part {
 	p := &Part{Sets: inet.Sets, Elements: inet.Elements}
-	for _, dev := range plan.ingress {
-		p.Chains = append(p.Chains, &Chain{Name: ingressChainName(dev), Type: FilterType, Hook: HookIngress, Priority: PriorityFilter,
-			Devices: []string{dev}, Comment: "VIP traffic to its node, before the IP stack", Rules: []Rule{
-				// Only frames sent to this host: the ingress hook also sees those the IP stack drops
-				// (PACKET_OTHERHOST: a promiscuous device, e.g. under tcpdump, or frames flooded by
-				// a switch to the other gateway of the LAN), which fwd would send to the nodes as
-				// duplicates. A match here rather than a rule of its own: the VIP packets pay one
-				// comparison, and no other rule is added to every packet's path.
-				//
-				// The dispatch itself is the ingress chain's: service-ips holds only the VIP ports
-				// the fast path takes (with nodes), so a packet it does not hold — traffic to no
-				// VIP, a VIP port without nodes, another protocol — falls off the chain to the
-				// policy's accept, as it did past a gateway-vips check and an empty services
-				// chain. The family's table keeps that check (its VIP ports without nodes are
-				// rejected there); here it was a second lookup per VIP packet and a jump. The one
-				// rule is all that traffic to no VIP pays, on every device of the plan.
-				{Matches: []Match{{Kind: MatchPktTypeHost}}, Action: Action{Kind: ActVmapTuple, Map: MapServiceIPs}},
-			}})
-	}
-	// A datagram's fragments must all go one way: only the first carries the ports the rules match,
-	// so taking it here would part it from the others; all go on to the family's table. Only the
-	// first can get this far: the kernel loads no th dport from a packet with a fragment offset
-	// (nft_payload checks pkt->fragoff), so the dispatch does not match a later one. Here rather
-	// than in the ingress chain, VIP packets pay the check as before and other traffic not at all;
-	// its return ends the goto from the ingress chain there, whose policy accepts.
+	// The route chain's rules with fwd through the nodes' device; its first, the known flow's, is
+	// the ingress chains' (below).
 	rules := gatewayConntableRules(size)
 	for i := range rules {
 		rules[i].Action.Device = plan.nodeDev
@@ -304,7 +281,36 @@ func buildGatewayNetdevBase(f cluster.Family, inet *Part, size int, plan netdevP
 			rules[i].Action.Kind = ActFwdJhashMap
 		}
 	}
-	rules = append([]Rule{{Matches: []Match{{Kind: MatchFragment}}, Action: Action{Kind: ActReturn}, Comment: "fragments: all of them to the IP stack's path"}}, rules...)
+	recall := rules[0]
+	rules = rules[1:]
+	for _, dev := range plan.ingress {
+		p.Chains = append(p.Chains, &Chain{Name: ingressChainName(dev), Type: FilterType, Hook: HookIngress, Priority: PriorityFilter,
+			Devices: []string{dev}, Comment: "VIP traffic to its node, before the IP stack", Rules: []Rule{
+				// A datagram's fragments must all go one way: only the first carries the ports the
+				// rules match, so taking it here would part it from the others; all go on to the
+				// family's table (return: the policy's accept). A later fragment would not match
+				// the rules below anyway: the kernel loads no th dport from a packet with a
+				// fragment offset (nft_payload checks pkt->fragoff).
+				{Matches: []Match{{Kind: MatchFragment}}, Action: Action{Kind: ActReturn}, Comment: "fragments: all of them to the IP stack's path"},
+				// A known flow, straight from the ingress chain: the packets of established flows,
+				// nearly all of them, skip the dispatch's lookup and its goto. Only frames sent to
+				// this host: the ingress hook also sees those the IP stack drops (PACKET_OTHERHOST:
+				// a promiscuous device, e.g. under tcpdump, or frames flooded by a switch to the
+				// other gateway of the LAN), which fwd would send to the nodes as duplicates.
+				// gateway-conns holds (VIP port, node) only for the VIP ports whose dispatch is the
+				// route chain (Maglev, with nodes: gatewayConnElements), so a flow that matches here
+				// is one the dispatch would have sent there, whose first rule this was; a flow
+				// whose VIP port or node is gone misses here and is dispatched as a new one.
+				{Matches: []Match{{Kind: MatchPktTypeHost}}, Action: recall.Action, Comment: recall.Comment},
+				// The dispatch of the other packets: service-ips holds only the VIP ports the fast
+				// path takes (with nodes), so a packet it does not hold — traffic to no VIP, a VIP
+				// port without nodes, another protocol — falls off the chain to the policy's
+				// accept. The family's table keeps its gateway-vips check (its VIP ports without
+				// nodes are rejected there). Traffic to no VIP pays the three rules' checks and
+				// two lookups (gateway-flows, service-ips), on every device of the plan.
+				{Matches: []Match{{Kind: MatchPktTypeHost}}, Action: Action{Kind: ActVmapTuple, Map: MapServiceIPs}},
+			}})
+	}
 	if f == cluster.IPv6 {
 		// The stateless rule (gateway-flows is full) needs more registers than nft 1.0.6 allocates
 		// for an IPv6 key, hash and device ("BUG: register reg_low 16 invalid"): an operator could

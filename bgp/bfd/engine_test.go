@@ -101,18 +101,7 @@ func TestJitter(t *testing.T) {
 
 func TestDetectionTimeExpired(t *testing.T) {
 	s, a, b := upPair(t)
-	cut := s.elapsed()
-	b.drop = true // b -> a lost
-	s.run(2 * time.Second)
-	fa := a.failures()
-	if len(fa) != 1 || fa[0].Failure != FailureDetectTimeExpired {
-		t.Fatalf("a's failures %+v, want one detection time expiry", fa)
-	}
-	// The last packet from b arrived at most one interval (<=100ms) before the cut; expiry is
-	// 300ms after it.
-	if d := fa[0].at - cut; d < 200*ms || d > 301*ms {
-		t.Errorf("detected %v after the cut, want 200-300ms", d)
-	}
+	cutAndDetect(t, s, a, b)
 	// b hears a's Down from the session it was Up with: the peer signalled the failure.
 	fb := b.failures()
 	if len(fb) != 1 || fb[0].Failure != FailureRemoteDown {
@@ -440,6 +429,14 @@ func TestStarvedReceiverKeepsSession(t *testing.T) {
 		t.Fatalf("sessions %s and %s, want up", a.session(b).state, b.session(a).state)
 	}
 
+	cutAndDetect(t, s, a, b) // as for a timely receiver
+}
+
+// cutAndDetect loses every packet from b to a from now on and checks that a declares one detection
+// time expiry, 300ms after the last packet from b, which arrived at most one interval (<=100ms)
+// before the cut.
+func cutAndDetect(t *testing.T, s *sim, a, b *simNode) {
+	t.Helper()
 	cut := s.elapsed()
 	b.drop = true
 	s.run(2 * time.Second)
@@ -447,8 +444,6 @@ func TestStarvedReceiverKeepsSession(t *testing.T) {
 	if len(fa) != 1 || fa[0].Failure != FailureDetectTimeExpired {
 		t.Fatalf("a's failures %+v, want one detection time expiry", fa)
 	}
-	// As for a timely receiver (TestDetectionTimeExpired): 300ms after the last packet from b,
-	// which arrived at most one interval before the cut.
 	if d := fa[0].at - cut; d < 200*ms || d > 301*ms {
 		t.Errorf("detected %v after the cut, want 200-300ms", d)
 	}

@@ -176,6 +176,23 @@ func newGwLab(vipgate string) (*gwLab, error) {
 	return g, nil
 }
 
+// openGwLab builds the lab around the vipgate binary of the --vipgate flag (vipgateBinary); close
+// stops its gateway and removes its namespaces.
+func openGwLab(vipgateFlag string) (*gwLab, error) {
+	bin, err := vipgateBinary(vipgateFlag)
+	if err != nil {
+		return nil, err
+	}
+	return newGwLab(bin)
+}
+
+func (g *gwLab) close() {
+	g.stopGateway()
+	for _, ns := range []*netns{g.node, g.gw, g.snd} {
+		ns.close()
+	}
+}
+
 const gwPPSManifest = `apiVersion: v1
 kind: Service
 metadata: {name: pps, namespace: bench}
@@ -479,22 +496,12 @@ func (g *gwLab) startSink(maxTime time.Duration) (func(), error) {
 // gatewayPPS is the row.
 func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 	what := fmt.Sprintf("gateway small-packet rate: 64-byte UDP frames, %d flows, packets/s forwarded by the gateway namespace (median of %d rounds x %v, alternating)", gwPPSFlows, o.rounds, o.sampleTime)
-	bin, err := vipgateBinary(vipgateFlag)
+	g, err := openGwLab(vipgateFlag)
 	if err != nil {
 		t.fail(what, err)
 		return
 	}
-	g, err := newGwLab(bin)
-	if err != nil {
-		t.fail(what, err)
-		return
-	}
-	defer func() {
-		g.stopGateway()
-		for _, ns := range []*netns{g.node, g.gw, g.snd} {
-			ns.close()
-		}
-	}()
+	defer g.close()
 	modes := slices.Clone(o.modes)
 	if slices.Contains(modes, "route") {
 		modes = append(modes, gwPPSFastPath)

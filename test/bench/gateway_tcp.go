@@ -107,22 +107,12 @@ func (g *gwLab) iperf(dst netip.AddrPort, seconds int) (tcpSample, error) {
 // gatewayTCP is the row.
 func gatewayTCP(t *table, vipgateFlag string, o gwTCPOptions) {
 	what := fmt.Sprintf("gateway TCP throughput: one iperf3 stream through the gateway namespace (median of %d rounds x %d s, alternating)", o.rounds, o.seconds)
-	bin, err := vipgateBinary(vipgateFlag)
+	g, err := openGwLab(vipgateFlag)
 	if err != nil {
 		t.fail(what, err)
 		return
 	}
-	g, err := newGwLab(bin)
-	if err != nil {
-		t.fail(what, err)
-		return
-	}
-	defer func() {
-		g.stopGateway()
-		for _, ns := range []*netns{g.node, g.gw, g.snd} {
-			ns.close()
-		}
-	}()
+	defer g.close()
 	srv := exec.Command("ip", "netns", "exec", g.node.name, "iperf3", "-s", "-p", strconv.Itoa(gwPPSPort))
 	if err := srv.Start(); err != nil {
 		t.fail(what, fmt.Errorf("iperf3 server: %w", err))
