@@ -272,17 +272,23 @@ func planNetdev(fp *GatewayFastPath, nodes []netip.Addr) netdevPlan {
 // parts fill both tables), ingress chains, the dispatch, and the route chain with fwd.
 func buildGatewayNetdevBase(f cluster.Family, inet *Part, size int, plan netdevPlan) *Part {
 	p := &Part{Sets: inet.Sets, Elements: inet.Elements}
-	// The route chain's rules with fwd through the nodes' device; its first, the known flow's, is
-	// the ingress chains' (below).
-	rules := gatewayConntableRules(size)
+	// The route chain's rules with fwd through the nodes' device; the known flow's is the ingress
+	// chains' (below).
+	var recall Rule
+	rules := slices.DeleteFunc(gatewayConntableRules(size), func(r Rule) bool {
+		if r.Action.Kind == ActFlowRecall {
+			recall = r
+			return true
+		}
+		return false
+	})
 	for i := range rules {
 		rules[i].Action.Device = plan.nodeDev
 		if rules[i].Action.Kind == ActDupJhashMap {
 			rules[i].Action.Kind = ActFwdJhashMap
 		}
 	}
-	recall := rules[0]
-	rules = rules[1:]
+	recall.Action.Device = plan.nodeDev
 	for _, dev := range plan.ingress {
 		p.Chains = append(p.Chains, &Chain{Name: ingressChainName(dev), Type: FilterType, Hook: HookIngress, Priority: PriorityFilter,
 			Devices: []string{dev}, Comment: "VIP traffic to its node, before the IP stack", Rules: []Rule{
