@@ -40,7 +40,10 @@ import (
 // nodePort and direct there is a second reference, "plain + NAT": the gateway namespace with a
 // hand-written ruleset doing the least the kernel must do in that mode (conntrack, one DNAT rule,
 // masquerade for nodePort; gwNATRef), so that the row tells vipgate's rules apart from the cost of
-// stateful NAT itself. --gw-compare measures a second binary's route+fastPath in the same rounds,
+// stateful NAT itself. With direct, two stateless references too (gwStatelessRef, gwFwdOnlyRef): one
+// netdev ingress rule that rewrites the destination and forwards, and the same rule without the
+// rewrite; their difference added to route+fastPath estimates a stateless direct mode, round by
+// round. --gw-compare measures a second binary's route+fastPath in the same rounds,
 // right after the first's (a change to the fast path's rules, before / after).
 //
 // The generator (`bench udpsend`, this binary in the sender namespace) writes batches with sendmmsg
@@ -265,9 +268,31 @@ func gwNATRef(mode string) string {
 	chain pre { type nat hook prerouting priority dstnat; ip daddr %s meta l4proto { tcp, udp } th dport %d dnat to %s:%d; }
 }
 `, gwPPSVIP, gwPPSPort, gwPPSPod, gwPPSPort)
+	case gwStatelessRef, gwFwdOnlyRef:
+		// The stateless references of direct: one netdev ingress rule that hands the packet to the
+		// node's neighbour entry (fwd), with (gwStatelessRef) and without (gwFwdOnlyRef) the rewrite
+		// of its destination address and port that a NAT without conntrack would do. Nothing else:
+		// no conntrack, no IP stack, no connection table, no Maglev. Their difference is what the
+		// rewrite itself costs a packet (two payload writes with their checksum updates), which a
+		// stateless direct mode would add to the fast path's connection table and Maglev.
+		rewrite := ""
+		if mode == gwStatelessRef {
+			rewrite = fmt.Sprintf(" ip daddr set %s udp dport set %d", gwPPSPod, gwPPSPort)
+		}
+		return fmt.Sprintf(`table netdev statelessref {
+	chain in { type filter hook ingress device "s0" priority 0; ip daddr %s udp dport %d%s fwd ip to %s device "n0"; }
+}
+`, gwPPSVIP, gwPPSPort, rewrite, gwPPSNodeIP)
 	}
 	return ""
 }
+
+// The stateless references of direct (gwNATRef): one netdev ingress rule that rewrites the
+// destination to the pod and forwards to the node, and the same rule without the rewrite.
+const (
+	gwStatelessRef = "netdev rewrite + fwd"
+	gwFwdOnlyRef   = "netdev fwd only"
+)
 
 // loadNATRef replaces whatever runs in the gateway namespace with mode's "plain + NAT" ruleset,
 // loaded with nft -f inside it.
@@ -513,11 +538,16 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 			natRefs = append(natRefs, m)
 		}
 	}
+	stateless := slices.Contains(modes, "direct")
+	nRefs := len(natRefs)
+	if stateless {
+		nRefs += 2
+	}
 	compare := ""
 	if o.compare != "" && slices.Contains(modes, gwPPSFastPath) {
 		compare = gwPPSFastPath + " (--gw-compare)"
 	}
-	budget := time.Duration(o.rounds*(len(modes)+len(natRefs)+3))*(o.sampleTime+5*time.Second) + time.Minute
+	budget := time.Duration(o.rounds*(len(modes)+nRefs+3))*(o.sampleTime+5*time.Second) + time.Minute
 	stopSink, err := g.startSink(budget)
 	if err != nil {
 		t.fail(what, err)
@@ -542,6 +572,11 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 	}
 	for _, m := range natRefs {
 		targets = append(targets, target{name: natRefName(m), natRef: m, dst: vip})
+	}
+	if stateless {
+		for _, r := range []string{gwStatelessRef, gwFwdOnlyRef} {
+			targets = append(targets, target{name: r, natRef: r, dst: vip})
+		}
 	}
 	samples := map[string][]ppsSample{}
 	for r := 0; r < o.rounds; r++ {
@@ -606,11 +641,40 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 		t.add(row{Sub: true, What: fmt.Sprintf("through `vipgate gateway`, forwarding: %s, against its NAT floor", m),
 			Vipgate: kpps(pick(m, fwd)), Ref: natRefName(m) + ": " + kpps(ref), Ratio: pairedRatio(pick(m, fwd), ref, 0)})
 	}
+	if stateless {
+		for _, r := range []struct{ name, what string }{
+			{gwStatelessRef, "rewrite the destination to the pod, fwd to the node"},
+			{gwFwdOnlyRef, "fwd to the node, the destination unchanged"},
+		} {
+			ref := pick(r.name, fwd)
+			t.add(row{Sub: true, What: "a stateless reference: " + r.name + " (one hand-written netdev ingress rule: " + r.what + "; no conntrack, no IP stack, no connection table; no vipgate)",
+				Vipgate: "", Ref: kpps(ref) + "; plainly routed: " + kpps(plain), Ratio: "ref/plain " + pairedRatio(ref, plain, 0)})
+		}
+	}
 	// The sender's CPU time per packet: the path's cost, little moved by other load. The ratio is
 	// plain's cost over the mode's (as a rate ratio: higher is better).
 	cpu := func(s ppsSample) float64 { return s.cpuNS }
 	ns := func(xs []float64) string {
 		return fmt.Sprintf("%.0f ns (%.0f-%.0f)", median(xs), slices.Min(xs), slices.Max(xs))
+	}
+	if pc, rc, oc := pick("plain", cpu), pick(gwStatelessRef, cpu), pick(gwFwdOnlyRef, cpu); stateless && slices.Min(pc) > 0 && slices.Min(rc) > 0 && slices.Min(oc) > 0 {
+		for _, r := range []struct {
+			name string
+			c    []float64
+		}{{gwStatelessRef, rc}, {gwFwdOnlyRef, oc}} {
+			t.add(row{Sub: true, What: "sender CPU per packet, the stateless reference " + r.name,
+				Vipgate: "", Ref: ns(r.c) + "; plainly routed: " + ns(pc), Ratio: "plain/ref " + pairedRatio(pc, r.c, 0)})
+		}
+		// A stateless direct mode (not built) would be the fast path plus the rewrite: its cost per
+		// packet estimated round by round as route+fastPath's plus (rewrite+fwd − fwd only).
+		if fc := pick(gwPPSFastPath, cpu); len(fc) == len(rc) && len(fc) == len(oc) && slices.Min(fc) > 0 {
+			est := make([]float64, len(fc))
+			for i := range fc {
+				est[i] = fc[i] + rc[i] - oc[i]
+			}
+			t.add(row{Sub: true, What: "sender CPU per packet, a stateless direct mode estimated: route+fastPath + the rewrite (" + gwStatelessRef + " − " + gwFwdOnlyRef + "), round by round",
+				Vipgate: ns(est), Ref: "plainly routed: " + ns(pc), Ratio: "plain/estimate " + pairedRatio(pc, est, 0)})
+		}
 	}
 	if pc := pick("plain", cpu); slices.Min(pc) > 0 {
 		for _, m := range append(slices.Clone(modes), compare) {

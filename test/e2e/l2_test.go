@@ -346,16 +346,26 @@ spec:
 		// Let at least one periodic resync pass, so "once" is tested against repetition.
 		time.Sleep(time.Until(started.Add(7 * time.Second)))
 		ips := []netip.Addr{bad["badif"], bad["orphan"], netip.MustParseAddr("192.0.2.219"), netip.MustParseAddr("192.0.2.100")}
-		got := x.owners(append(ips[:3:3], bad["far"]), 300*time.Millisecond)
+		got := x.owners(ips[:3], 300*time.Millisecond)
 		for _, ip := range ips[:3] {
 			if len(got[ip]) > 0 {
 				t.Errorf("%s (not ours to answer) answered by %v", ip, got[ip])
 			}
 		}
 		// A VIP on no attached subnet, advertised without interfaces: "all interfaces", as MetalLB,
-		// so its owner answers (before, vipgate left it unanswered with a warning).
-		if want := hashOwner(bad["far"], names...); !slices.Equal(got[bad["far"]], []string{want}) {
-			t.Errorf("%s (off-subnet, L2Advertisement without interfaces) answered by %v, want %s", bad["far"], got[bad["far"]], want)
+		// so its owner answers (before, vipgate left it unanswered with a warning). Probed until a
+		// deadline, not once: one scan's request or answer can be lost on a loaded machine (CI saw
+		// a single 300 ms window without an answer once).
+		far, want := bad["far"], hashOwner(bad["far"], names...)
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			got = x.owners([]netip.Addr{far}, 300*time.Millisecond)
+			if slices.Equal(got[far], []string{want}) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("%s (off-subnet, L2Advertisement without interfaces) answered by %v, want %s", far, got[far], want)
+				break
+			}
 		}
 		count := func(ip netip.Addr) map[string]int {
 			out := map[string]int{}
