@@ -4,14 +4,14 @@ GO      ?= go
 BIN     := bin
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
-APT_PKGS := nftables iproute2 conntrack conntrackd iperf3 arping tcpdump bird2 frr etcd-server
+APT_PKGS := nftables iproute2 ethtool clang-14 llvm-14 conntrack conntrackd iperf3 arping tcpdump bird2 frr etcd-server
 # Bounded fuzzing in `make test`, as a count of inputs per target (about 10 s each here). A count, not
 # a duration: with a duration, Go 1.26's fuzz coordinator can report a spurious "context deadline
 # exceeded" at the deadline (golang/go#75804, fixed in Go 1.27). Longer runs: FUZZ_FILE=60s etc.
 FUZZ_FILE    ?= 3000x
 FUZZ_RULESET ?= 300x
 
-.PHONY: all build deps test test-cluster unit e2e fuzz demo bench clean apiserver
+.PHONY: all build deps test test-cluster unit e2e fuzz demo bench clean apiserver bpf
 
 all: build
 
@@ -45,6 +45,17 @@ test-cluster: cluster-deps
 
 unit:
 	$(GO) test -count=1 -short ./...
+
+# bpf rebuilds the gateway's NAT fast path program (dataplane/natpath/bpf/natpath.c) into the object
+# the Go package embeds, which is committed (a build needs no clang); TestObjectUpToDate checks that
+# the committed object is this build's, byte for byte, where clang is installed (make test installs it).
+BPF_CLANG ?= clang-14
+BPF_STRIP ?= llvm-strip-14
+BPF_OUT ?= $(CURDIR)/dataplane/natpath/natpath_bpfel.o
+bpf:
+	cd dataplane/natpath/bpf && $(BPF_CLANG) $(BPF_CFLAGS) -c natpath.c -o $(BPF_OUT)
+	$(BPF_STRIP) -g $(BPF_OUT)
+BPF_CFLAGS = -O2 -g -target bpf -Wall -Werror -I/usr/include/$(shell gcc -dumpmachine) -fdebug-prefix-map=$(CURDIR)=.
 
 e2e: deps build apiserver
 	$(TEST_ENV) $(GO) test -count=1 -timeout 20m -v ./test/e2e/

@@ -12,6 +12,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -242,6 +243,10 @@ type GatewayConfig struct {
 	// loopback).
 	RouteFastPath        bool
 	RouteFastPathDevices []string
+	// NATFastPath forwards forwarding direct's and nodePort's flows with a tc BPF program that
+	// rewrites and sends them itself, without the IP stack and conntrack (docs/gateway.md; default
+	// DefaultNATFastPath with those modes; the family's table forwards what it does not take).
+	NATFastPath NATFastPath
 	// Name is this gateway's name among the gateways of its group (default: the host name). It is
 	// the member name of the speakers' membership and the node name MetalLB selectors see.
 	Name string
@@ -333,6 +338,7 @@ type gatewayConfigFile struct {
 	DrainTimeout        string             `json:"drainTimeout"`
 	FlowTimeout         string             `json:"flowTimeout"`
 	RouteFastPath       *routeFastPathFile `json:"routeFastPath"`
+	NATFastPath         *natFastPathFile   `json:"natFastPath"`
 	Name                string             `json:"name"`
 	Labels              map[string]string  `json:"labels"`
 	Speaker             *speakerConfigFile `json:"speaker"`
@@ -832,6 +838,9 @@ func ParseGatewayConfig(data []byte) (*GatewayConfig, error) {
 	if c.RouteFastPath, c.RouteFastPathDevices, err = parseRouteFastPath(f.RouteFastPath, Forwarding(f.Forwarding)); err != nil {
 		return nil, err
 	}
+	if c.NATFastPath, err = parseNATFastPath(f.NATFastPath, Forwarding(f.Forwarding)); err != nil {
+		return nil, err
+	}
 	if c.GatewayIPs, err = parseAddrList("gatewayIPs", f.GatewayIPs); err != nil {
 		return nil, err
 	}
@@ -1093,6 +1102,72 @@ func parseRouteFastPath(f *routeFastPathFile, fwd Forwarding) (bool, []string, e
 		}
 	}
 	return on && fwd == ForwardRoute, slices.Clone(f.Devices), nil
+}
+
+// NATFastPath is the gateway's NAT fast path (forwarding direct and nodePort).
+type NATFastPath struct {
+	Enabled bool
+	// Devices are the interfaces it takes packets from, the clients' and the replies' (empty:
+	// every up interface but loopback and devices with a master, re-read at each sync).
+	Devices []string
+	// FlowTableSize is its flow table's size in entries, two per flow (0: the default, 262,144).
+	FlowTableSize int
+	// SNATPortMin..SNATPortMax are the ports it masquerades to (0: the default, 61000-65535).
+	SNATPortMin, SNATPortMax uint16
+}
+
+// natFastPathFile is the gateway file's natFastPath: {enabled: true, devices: [eth0],
+// flowTableSize: 262144, snatPorts: "61000-65535"}.
+type natFastPathFile struct {
+	Enabled       *bool    `json:"enabled"`
+	Devices       []string `json:"devices"`
+	FlowTableSize *int     `json:"flowTableSize"`
+	SNATPorts     string   `json:"snatPorts"`
+}
+
+// DefaultNATFastPath says whether forwarding direct and nodePort use the NAT fast path when the
+// file does not say: they do (docs/gateway.md, "NAT fast path").
+const DefaultNATFastPath = true
+
+// parseNATFastPath reads natFastPath for forwarding fwd ("" is the default, nodePort).
+func parseNATFastPath(f *natFastPathFile, fwd Forwarding) (NATFastPath, error) {
+	nat := fwd == "" || fwd == ForwardNodePort || fwd == ForwardDirect
+	if f == nil {
+		return NATFastPath{Enabled: DefaultNATFastPath && nat}, nil
+	}
+	out := NATFastPath{Enabled: DefaultNATFastPath}
+	if f.Enabled != nil {
+		out.Enabled = *f.Enabled
+	}
+	if !nat && (f.Enabled != nil && out.Enabled || len(f.Devices) > 0 || f.FlowTableSize != nil || f.SNATPorts != "") {
+		return NATFastPath{}, fmt.Errorf("natFastPath: only with forwarding: %s or %s (route has routeFastPath)", ForwardNodePort, ForwardDirect)
+	}
+	out.Enabled = out.Enabled && nat
+	for _, d := range f.Devices {
+		if err := ValidInterfaceName(d); err != nil {
+			return NATFastPath{}, fmt.Errorf("natFastPath.devices: %q is not an interface name: %w", d, err)
+		}
+	}
+	out.Devices = slices.Clone(f.Devices)
+	if f.FlowTableSize != nil {
+		if n := *f.FlowTableSize; n < 1024 || n > 1<<26 {
+			return NATFastPath{}, fmt.Errorf("natFastPath.flowTableSize: %d: must be 1024 to %d entries (two per flow)", n, 1<<26)
+		}
+		out.FlowTableSize = *f.FlowTableSize
+	}
+	if f.SNATPorts != "" {
+		lo, hi, ok := strings.Cut(f.SNATPorts, "-")
+		a, errA := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
+		b, errB := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
+		if !ok || errA != nil || errB != nil || a == 0 || a > b {
+			return NATFastPath{}, fmt.Errorf("natFastPath.snatPorts: %q is not a port range like 61000-65535", f.SNATPorts)
+		}
+		if b-a < 1023 {
+			return NATFastPath{}, fmt.Errorf("natFastPath.snatPorts: %q: at least 1024 ports (each backend port takes one per masqueraded flow)", f.SNATPorts)
+		}
+		out.SNATPortMin, out.SNATPortMax = uint16(a), uint16(b)
+	}
+	return out, nil
 }
 
 // ValidInterfaceName says why d cannot be a Linux interface name, as the kernel's dev_valid_name

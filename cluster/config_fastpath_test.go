@@ -61,3 +61,53 @@ func TestGatewayConfigRouteFastPath(t *testing.T) {
 		}
 	}
 }
+
+// TestGatewayConfigNATFastPath: natFastPath is on by default with forwarding direct and nodePort
+// (the default mode) and off with route; its fields are checked; with route, turning it on or
+// setting anything but enabled: false is an error.
+func TestGatewayConfigNATFastPath(t *testing.T) {
+	base := "apiVersion: vipgate.io/v1alpha1\nkind: GatewayConfig\ngatewayIPs: [192.0.2.100]\n"
+	direct := "forwarding: direct\nclusterCIDRs: [10.244.0.0/16]\n"
+	for _, c := range []struct {
+		name, yaml string
+		want       NATFastPath
+	}{
+		{"nodePort, default", "forwarding: nodePort\n", NATFastPath{Enabled: DefaultNATFastPath}},
+		{"no forwarding (nodePort), default", "", NATFastPath{Enabled: DefaultNATFastPath}},
+		{"direct, default", direct, NATFastPath{Enabled: DefaultNATFastPath}},
+		{"route, default", "forwarding: route\n", NATFastPath{}},
+		{"route, disabled", "forwarding: route\nnatFastPath: {enabled: false}\n", NATFastPath{}},
+		{"direct, disabled", direct + "natFastPath: {enabled: false}\n", NATFastPath{}},
+		{"nodePort, all of it", "natFastPath: {devices: [eth0, bond0.7], flowTableSize: 1048576, snatPorts: \"40000-49999\"}\n",
+			NATFastPath{Enabled: true, Devices: []string{"eth0", "bond0.7"}, FlowTableSize: 1 << 20, SNATPortMin: 40000, SNATPortMax: 49999}},
+	} {
+		cfg, err := ParseGatewayConfig([]byte(base + c.yaml))
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		got := cfg.NATFastPath
+		if got.Enabled != c.want.Enabled || !slices.Equal(got.Devices, c.want.Devices) || got.FlowTableSize != c.want.FlowTableSize ||
+			got.SNATPortMin != c.want.SNATPortMin || got.SNATPortMax != c.want.SNATPortMax {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+	}
+	for _, bad := range []struct{ yaml, want string }{
+		{"forwarding: route\nnatFastPath: {enabled: true}\n", "natFastPath: only with forwarding: nodePort or direct"},
+		{"forwarding: route\nnatFastPath: {devices: [eth0]}\n", "natFastPath: only with forwarding"},
+		{"natFastPath: {devices: [\"eth0:1\"]}\n", `natFastPath.devices: "eth0:1" is not an interface name`},
+		{"natFastPath: {flowTableSize: 100}\n", "natFastPath.flowTableSize: 100: must be 1024 to"},
+		{"natFastPath: {flowTableSize: 1000000000}\n", "natFastPath.flowTableSize"},
+		{"natFastPath: {snatPorts: \"61000\"}\n", `natFastPath.snatPorts: "61000" is not a port range`},
+		{"natFastPath: {snatPorts: \"0-1023\"}\n", "is not a port range"},
+		{"natFastPath: {snatPorts: \"65000-61000\"}\n", "is not a port range"},
+		{"natFastPath: {snatPorts: \"61000-70000\"}\n", "is not a port range"},
+		{"natFastPath: {snatPorts: \"61000-61100\"}\n", "at least 1024 ports"},
+		{"natFastPath: {enable: true}\n", "enable"},
+	} {
+		_, err := ParseGatewayConfig([]byte(base + bad.yaml))
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%q: error %v, want one containing %q", bad.yaml, err, bad.want)
+		}
+	}
+}

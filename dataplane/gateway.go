@@ -15,6 +15,7 @@ import (
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane/conntrack"
 	"github.com/vipgate/vipgate/dataplane/maglev"
+	"github.com/vipgate/vipgate/dataplane/natpath"
 )
 
 // This file is the gateway's dataplane: a host in front of the cluster that owns the LoadBalancer IPs
@@ -74,6 +75,10 @@ type GatewayConfig struct {
 	// table whose ingress chains fwd the packets to the nodes (gateway_netdev.go); nil: only the
 	// family's table, which dups them.
 	FastPath *GatewayFastPath
+	// NATPath, with forwarding direct or nodePort, also gives each VIP port's Maglev table to the
+	// NAT fast path (gateway_natpath.go, dataplane/natpath: a tc BPF program that forwards the
+	// flows it takes without the IP stack and conntrack); nil: only the family's table.
+	NATPath *GatewayNATPath
 }
 
 func (c GatewayConfig) withDefaults() GatewayConfig {
@@ -524,6 +529,9 @@ type GatewayRuleset struct {
 	kept   map[cluster.ServiceKey][]GatewayEntry
 	// daisyEnd is when each part's daisy chaining elements expire: the part is rebuilt then.
 	daisyEnd map[cluster.ServiceKey]time.Time
+	// nat are each Service's VIP ports for the NAT fast path (natPorts), built and reused with its
+	// part.
+	nat map[cluster.ServiceKey][]natpath.VIPPort
 	// NextDaisyEnd is the first of them (zero: none), when the caller must sync again.
 	NextDaisyEnd time.Time
 }
@@ -554,7 +562,8 @@ func BuildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State, health Health, prev *GatewayRuleset, drain gatewayDrain) (*GatewayRuleset, error) {
 	cfg = cfg.withDefaults()
 	out := &GatewayRuleset{Ruleset: &Ruleset{Family: f, Table: cfg.Table, Services: map[cluster.ServiceKey]*Part{}, Shared: map[string]*Chain{}},
-		inputs: map[cluster.ServiceKey]gwInput{}, kept: map[cluster.ServiceKey][]GatewayEntry{}, daisyEnd: map[cluster.ServiceKey]time.Time{}}
+		inputs: map[cluster.ServiceKey]gwInput{}, kept: map[cluster.ServiceKey][]GatewayEntry{}, daisyEnd: map[cluster.ServiceKey]time.Time{},
+		nat: map[cluster.ServiceKey][]natpath.VIPPort{}}
 	nodes := gatewayNodes(cfg, st, f)
 	var nodesKey strings.Builder
 	addrs := make([]netip.Addr, 0, len(nodes))
@@ -643,6 +652,9 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 			if old, ok := prev.inputs[k]; ok && old.equal(out.inputs[k]) && slices.EqualFunc(prev.kept[k], kept, gatewayEntryEqual) && (!daisy || drain.now.Before(end)) {
 				if part := prev.Ruleset.Services[k]; part != nil {
 					out.Ruleset.Services[k] = part
+					if nat := prev.nat[k]; nat != nil {
+						out.nat[k] = nat
+					}
 					if daisy {
 						out.daisyEnd[k] = end
 					}
@@ -655,6 +667,11 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 			return nil, fmt.Errorf("Service %s: %w", k, err)
 		}
 		out.Ruleset.Services[k] = part
+		if cfg.NATPath != nil {
+			if out.nat[k], err = natPorts(cfg, kept, size); err != nil {
+				return nil, fmt.Errorf("Service %s: %w", k, err)
+			}
+		}
 		if !end.IsZero() {
 			out.daisyEnd[k] = end
 		}
@@ -707,6 +724,12 @@ type GatewaySyncReport struct {
 	// FlowCopies are the copies of a connection table into another that the fast path's coming
 	// and going made (gateway_flowcopy.go), those that read something or failed.
 	FlowCopies []FlowCopy
+	// The NAT fast path (GatewayConfig.NATPath): the VIP ports it was given and the devices it is
+	// attached to, what went wrong (it forwards what it holds; the families' tables the rest),
+	// and how many of its flows the sync ended (StaleFlows).
+	NATPathPorts, NATPathDevices int
+	NATPathWarnings              []string
+	NATFlowsEnded                int
 }
 
 // GatewayProxier owns the gateway's dataplane state, as Proxier does the node's: one goroutine calls
@@ -740,6 +763,8 @@ type GatewayProxier struct {
 	ndevStale map[cluster.Family]bool
 	// ndevFail is each family's last netdev failure, for the backoff of its retries.
 	ndevFail map[cluster.Family]*netdevFailure
+	// natWarn is the NAT fast path's last warnings, logged when they change.
+	natWarn string
 }
 
 // netdevFailure is a family's failed netdev transactions in a row. The netdev table is sent again
@@ -965,6 +990,9 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 		return rep, fmt.Errorf("programming %s: %w", txTableName(tx), err)
 	}
 	rep.Txs = applied
+	if p.cfg.NATPath != nil {
+		p.syncNATPath(newFams, rep.StaleFlows, rep)
+	}
 	for _, f := range p.cfg.Families {
 		why, ok := ndevWhy[f]
 		if !ok {

@@ -44,6 +44,8 @@ var importRules = []importRule{
 		"the gateway's SNAT table and conntrackd supervision: standalone, driven by cmd/vipgate"},
 	{"dataplane/maglev", nil,
 		"Maglev table construction: pure, the same on every gateway and node; the dataplane programs its tables"},
+	{"dataplane/natpath", nil,
+		"the gateway's NAT fast path (a tc BPF program and its maps): VIP ports, Maglev tables and flows, no Services; the gateway gives it each sync's VIP ports"},
 	{"dataplane/healthprobe", nil,
 		"the gateway's healthCheckNodePort prober: HTTP and targets only, generic in the gateway's target type; cmd/vipgate wires it to the gateway"},
 	// Any other package under dataplane/ is a leaf too: it may use other leaves, never the dataplane

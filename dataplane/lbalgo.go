@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane/maglev"
 )
 
 // This file adds the per-Service balancing algorithms (annotation vipgate.io/lb-algorithm, see
@@ -298,6 +299,5 @@ func traceRoundRobin(c actCall, st pstate, a Action) (pstate, bool) {
 // SourceHashSlot returns the slot the kernel's `jhash ip saddr mod m seed GatewayHashSeed` computes
 // for a client address (the source-hash algorithm).
 func SourceHashSlot(src netip.Addr, m uint32) uint32 {
-	h := jhash(src.Unmap().AsSlice(), GatewayHashSeed)
-	return uint32((uint64(h) * uint64(m)) >> 32)
+	return maglev.Scale(maglev.Jhash(src.Unmap().AsSlice(), GatewayHashSeed), m)
 }

@@ -143,6 +143,9 @@ func runGateway(args []string) error {
 		// may plan for another machine, keeps them).
 		dpCfg.FastPath.OmitMissing = true
 	}
+	var natStatus *natPathStatus
+	dpCfg.NATPath, natStatus = startNATPath(cfg, log)
+	defer natStatus.close()
 	gw := dataplane.NewGatewayProxier(log.Named("dataplane"), dpCfg, prog)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -214,6 +217,14 @@ func runGateway(args []string) error {
 			}
 		}
 	}
+	if cfg.Forwarding != cluster.ForwardRoute {
+		admin.addWarnings(natStatus.warnings)
+		for _, c := range natStatus.collectors() {
+			if err := nodeRegistry().Register(c); err != nil {
+				log.Warn("NAT fast path metric not registered", "err", err)
+			}
+		}
+	}
 	if dpCfg.Forwarding == cluster.ForwardRoute {
 		// Also without the fast path: the first sync copies a netdev table an earlier run left.
 		for _, c := range []prometheus.Collector{flowCopies, flowsCopied} {
@@ -259,6 +270,7 @@ func runGateway(args []string) error {
 					log.Debug("rejected", "object", r.Object, "reason", r.Reason)
 				}
 				noFastPath.set(rep.NoFastPath, rep.FastPathWarnings)
+				natStatus.set(rep)
 				for _, c := range rep.FlowCopies {
 					flowsCopied.Add(float64(c.Copied))
 					flowCopies.WithLabelValues(c.Result()).Inc()
@@ -288,7 +300,7 @@ func runGateway(args []string) error {
 
 	_ = runner.Run(runCtx)
 	if ctx.Err() != nil {
-		log.Info("stopping; the nftables rules stay in place")
+		log.Info("stopping; the nftables rules (and the NAT fast path, if on) stay in place")
 		return nil
 	}
 	if err := <-srcErr; err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/conntrack"
 	"github.com/vipgate/vipgate/dataplane/ctsync"
+	"github.com/vipgate/vipgate/dataplane/natpath"
 	"github.com/vipgate/vipgate/dataplane/healthcheck"
 )
 
@@ -95,8 +96,14 @@ func startCommand(nf *nodeFlags, logging *cluster.Logging, table string, prog *d
 			return log, true, fmt.Errorf("deleting netdev table %s: %w", nd, err)
 		}
 	}
+	// The gateway's NAT fast path: a BPF program that stays attached when the gateway ends.
+	n, err := natpath.Cleanup()
+	if err != nil {
+		return log, true, fmt.Errorf("detaching the NAT fast path: %w", err)
+	}
 	log.Info("removed vipgate's nftables tables", "table", table, "snat", ctsync.SNATTable,
-		"fastPath", dataplane.NetdevTableName(table, cluster.IPv4)+","+dataplane.NetdevTableName(table, cluster.IPv6))
+		"fastPath", dataplane.NetdevTableName(table, cluster.IPv4)+","+dataplane.NetdevTableName(table, cluster.IPv6),
+		"natFastPathPrograms", n)
 	return log, true, nil
 }
 

@@ -1,6 +1,6 @@
 // Package maglev builds Maglev consistent-hashing lookup tables (pure: no kernel, no cluster model).
-// The gateway and the node's maglev algorithm program them as nftables map elements; the dataplane
-// package computes the slot a flow takes (dataplane.GatewaySlot).
+// The gateway and the node's maglev algorithm program them as nftables map elements, the gateway's
+// NAT fast path as BPF maps; FlowSlot is the slot a flow takes (slot.go), the same in both.
 package maglev
 
 import (

@@ -226,17 +226,21 @@ endpoints:
 `
 
 // gwPPSFastPath is the pseudo mode of route forwarding's netdev fast path (routeFastPath): measured
-// next to route whenever route is.
+// next to route whenever route is, as nodePort+fastPath and direct+fastPath (natFastPath: the BPF
+// program) are next to nodePort and direct. Each is its mode's default; the mode's own name is
+// the mode with its fast path off (route: dup; nodePort and direct: conntrack).
 const gwPPSFastPath = "route+fastPath"
 
+// withFastPath is mode's pseudo mode with its fast path on.
+func withFastPath(mode string) string { return mode + "+fastPath" }
+
 func gwPPSConfig(forwarding string) string {
-	extra := ""
-	switch forwarding {
-	case "route": // the dup shape
-		extra = "routeFastPath: {enabled: false}\n"
-	case gwPPSFastPath:
-		forwarding, extra = "route", "routeFastPath: {enabled: true}\n"
+	section := map[string]string{"route": "routeFastPath", "nodePort": "natFastPath", "direct": "natFastPath"}
+	on := false
+	if m, ok := strings.CutSuffix(forwarding, "+fastPath"); ok {
+		forwarding, on = m, true
 	}
+	extra := fmt.Sprintf("%s: {enabled: %v}\n", section[forwarding], on)
 	return fmt.Sprintf(`apiVersion: vipgate.io/v1alpha1
 kind: GatewayConfig
 name: gw1
@@ -268,31 +272,9 @@ func gwNATRef(mode string) string {
 	chain pre { type nat hook prerouting priority dstnat; ip daddr %s meta l4proto { tcp, udp } th dport %d dnat to %s:%d; }
 }
 `, gwPPSVIP, gwPPSPort, gwPPSPod, gwPPSPort)
-	case gwStatelessRef, gwFwdOnlyRef:
-		// The stateless references of direct: one netdev ingress rule that hands the packet to the
-		// node's neighbour entry (fwd), with (gwStatelessRef) and without (gwFwdOnlyRef) the rewrite
-		// of its destination address and port that a NAT without conntrack would do. Nothing else:
-		// no conntrack, no IP stack, no connection table, no Maglev. Their difference is what the
-		// rewrite itself costs a packet (two payload writes with their checksum updates), which a
-		// stateless direct mode would add to the fast path's connection table and Maglev.
-		rewrite := ""
-		if mode == gwStatelessRef {
-			rewrite = fmt.Sprintf(" ip daddr set %s udp dport set %d", gwPPSPod, gwPPSPort)
-		}
-		return fmt.Sprintf(`table netdev statelessref {
-	chain in { type filter hook ingress device "s0" priority 0; ip daddr %s udp dport %d%s fwd ip to %s device "n0"; }
-}
-`, gwPPSVIP, gwPPSPort, rewrite, gwPPSNodeIP)
 	}
 	return ""
 }
-
-// The stateless references of direct (gwNATRef): one netdev ingress rule that rewrites the
-// destination to the pod and forwards to the node, and the same rule without the rewrite.
-const (
-	gwStatelessRef = "netdev rewrite + fwd"
-	gwFwdOnlyRef   = "netdev fwd only"
-)
 
 // loadNATRef replaces whatever runs in the gateway namespace with mode's "plain + NAT" ruleset,
 // loaded with nft -f inside it.
@@ -527,9 +509,11 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 		return
 	}
 	defer g.close()
-	modes := slices.Clone(o.modes)
-	if slices.Contains(modes, "route") {
-		modes = append(modes, gwPPSFastPath)
+	// Each mode with its fast path off and on (the default): route by dup and by the netdev
+	// fast path, nodePort and direct by conntrack and by the NAT fast path (BPF).
+	var modes []string
+	for _, m := range o.modes {
+		modes = append(modes, m, withFastPath(m))
 	}
 	// The "plain + NAT" references of the NAT modes, and the compared binary's fast path.
 	var natRefs []string
@@ -538,11 +522,7 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 			natRefs = append(natRefs, m)
 		}
 	}
-	stateless := slices.Contains(modes, "direct")
 	nRefs := len(natRefs)
-	if stateless {
-		nRefs += 2
-	}
 	compare := ""
 	if o.compare != "" && slices.Contains(modes, gwPPSFastPath) {
 		compare = gwPPSFastPath + " (--gw-compare)"
@@ -572,11 +552,6 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 	}
 	for _, m := range natRefs {
 		targets = append(targets, target{name: natRefName(m), natRef: m, dst: vip})
-	}
-	if stateless {
-		for _, r := range []string{gwStatelessRef, gwFwdOnlyRef} {
-			targets = append(targets, target{name: r, natRef: r, dst: vip})
-		}
 	}
 	samples := map[string][]ppsSample{}
 	for r := 0; r < o.rounds; r++ {
@@ -641,40 +616,11 @@ func gatewayPPS(t *table, vipgateFlag string, o gwPPSOptions) {
 		t.add(row{Sub: true, What: fmt.Sprintf("through `vipgate gateway`, forwarding: %s, against its NAT floor", m),
 			Vipgate: kpps(pick(m, fwd)), Ref: natRefName(m) + ": " + kpps(ref), Ratio: pairedRatio(pick(m, fwd), ref, 0)})
 	}
-	if stateless {
-		for _, r := range []struct{ name, what string }{
-			{gwStatelessRef, "rewrite the destination to the pod, fwd to the node"},
-			{gwFwdOnlyRef, "fwd to the node, the destination unchanged"},
-		} {
-			ref := pick(r.name, fwd)
-			t.add(row{Sub: true, What: "a stateless reference: " + r.name + " (one hand-written netdev ingress rule: " + r.what + "; no conntrack, no IP stack, no connection table; no vipgate)",
-				Vipgate: "", Ref: kpps(ref) + "; plainly routed: " + kpps(plain), Ratio: "ref/plain " + pairedRatio(ref, plain, 0)})
-		}
-	}
 	// The sender's CPU time per packet: the path's cost, little moved by other load. The ratio is
 	// plain's cost over the mode's (as a rate ratio: higher is better).
 	cpu := func(s ppsSample) float64 { return s.cpuNS }
 	ns := func(xs []float64) string {
 		return fmt.Sprintf("%.0f ns (%.0f-%.0f)", median(xs), slices.Min(xs), slices.Max(xs))
-	}
-	if pc, rc, oc := pick("plain", cpu), pick(gwStatelessRef, cpu), pick(gwFwdOnlyRef, cpu); stateless && slices.Min(pc) > 0 && slices.Min(rc) > 0 && slices.Min(oc) > 0 {
-		for _, r := range []struct {
-			name string
-			c    []float64
-		}{{gwStatelessRef, rc}, {gwFwdOnlyRef, oc}} {
-			t.add(row{Sub: true, What: "sender CPU per packet, the stateless reference " + r.name,
-				Vipgate: "", Ref: ns(r.c) + "; plainly routed: " + ns(pc), Ratio: "plain/ref " + pairedRatio(pc, r.c, 0)})
-		}
-		// A stateless direct mode (not built) would be the fast path plus the rewrite: its cost per
-		// packet estimated round by round as route+fastPath's plus (rewrite+fwd − fwd only).
-		if fc := pick(gwPPSFastPath, cpu); len(fc) == len(rc) && len(fc) == len(oc) && slices.Min(fc) > 0 {
-			est := make([]float64, len(fc))
-			for i := range fc {
-				est[i] = fc[i] + rc[i] - oc[i]
-			}
-			t.add(row{Sub: true, What: "sender CPU per packet, a stateless direct mode estimated: route+fastPath + the rewrite (" + gwStatelessRef + " − " + gwFwdOnlyRef + "), round by round",
-				Vipgate: ns(est), Ref: "plainly routed: " + ns(pc), Ratio: "plain/estimate " + pairedRatio(pc, est, 0)})
-		}
 	}
 	if pc := pick("plain", cpu); slices.Min(pc) > 0 {
 		for _, m := range append(slices.Clone(modes), compare) {

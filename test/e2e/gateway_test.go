@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -73,6 +74,7 @@ func TestGateway(t *testing.T) {
 		nodes[n.Name] = p
 	}
 	var gw *lab.Proc
+	starts := 0
 	startGateway := func(forwarding string) {
 		t.Helper()
 		if gw != nil {
@@ -84,7 +86,9 @@ func TestGateway(t *testing.T) {
 		if err := os.WriteFile(cfg, []byte(gwConfig(forwarding, gwIP, node1, node2)), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		p, err := l.Start(lab.RoleLANClient, filepath.Join(dir, "gateway-"+forwarding+".log"), bin, "gateway", "--config", cfg, "--manifests", manifests)
+		// A log of its own per start: "synced" in a previous run's log must not count.
+		starts++
+		p, err := l.Start(lab.RoleLANClient, filepath.Join(dir, fmt.Sprintf("gateway-%s-%d.log", forwarding, starts)), bin, "gateway", "--config", cfg, "--manifests", manifests)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -166,6 +170,70 @@ func TestGateway(t *testing.T) {
 			t.Errorf("direct eTP=Local: source %v, want the client", r.Src)
 		}
 		gwWait(t, l, "client", "tcp", "203.0.113.50:81", func(r lab.ProbeResult) bool { return r.Err == "refused" })
+	})
+
+	// The NAT fast path (natFastPath, on by default with direct and nodePort): the BPF program takes
+	// the flows; it stays attached when the gateway ends (as the nftables table stays), and the next
+	// run adopts its flow table, so connections go on through restarts: a stop, a SIGKILL, a
+	// restart into the other NAT mode. Masqueraded ones too (eTP=Cluster with nodePort: snat auto),
+	// whose port conntrack would not know.
+	t.Run("NAT fast path: held connections survive gateway restarts", func(t *testing.T) {
+		startGateway("nodePort")
+		gwWait(t, l, "client", "tcp", "203.0.113.50:80", func(r lab.ProbeResult) bool { return r.OK() })
+		metric := func(name string) float64 {
+			t.Helper()
+			code, body := ndHTTP(t, l, lab.RoleLANClient, "http://127.0.0.1:10249/metrics")
+			if code != 200 {
+				t.Fatalf("gateway /metrics: HTTP %d", code)
+			}
+			for _, line := range strings.Split(body, "\n") {
+				if v, ok := strings.CutPrefix(line, name+" "); ok {
+					var f float64
+					fmt.Sscan(v, &f)
+					return f
+				}
+			}
+			t.Fatalf("gateway /metrics lacks %s", name)
+			return 0
+		}
+		if metric("vipgate_gateway_nat_fast_path") != 1 {
+			t.Fatalf("the NAT fast path is not on:\n%s", gw.Tail(20))
+		}
+		hold, err := l.StartHold(lab.RoleClient, "203.0.113.50:80", 50, 12*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := hold.WaitOpened(10 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if n := metric(`vipgate_gateway_nat_fast_path_packets_total{what="new"}`); n < 50 {
+			t.Errorf("the program took %v new flows, want the 50 held connections", n)
+		}
+		time.Sleep(time.Second)
+		startGateway("nodePort") // stopped (SIGTERM), started again
+		time.Sleep(time.Second)
+		if err := gw.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond) // no gateway process: the program forwards alone
+		startGateway("direct")
+		if !strings.Contains(gw.Log(), "flow table adopted") {
+			t.Errorf("the restarted gateway did not adopt the flow table:\n%s", gw.Tail(20))
+		}
+		time.Sleep(2 * time.Second)
+		// This run's counters: the held connections' pings as known flows, none dealt again.
+		fwd, dealt := metric(`vipgate_gateway_nat_fast_path_packets_total{what="forwarded"}`), metric(`vipgate_gateway_nat_fast_path_packets_total{what="new"}`)
+		if fwd == 0 || dealt != 0 {
+			t.Errorf("after the restarts: %v packets of known flows forwarded, %v new flows; want the held ones forwarded, none new", fwd, dealt)
+		}
+		res, err := hold.Wait(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("held connections through a stop, a SIGKILL and a mode change: %d opened, %d broken (%v)", res.Opened, res.Broken, res.Errors)
+		if res.Opened != 50 || res.Broken != 0 {
+			t.Errorf("held connections: %d opened, %d broken (%v); want 50, none broken", res.Opened, res.Broken, res.Errors)
+		}
 	})
 
 	t.Run("nodePort: eTP=Cluster masqueraded, eTP=Local keeps the client and follows the health checks", func(t *testing.T) {

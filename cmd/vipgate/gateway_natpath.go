@@ -1,0 +1,125 @@
+package main
+
+import (
+	"strings"
+	"sync/atomic"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/dataplane/natpath"
+)
+
+// natPathStatus is the NAT fast path as /status and /metrics show it: why it is off, or the
+// warnings of the last sync; the sync loop writes it, the admin endpoint reads it.
+type natPathStatus struct {
+	path *natpath.Path
+	off  string // why the path is off ("": on, or not asked for)
+	warn atomic.Pointer[[]string]
+}
+
+// startNATPath loads the NAT fast path cfg asks for (forwarding direct or nodePort, natFastPath
+// on). A kernel that refuses it leaves the gateway without it, logged and on /status: the
+// family's tables forward everything, as they do for what the path does not take.
+func startNATPath(cfg *cluster.GatewayConfig, log hclog.Logger) (*dataplane.GatewayNATPath, *natPathStatus) {
+	st := &natPathStatus{}
+	nf := cfg.NATFastPath
+	if !nf.Enabled || (cfg.Forwarding != cluster.ForwardDirect && cfg.Forwarding != cluster.ForwardNodePort) {
+		detachLeftovers(log, "the NAT fast path is off")
+		return nil, st
+	}
+	p, err := natpath.Load(natpath.Config{FlowEntries: nf.FlowTableSize, TCPTimeout: cfg.FlowTimeout,
+		SNATPortMin: nf.SNATPortMin, SNATPortMax: nf.SNATPortMax})
+	if err != nil {
+		st.off = err.Error()
+		log.Warn("no NAT fast path; the family's tables forward alone (conntrack)", "err", err)
+		detachLeftovers(log, "the NAT fast path cannot be loaded")
+		return nil, st
+	}
+	st.path = p
+	if p.Adopted {
+		log.Info("NAT fast path: a previous run's flows go on (its flow table adopted)")
+	}
+	// Masquerade state that conntrackd replicates to the peer gateway stays in conntrack.
+	noSNAT := len(cfg.SNATAddresses) > 0 || cfg.ConntrackSync.Enabled
+	log.Info("NAT fast path on", "devices", strings.Join(nf.Devices, ","), "masquerade", !noSNAT)
+	return &dataplane.GatewayNATPath{Path: p, Devices: nf.Devices, NoSNAT: noSNAT}, st
+}
+
+// detachLeftovers detaches a previous run's NAT fast path: left attached, it would go on
+// forwarding the VIP ports it was last given.
+func detachLeftovers(log hclog.Logger, why string) {
+	if n, err := natpath.Cleanup(); err != nil {
+		log.Warn("detaching a previous run's NAT fast path", "err", err)
+	} else if n > 0 {
+		log.Info("detached a previous run's NAT fast path", "why", why, "interfaces", n)
+	}
+}
+
+// set records a sync's warnings.
+func (s *natPathStatus) set(rep *dataplane.GatewaySyncReport) {
+	w := rep.NATPathWarnings
+	s.warn.Store(&w)
+}
+
+func (s *natPathStatus) warnings() []string {
+	if s.off != "" {
+		return []string{"NAT fast path off: " + s.off}
+	}
+	p := s.warn.Load()
+	if p == nil {
+		return nil
+	}
+	out := make([]string, 0, len(*p))
+	for _, w := range *p {
+		out = append(out, "NAT fast path: "+w)
+	}
+	return out
+}
+
+// close lets go of the program, which stays attached (as the nftables tables stay) and keeps
+// forwarding its flows; the next run adopts them (natpath.Load).
+func (s *natPathStatus) close() {
+	if s.path != nil {
+		_ = s.path.Close()
+	}
+}
+
+// collectors are the NAT fast path's metrics: on or off, and its packet counters.
+func (s *natPathStatus) collectors() []prometheus.Collector {
+	on := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "vipgate", Name: "gateway_nat_fast_path",
+		Help: "1 while the NAT fast path (forwarding direct and nodePort: a tc BPF program) is loaded, else 0 (/status says why).",
+	}, func() float64 {
+		if s.path == nil {
+			return 0
+		}
+		return 1
+	})
+	if s.path == nil {
+		return []prometheus.Collector{on}
+	}
+	return []prometheus.Collector{on, natPathCounters{s.path}}
+}
+
+// natPathCounters exports the program's counters.
+type natPathCounters struct{ p *natpath.Path }
+
+var natPathPacketsDesc = prometheus.NewDesc("vipgate_gateway_nat_fast_path_packets_total",
+	"Packets the NAT fast path took (new, forwarded, reply) or left to the IP stack (no_backend, no_route: MTU or no usable next hop, snat_full: no free masquerade port); neigh: forwarded through the neighbour layer.",
+	[]string{"what"}, nil)
+
+func (c natPathCounters) Describe(ch chan<- *prometheus.Desc) { ch <- natPathPacketsDesc }
+
+func (c natPathCounters) Collect(ch chan<- prometheus.Metric) {
+	n, err := c.p.Counters()
+	if err != nil {
+		return
+	}
+	for what, v := range map[string]uint64{"new": n.New, "forwarded": n.Forwarded, "reply": n.Replies,
+		"no_backend": n.NoBackend, "no_route": n.NoRoute, "snat_full": n.SNATFull, "neigh": n.Neigh} {
+		ch <- prometheus.MustNewConstMetric(natPathPacketsDesc, prometheus.CounterValue, float64(v), what)
+	}
+}

@@ -1,0 +1,179 @@
+package dataplane
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane/conntrack"
+	"github.com/vipgate/vipgate/dataplane/maglev"
+	"github.com/vipgate/vipgate/dataplane/natpath"
+)
+
+// The gateway's NAT fast path (forwarding direct and nodePort): each sync gives the BPF program
+// of dataplane/natpath the VIP ports it may take, with the Maglev table the family's table holds
+// for each (the same slots: a flow gets the same backend on either path, and on every gateway),
+// attaches it to the ingress devices, and ends the stale flows in its flow table as conntrack's
+// are ended. The family's table is programmed first and stays complete on its own: what the
+// program does not take (fragments, IP options, other protocols, source-hash VIP ports, a next
+// hop it cannot use, no free masquerade port) goes through the IP stack as before.
+
+// GatewayNATPath configures the NAT fast path.
+type GatewayNATPath struct {
+	// Path is the loaded program (*natpath.Path).
+	Path NATPathProgrammer
+	// Devices are the interfaces the program is attached to (ingress); empty: every interface
+	// that is up but loopback and devices with a master, re-read at each sync (UpInterfaces).
+	// Replies must arrive on one of them too: a reply the program does not see reaches a
+	// conntrack that never saw its flow.
+	Devices []string
+	// NoSNAT leaves the masqueraded VIP ports to the family's table (conntrack): with
+	// snatAddresses and conntrackSync, conntrackd replicates masquerade state to the peer gateway,
+	// which the program's flow table is not.
+	NoSNAT bool
+	// Interfaces lists the interfaces when Devices is empty, Index finds an interface's index (0:
+	// none); nil: UpInterfaces and the current namespace's.
+	Interfaces func() ([]string, error)
+	Index      func(string) int
+}
+
+// NATPathProgrammer is what the gateway needs of the NAT fast path (natpath.Path).
+type NATPathProgrammer interface {
+	Sync(ports []natpath.VIPPort) error
+	Attach(ifindexes []int) error
+	DeleteFlows(stale func(natpath.Flow) bool) (int, error)
+}
+
+// natPorts are the NAT fast path's VIP ports of one Service's entries: those with backends whose
+// slots Maglev picks by the flow (not source-hash), TCP and UDP, with size slots each, as
+// gatewayPart programs them.
+func natPorts(cfg GatewayConfig, entries []GatewayEntry, size int) ([]natpath.VIPPort, error) {
+	if cfg.Forwarding == cluster.ForwardRoute {
+		return nil, nil
+	}
+	var out []natpath.VIPPort
+	for _, e := range entries {
+		if len(e.Backends) == 0 || e.Algorithm == cluster.LBSourceHash || (e.Proto != protoTCP && e.Proto != protoUDP) {
+			continue
+		}
+		if e.SNAT && cfg.NATPath.NoSNAT {
+			continue
+		}
+		names := make([]string, len(e.Backends))
+		for i, b := range e.Backends {
+			names[i] = b.String()
+		}
+		table, err := maglev.Table(names, size)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", e, err)
+		}
+		slots := make([]netip.AddrPort, len(table))
+		for i, bi := range table {
+			slots[i] = e.Backends[bi]
+		}
+		out = append(out, natpath.VIPPort{VIP: e.VIP, Proto: e.Proto, Port: e.Port, SNAT: e.SNAT, Table: slots})
+	}
+	return out, nil
+}
+
+const (
+	protoTCP = 6
+	protoUDP = 17
+)
+
+// syncNATPath brings the NAT fast path to the families' tables fams (just programmed) and ends
+// the flows of stale; what fails is reported in rep (the family's tables forward without it).
+func (p *GatewayProxier) syncNATPath(fams map[cluster.Family]*GatewayRuleset, stale []conntrack.StaleFlow, rep *GatewaySyncReport) {
+	np := p.cfg.NATPath
+	var ports []natpath.VIPPort
+	for _, f := range p.cfg.Families {
+		if grs := fams[f]; grs != nil {
+			keys := make([]cluster.ServiceKey, 0, len(grs.nat))
+			for k := range grs.nat {
+				keys = append(keys, k)
+			}
+			sortServiceKeys(keys)
+			for _, k := range keys {
+				ports = append(ports, grs.nat[k]...)
+			}
+		}
+	}
+	rep.NATPathPorts = len(ports)
+	if err := np.Path.Sync(ports); err != nil {
+		rep.NATPathWarnings = append(rep.NATPathWarnings, fmt.Sprintf("programming its VIP ports: %v", err))
+	}
+	devs, missing, err := natPathDevices(np)
+	if err != nil {
+		rep.NATPathWarnings = append(rep.NATPathWarnings, fmt.Sprintf("listing interfaces: %v (attachments unchanged)", err))
+	} else {
+		if len(missing) > 0 {
+			rep.NATPathWarnings = append(rep.NATPathWarnings, "devices that do not exist (attached when they do): "+strings.Join(missing, ", "))
+		}
+		if err := np.Path.Attach(devs); err != nil {
+			rep.NATPathWarnings = append(rep.NATPathWarnings, fmt.Sprintf("attaching: %v", err))
+		}
+		rep.NATPathDevices = len(devs)
+	}
+	if len(stale) > 0 {
+		n, err := np.Path.DeleteFlows(func(fl natpath.Flow) bool { return natFlowStale(fl, stale) })
+		if err != nil {
+			rep.NATPathWarnings = append(rep.NATPathWarnings, fmt.Sprintf("ending stale flows: %v", err))
+		}
+		rep.NATFlowsEnded = n
+	}
+	if w := strings.Join(rep.NATPathWarnings, "; "); w != p.natWarn {
+		if w != "" {
+			p.log.Warn("NAT fast path", "warnings", w)
+		}
+		p.natWarn = w
+	}
+}
+
+// natPathDevices are the indexes of the interfaces the program goes on, and the configured ones
+// that do not exist.
+func natPathDevices(np *GatewayNATPath) (idx []int, missing []string, err error) {
+	names := np.Devices
+	if len(names) == 0 {
+		list := np.Interfaces
+		if list == nil {
+			list = UpInterfaces
+		}
+		if names, err = list(); err != nil {
+			return nil, nil, err
+		}
+	}
+	index := np.Index
+	if index == nil {
+		index = interfaceIndex
+	}
+	for _, d := range names {
+		if i := index(d); i > 0 {
+			idx = append(idx, i)
+		} else if len(np.Devices) > 0 {
+			missing = append(missing, d)
+		}
+	}
+	slices.Sort(idx)
+	return slices.Compact(idx), missing, nil
+}
+
+// natFlowStale says whether a flow of the NAT fast path (its forward view: the client's tuple and
+// the backend) matches one of stale, as conntrack's entries are matched (conntrack.StaleFlow:
+// the original destination is the VIP port, the reply's source the backend).
+func natFlowStale(f natpath.Flow, stale []conntrack.StaleFlow) bool {
+	for _, s := range stale {
+		if s.Proto != f.Proto {
+			continue
+		}
+		if s.OrigDst.IsValid() && s.OrigDst.Unmap() != f.Dst.Addr().Unmap() || s.OrigDstPort != 0 && s.OrigDstPort != f.Dst.Port() {
+			continue
+		}
+		if s.ReplySrc.IsValid() && s.ReplySrc.Unmap() != f.NewDst.Addr().Unmap() || s.ReplySrcPort != 0 && s.ReplySrcPort != f.NewDst.Port() {
+			continue
+		}
+		return true
+	}
+	return false
+}

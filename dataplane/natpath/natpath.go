@@ -1,0 +1,823 @@
+// Package natpath is the gateway's NAT fast path: forwarding direct and nodePort as a tc (tcx)
+// ingress BPF program (natpath.c), which takes a VIP port's packets before the IP stack, rewrites
+// them as the family's nftables table would with conntrack (Maglev's backend; masquerade where the
+// table does), and sends them to the next hop itself; replies are rewritten back the same way.
+// What it does not take, the family's table forwards as before.
+//
+// The package is a leaf: it knows VIP ports, Maglev tables and flows, not Services. The gateway
+// (dataplane/gateway_natpath.go) gives it the VIP ports of each sync and the stale flows to end.
+//
+// Ownership: Path owns the maps' contents but the flow table's entries, which the program writes
+// (the first packet of a flow writes its two entries) and Path only reads and deletes (stale
+// flows). One goroutine calls Path's methods (the gateway's sync loop); Flows, Counters and Close
+// may be called from others.
+//
+// Lifetime: as the gateway's nftables tables, the program stays attached when the process ends
+// (tcx without a link: the kernel holds it, with its maps), and keeps forwarding with what it was
+// last given. The next run's Load adopts its flow table, so established flows keep their backend
+// and masquerade port across a restart or an upgrade, and Attach replaces the old program with
+// the new one in one step on each interface. Detach (or Cleanup, from `vipgate gateway
+// --cleanup`) takes it away.
+package natpath
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// The program, built from bpf/natpath.c by `make bpf` (clang -target bpf, DWARF stripped, BTF kept).
+// TestObjectUpToDate rebuilds it where clang is installed and compares.
+//
+//go:embed natpath_bpfel.o
+var object []byte
+
+// Map and program names in natpath.c.
+const (
+	progName    = "vipgate_natpath"
+	mapVIPs     = "vg_vips"
+	mapMaglev   = "vg_maglev"
+	mapFlows    = "vg_flows"
+	mapConfig   = "vg_config"
+	mapCounters = "vg_counters"
+)
+
+// Binary layouts of natpath.c's structs (TestLayouts checks them against its BTF).
+const (
+	vipKeySize  = 20 // struct vip_key
+	vipValSize  = 16 // struct vip_val
+	backendSize = 20 // struct backend
+	flowKeySize = 40 // struct flow_key
+	flowValSize = 48 // struct flow_val
+	configSize  = 32 // struct config
+)
+
+// Flags of struct vip_val and struct flow_val.
+const (
+	vipSNAT     = 1
+	flowReply   = 1
+	flowSNAT    = 2
+	flowClosing = 4
+)
+
+// Defaults of Config.
+const (
+	DefaultFlowEntries = 262144
+	DefaultTCPTimeout  = time.Hour
+	DefaultUDPTimeout  = 2 * time.Minute
+	// DefaultSNATPortMin and DefaultSNATPortMax bound the masquerade ports: above Linux's default
+	// ephemeral range (32768-60999), so the gateway's own connections never hold one.
+	DefaultSNATPortMin = 61000
+	DefaultSNATPortMax = 65535
+	// closingTimeout is how long a TCP flow that saw a FIN or RST keeps its entry idle
+	// (conntrack's TIME_WAIT; a SYN on it deals it again anyway).
+	closingTimeout = 2 * time.Minute
+	// maxVIPPorts bounds the VIP ports (vg_vips) and the distinct Maglev tables (vg_maglev).
+	maxVIPPorts = 65536
+)
+
+// Config sizes and tunes the fast path.
+type Config struct {
+	// FlowEntries is the flow table's size in entries, two per flow (its forward and its reply
+	// entry); the least recently used are evicted when it is full. 0: DefaultFlowEntries.
+	FlowEntries int
+	// TCPTimeout and UDPTimeout: a flow idle that long is dealt again by Maglev (a masqueraded
+	// flow gets a new port). 0: the defaults.
+	TCPTimeout, UDPTimeout time.Duration
+	// SNATPortMin..SNATPortMax are the masquerade ports (0, 0: the defaults).
+	SNATPortMin, SNATPortMax uint16
+}
+
+func (c Config) withDefaults() Config {
+	if c.FlowEntries == 0 {
+		c.FlowEntries = DefaultFlowEntries
+	}
+	if c.TCPTimeout == 0 {
+		c.TCPTimeout = DefaultTCPTimeout
+	}
+	if c.UDPTimeout == 0 {
+		c.UDPTimeout = DefaultUDPTimeout
+	}
+	if c.SNATPortMin == 0 && c.SNATPortMax == 0 {
+		c.SNATPortMin, c.SNATPortMax = DefaultSNATPortMin, DefaultSNATPortMax
+	}
+	return c
+}
+
+// Validate checks c.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.FlowEntries < 2 || c.FlowEntries > 1<<26:
+		return fmt.Errorf("flow table size %d: must be 2 to %d entries", c.FlowEntries, 1<<26)
+	case c.TCPTimeout < time.Second || c.UDPTimeout < time.Second:
+		return errors.New("flow timeouts must be at least 1s")
+	case c.SNATPortMin == 0 || c.SNATPortMin > c.SNATPortMax:
+		return fmt.Errorf("masquerade ports %d-%d: not a range of ports", c.SNATPortMin, c.SNATPortMax)
+	}
+	return nil
+}
+
+// VIPPort is one VIP port the fast path takes.
+type VIPPort struct {
+	VIP   netip.Addr
+	Proto uint8 // 6 (TCP) or 17 (UDP)
+	Port  uint16
+	// SNAT masquerades the flows: the backend sees the gateway's address (the egress device's,
+	// as masquerade picks it) and a port of Config's range.
+	SNAT bool
+	// Table is the Maglev table (slot -> backend: the pod, or the node and its NodePort). Its
+	// length is the slot count M of the nftables rule, which it must equal slot for slot.
+	Table []netip.AddrPort
+}
+
+// Key is a VIP port's identity.
+func (v VIPPort) Key() VIPKey { return VIPKey{v.VIP.Unmap(), v.Proto, v.Port} }
+
+// VIPKey identifies a VIP port.
+type VIPKey struct {
+	VIP   netip.Addr
+	Proto uint8
+	Port  uint16
+}
+
+// Flow is one entry of the flow table: a packet tuple as it arrives, and what it becomes.
+type Flow struct {
+	Proto    uint8
+	Src, Dst netip.AddrPort
+	// NewSrc and NewDst are the tuple after the rewrite.
+	NewSrc, NewDst netip.AddrPort
+	// Reply: the entry rewrites the replies (from the backend); else the client's packets.
+	Reply bool
+	SNAT  bool
+	// Closing: (TCP, forward entry) a FIN or RST passed; a SYN opens a new connection.
+	Closing bool
+	// Idle is how long ago the entry was last used (to a second).
+	Idle time.Duration
+}
+
+// Counters are the program's counters, summed over CPUs.
+type Counters struct {
+	// New flows, a known flow's packets forwarded, replies forwarded.
+	New, Forwarded, Replies uint64
+	// Passed to the IP stack: a VIP port whose slot is empty; no usable next hop (MTU,
+	// unreachable, forwarding off); no free masquerade port.
+	NoBackend, NoRoute, SNATFull uint64
+	// Neigh: forwarded through the neighbour layer (next hop not yet resolved).
+	Neigh uint64
+}
+
+// Path is the loaded program and its maps.
+type Path struct {
+	cfg      Config
+	coll     *ebpf.Collection
+	prog     *ebpf.Program
+	vips     *ebpf.Map
+	maglev   *ebpf.Map
+	flows    *ebpf.Map
+	counters *ebpf.Map
+
+	mu sync.Mutex
+	// attached are the interfaces the program is attached to; old the programs of a previous run
+	// still attached (by interface), which Attach replaces and Detach detaches.
+	attached map[int]bool
+	old      map[int]ebpf.ProgramID
+	// Adopted says the flow table is a previous run's (its flows go on).
+	Adopted bool
+	// ports are the programmed VIP ports and the table each uses.
+	ports map[VIPKey]portState
+	// tables are the Maglev tables in vg_maglev, by content: VIP ports with the same backends
+	// (every VIP port of nodePort forwarding with eTP=Cluster) share one.
+	tables map[string]*table
+	nextID uint32
+	closed bool
+}
+
+type portState struct {
+	snat  bool
+	table *table
+	// src is the table as Sync was given it, to tell an unchanged one without comparing slots.
+	src []netip.AddrPort
+}
+
+// sameSlice says whether a and b are the same slice (the same elements in memory).
+func sameSlice(a, b []netip.AddrPort) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+type table struct {
+	id   uint32
+	size int
+	refs int
+}
+
+// Load loads the program and creates its maps (nothing is attached yet).
+func Load(cfg Config) (*Path, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	spec, err := ebpf.LoadCollectionSpecFromReader(bytes.NewReader(object))
+	if err != nil {
+		return nil, fmt.Errorf("NAT fast path: reading the program: %w", err)
+	}
+	spec.Maps[mapFlows].MaxEntries = uint32(cfg.FlowEntries)
+	spec.Maps[mapVIPs].MaxEntries = maxVIPPorts
+	spec.Maps[mapMaglev].MaxEntries = maxVIPPorts
+	spec.Maps[mapMaglev].InnerMap = innerSpec(1)
+	old, flows := findPrevious(cfg)
+	opts := ebpf.CollectionOptions{}
+	if flows != nil {
+		defer flows.Close()
+		opts.MapReplacements = map[string]*ebpf.Map{mapFlows: flows}
+	}
+	coll, err := ebpf.NewCollectionWithOptions(spec, opts)
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("NAT fast path: the kernel's verifier refuses the program: %v", ve)
+		}
+		return nil, fmt.Errorf("NAT fast path: loading the program: %w", err)
+	}
+	p := &Path{cfg: cfg, coll: coll, prog: coll.Programs[progName], vips: coll.Maps[mapVIPs], maglev: coll.Maps[mapMaglev],
+		flows: coll.Maps[mapFlows], counters: coll.Maps[mapCounters],
+		attached: map[int]bool{}, old: old, Adopted: flows != nil, ports: map[VIPKey]portState{}, tables: map[string]*table{}, nextID: 1}
+	var c [configSize]byte
+	binary.LittleEndian.PutUint64(c[0:], uint64(cfg.TCPTimeout))
+	binary.LittleEndian.PutUint64(c[8:], uint64(cfg.UDPTimeout))
+	binary.LittleEndian.PutUint64(c[16:], uint64(min(cfg.TCPTimeout, closingTimeout)))
+	binary.LittleEndian.PutUint32(c[24:], uint32(cfg.SNATPortMin))
+	binary.LittleEndian.PutUint32(c[28:], uint32(cfg.SNATPortMax)-uint32(cfg.SNATPortMin)+1)
+	if err := coll.Maps[mapConfig].Put(uint32(0), c[:]); err != nil {
+		coll.Close()
+		return nil, fmt.Errorf("NAT fast path: writing its settings: %w", err)
+	}
+	return p, nil
+}
+
+// Attach attaches the program to the ingress of the interfaces given by index (replacing a previous
+// run's program there in one step), and detaches it from every other. It attaches to as many as it
+// can and returns the failures joined.
+func (p *Path) Attach(ifindexes []int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return errors.New("NAT fast path: closed")
+	}
+	var errs []error
+	for i := range p.attached {
+		if !slices.Contains(ifindexes, i) {
+			if err := detach(i, p.prog); err != nil {
+				errs = append(errs, fmt.Errorf("detaching from interface %d: %w", i, err))
+			}
+			delete(p.attached, i)
+		}
+	}
+	for i, id := range p.old {
+		if !slices.Contains(ifindexes, i) {
+			errs = append(errs, detachID(i, id))
+			delete(p.old, i)
+		}
+	}
+	for _, i := range ifindexes {
+		if p.attached[i] {
+			continue
+		}
+		opts := link.RawAttachProgramOptions{Target: i, Program: p.prog, Attach: ebpf.AttachTCXIngress}
+		if id, ok := p.old[i]; ok {
+			// In the previous run's place, in one step: no packet meets neither or both.
+			delete(p.old, i)
+			if prev, err := ebpf.NewProgramFromID(id); err == nil {
+				opts.Anchor = link.ReplaceProgram(prev)
+				err = link.RawAttachProgram(opts)
+				prev.Close()
+				if err == nil {
+					p.attached[i] = true
+					continue
+				}
+				errs = append(errs, fmt.Errorf("replacing the previous program on interface %d: %w", i, err))
+				continue
+			}
+			// Gone meanwhile: attach anew.
+		}
+		if err := link.RawAttachProgram(opts); err != nil {
+			errs = append(errs, fmt.Errorf("attaching to interface %d: %w", i, err))
+			continue
+		}
+		p.attached[i] = true
+	}
+	return errors.Join(errs...)
+}
+
+// Attached returns the indexes of the interfaces the program is attached to, sorted.
+func (p *Path) Attached() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]int, 0, len(p.attached))
+	for i := range p.attached {
+		out = append(out, i)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Detach detaches the program (and a previous run's) from every interface.
+func (p *Path) Detach() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for i := range p.attached {
+		errs = append(errs, detach(i, p.prog))
+		delete(p.attached, i)
+	}
+	for i, id := range p.old {
+		errs = append(errs, detachID(i, id))
+		delete(p.old, i)
+	}
+	return errors.Join(errs...)
+}
+
+// Cleanup detaches every NAT fast path program (of any run) from every interface of the current
+// network namespace and returns how many it detached.
+func Cleanup() (int, error) {
+	found, err := attachedPrograms()
+	if err != nil {
+		return 0, err
+	}
+	var errs []error
+	for i, id := range found {
+		errs = append(errs, detachID(i, id))
+	}
+	return len(found), errors.Join(errs...)
+}
+
+func detach(ifindex int, prog *ebpf.Program) error {
+	err := link.RawDetachProgram(link.RawDetachProgramOptions{Target: ifindex, Program: prog, Attach: ebpf.AttachTCXIngress})
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENODEV) {
+		return nil // not attached (any more), or the interface is gone
+	}
+	return err
+}
+
+func detachID(ifindex int, id ebpf.ProgramID) error {
+	prog, err := ebpf.NewProgramFromID(id)
+	if err != nil {
+		return nil // gone
+	}
+	defer prog.Close()
+	return detach(ifindex, prog)
+}
+
+// attachedPrograms finds the NAT fast path programs attached in this network namespace: the
+// program on each interface's tcx ingress named like ours.
+func attachedPrograms() (map[int]ebpf.ProgramID, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]ebpf.ProgramID{}
+	for _, ifi := range ifs {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: ifi.Index, Attach: ebpf.AttachTCXIngress})
+		if err != nil {
+			continue
+		}
+		for _, ap := range res.Programs {
+			prog, err := ebpf.NewProgramFromID(ap.ID)
+			if err != nil {
+				continue
+			}
+			info, err := prog.Info()
+			prog.Close()
+			if err == nil && info.Name == progName {
+				out[ifi.Index] = ap.ID
+			}
+		}
+	}
+	return out, nil
+}
+
+// findPrevious finds a previous run's programs, and its flow table if this configuration can use
+// it (the same layout and size).
+func findPrevious(cfg Config) (map[int]ebpf.ProgramID, *ebpf.Map) {
+	old, err := attachedPrograms()
+	if err != nil || len(old) == 0 {
+		return map[int]ebpf.ProgramID{}, nil
+	}
+	for _, id := range old {
+		prog, err := ebpf.NewProgramFromID(id)
+		if err != nil {
+			continue
+		}
+		info, err := prog.Info()
+		prog.Close()
+		if err != nil {
+			continue
+		}
+		ids, _ := info.MapIDs()
+		for _, mid := range ids {
+			m, err := ebpf.NewMapFromID(mid)
+			if err != nil {
+				continue
+			}
+			mi, err := m.Info()
+			if err == nil && mi.Name == mapFlows && mi.Type == ebpf.LRUHash && mi.KeySize == flowKeySize && mi.ValueSize == flowValSize &&
+				mi.MaxEntries == uint32(cfg.FlowEntries) {
+				return old, m
+			}
+			m.Close()
+		}
+	}
+	return old, nil
+}
+
+// Sync makes ports the VIP ports the program takes. A VIP port whose table or SNAT changed
+// switches to its new table in one map update (a new flow sees the old table or the new one,
+// never a mix); established flows keep their backend (their flow entries).
+func (p *Path) Sync(ports []VIPPort) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return errors.New("NAT fast path: closed")
+	}
+	want := make(map[VIPKey]VIPPort, len(ports))
+	for _, v := range ports {
+		if err := checkPort(v); err != nil {
+			return err
+		}
+		want[v.Key()] = v
+	}
+	var errs []error
+	for k, st := range p.ports {
+		if _, ok := want[k]; ok {
+			continue
+		}
+		if err := p.vips.Delete(vipKeyBytes(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("deleting %s: %w", k, err))
+			continue
+		}
+		delete(p.ports, k)
+		errs = append(errs, p.release(st.table))
+	}
+	for k, v := range want {
+		st, ok := p.ports[k]
+		if ok && st.snat == v.SNAT && sameSlice(st.src, v.Table) {
+			continue // the table it was given last time: unchanged (the gateway reuses them)
+		}
+		content := tableContent(v.Table)
+		if ok && st.snat == v.SNAT && p.tables[content] == st.table {
+			p.ports[k] = portState{snat: v.SNAT, table: st.table, src: v.Table}
+			continue
+		}
+		t, err := p.acquire(content, v.Table)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", k, err))
+			continue
+		}
+		var val [vipValSize]byte
+		binary.LittleEndian.PutUint32(val[0:], t.id)
+		binary.LittleEndian.PutUint32(val[4:], uint32(len(v.Table)))
+		if v.SNAT {
+			binary.LittleEndian.PutUint32(val[8:], vipSNAT)
+		}
+		if err := p.vips.Put(vipKeyBytes(k), val[:]); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", k, err), p.release(t))
+			continue
+		}
+		if ok {
+			errs = append(errs, p.release(st.table))
+		}
+		p.ports[k] = portState{snat: v.SNAT, table: t, src: v.Table}
+	}
+	return errors.Join(errs...)
+}
+
+func checkPort(v VIPPort) error {
+	switch {
+	case !v.VIP.IsValid():
+		return errors.New("a VIP port without an address")
+	case v.Proto != unix.IPPROTO_TCP && v.Proto != unix.IPPROTO_UDP:
+		return fmt.Errorf("%s: protocol %d (TCP and UDP only)", v.Key(), v.Proto)
+	case len(v.Table) == 0 || len(v.Table) > 1<<20:
+		return fmt.Errorf("%s: a Maglev table of %d slots", v.Key(), len(v.Table))
+	}
+	for _, b := range v.Table {
+		if !b.IsValid() || b.Port() == 0 || b.Addr().Unmap().Is4() != v.VIP.Unmap().Is4() {
+			return fmt.Errorf("%s: backend %s is not of the VIP's family, or has no port", v.Key(), b)
+		}
+	}
+	return nil
+}
+
+func (k VIPKey) String() string {
+	return fmt.Sprintf("%s/%d:%d", k.VIP, k.Proto, k.Port)
+}
+
+// tableContent is a table's identity among the tables.
+func tableContent(t []netip.AddrPort) string {
+	b := make([]byte, 0, len(t)*backendSize)
+	for _, ap := range t {
+		b = append(b, backendBytes(ap)...)
+	}
+	return string(b)
+}
+
+// acquire returns the table of that content, creating it (a map of its own, filled before any
+// VIP port points to it) if none has it.
+func (p *Path) acquire(content string, slots []netip.AddrPort) (*table, error) {
+	if t := p.tables[content]; t != nil {
+		t.refs++
+		return t, nil
+	}
+	if len(p.tables) >= maxVIPPorts {
+		return nil, fmt.Errorf("more than %d distinct Maglev tables", maxVIPPorts)
+	}
+	m, err := ebpf.NewMap(innerSpec(len(slots)))
+	if err != nil {
+		return nil, fmt.Errorf("creating a Maglev table of %d slots: %w", len(slots), err)
+	}
+	defer m.Close() // vg_maglev holds it
+	keys := make([]uint32, len(slots))
+	vals := make([]byte, 0, len(slots)*backendSize)
+	for i, b := range slots {
+		keys[i] = uint32(i)
+		vals = append(vals, backendBytes(b)...)
+	}
+	if _, err := m.BatchUpdate(keys, vals, nil); err != nil {
+		// A kernel without batch operations on arrays: one at a time.
+		for i := range slots {
+			if err := m.Put(keys[i], vals[i*backendSize:(i+1)*backendSize]); err != nil {
+				return nil, fmt.Errorf("filling a Maglev table: %w", err)
+			}
+		}
+	}
+	id := p.freeID()
+	if err := p.maglev.Put(id, m); err != nil {
+		return nil, fmt.Errorf("adding a Maglev table: %w", err)
+	}
+	t := &table{id: id, size: len(slots), refs: 1}
+	p.tables[content] = t
+	return t, nil
+}
+
+// innerSpec is a Maglev table of slots slots: an array of struct backend, BPF_F_INNER_MAP so that
+// tables of any size fit vg_maglev.
+func innerSpec(slots int) *ebpf.MapSpec {
+	return &ebpf.MapSpec{Name: "vg_maglev_tab", Type: ebpf.Array, KeySize: 4, ValueSize: backendSize,
+		MaxEntries: uint32(slots), Flags: unix.BPF_F_INNER_MAP}
+}
+
+// freeID is a table id no table has.
+func (p *Path) freeID() uint32 {
+	for {
+		id := p.nextID
+		p.nextID++
+		if p.nextID == 0 {
+			p.nextID = 1
+		}
+		used := false
+		for _, t := range p.tables {
+			if t.id == id {
+				used = true
+				break
+			}
+		}
+		if !used {
+			return id
+		}
+	}
+}
+
+// release drops a reference to t, deleting it with the last.
+func (p *Path) release(t *table) error {
+	t.refs--
+	if t.refs > 0 {
+		return nil
+	}
+	for c, x := range p.tables {
+		if x == t {
+			delete(p.tables, c)
+		}
+	}
+	if err := p.maglev.Delete(t.id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("deleting Maglev table %d: %w", t.id, err)
+	}
+	return nil
+}
+
+// Ports returns how many VIP ports and distinct Maglev tables are programmed.
+func (p *Path) Ports() (ports, tables int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.ports), len(p.tables)
+}
+
+// Flows lists the flow table (at most limit entries; 0: all).
+func (p *Path) Flows(limit int) ([]Flow, error) {
+	var out []Flow
+	err := p.walk(func(k, v []byte, f Flow) bool {
+		out = append(out, f)
+		return limit == 0 || len(out) < limit
+	})
+	return out, err
+}
+
+// walk calls fn with every entry of the flow table until it returns false: batches of
+// walkBatch entries a system call (one call per entry without batch operations).
+func (p *Path) walk(fn func(k, v []byte, f Flow) bool) error {
+	now, err := coarseNow()
+	if err != nil {
+		return err
+	}
+	keys := make([][flowKeySize]byte, walkBatch)
+	vals := make([][flowValSize]byte, walkBatch)
+	var cur ebpf.MapBatchCursor
+	for {
+		n, err := p.flows.BatchLookup(&cur, keys, vals, nil)
+		for i := range n {
+			if !fn(keys[i][:], vals[i][:], decodeFlow(keys[i][:], vals[i][:], now)) {
+				return nil
+			}
+		}
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			return nil // the end
+		case errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EINVAL) && n == 0:
+			return p.walkOneByOne(fn, now)
+		case err != nil:
+			return fmt.Errorf("reading the flow table: %w", err)
+		}
+	}
+}
+
+const walkBatch = 4096
+
+func (p *Path) walkOneByOne(fn func(k, v []byte, f Flow) bool, now uint64) error {
+	var k, v []byte
+	it := p.flows.Iterate()
+	for it.Next(&k, &v) {
+		if !fn(k, v, decodeFlow(k, v, now)) {
+			return nil
+		}
+	}
+	return it.Err()
+}
+
+// DeleteFlows deletes the flows stale says are stale: both entries of each (the client's and the
+// replies'), looked at from the forward entry. It returns how many flows it deleted.
+func (p *Path) DeleteFlows(stale func(Flow) bool) (int, error) {
+	var del [][]byte
+	n := 0
+	err := p.walk(func(k, v []byte, f Flow) bool {
+		if f.Reply {
+			// The client's view of the flow: its forward entry's tuple, from the reply's.
+			fwd := Flow{Proto: f.Proto, Src: f.NewDst, Dst: f.NewSrc, NewDst: f.Src, SNAT: f.SNAT}
+			if !stale(fwd) {
+				return true
+			}
+		} else {
+			if !stale(f) {
+				return true
+			}
+			n++
+		}
+		del = append(del, slices.Clone(k))
+		return true
+	})
+	if err != nil {
+		return 0, err
+	}
+	// One batch delete; entries the program or the LRU deleted meanwhile are skipped one by one.
+	keys := make([][flowKeySize]byte, len(del))
+	for i, k := range del {
+		keys[i] = [flowKeySize]byte(k)
+	}
+	for len(keys) > 0 {
+		done, err := p.flows.BatchDelete(keys, nil)
+		if err == nil {
+			break
+		}
+		if done < len(keys) && errors.Is(err, ebpf.ErrKeyNotExist) {
+			keys = keys[done+1:] // that one is gone already
+			continue
+		}
+		var errs []error
+		for _, k := range keys[done:] {
+			if err := p.flows.Delete(k[:]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, err)
+			}
+		}
+		return n, errors.Join(errs...)
+	}
+	return n, nil
+}
+
+// Counters sums the program's counters.
+func (p *Path) Counters() (Counters, error) {
+	var c Counters
+	dst := []*uint64{&c.New, &c.Forwarded, &c.Replies, &c.NoBackend, &c.NoRoute, &c.SNATFull, &c.Neigh}
+	for i, d := range dst {
+		var per []uint64
+		if err := p.counters.Lookup(uint32(i), &per); err != nil {
+			return c, fmt.Errorf("reading counter %d: %w", i, err)
+		}
+		for _, x := range per {
+			*d += x
+		}
+	}
+	return c, nil
+}
+
+// Close lets go of the program and its maps without detaching it: the kernel keeps what is
+// attached, which forwards with what it was last given (Detach first to take it away).
+func (p *Path) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	p.coll.Close()
+	return nil
+}
+
+// addrBytes is an address as natpath.c holds it: 16 bytes, IPv4 in the first 4.
+func addrBytes(a netip.Addr) [16]byte {
+	a = a.Unmap()
+	if a.Is4() {
+		var b [16]byte
+		v := a.As4()
+		copy(b[:], v[:])
+		return b
+	}
+	return a.As16()
+}
+
+func family(a netip.Addr) byte {
+	if a.Unmap().Is4() {
+		return 4
+	}
+	return 6
+}
+
+func vipKeyBytes(k VIPKey) []byte {
+	b := make([]byte, vipKeySize)
+	a := addrBytes(k.VIP)
+	copy(b, a[:])
+	binary.BigEndian.PutUint16(b[16:], k.Port)
+	b[18] = k.Proto
+	b[19] = family(k.VIP)
+	return b
+}
+
+func backendBytes(ap netip.AddrPort) []byte {
+	b := make([]byte, backendSize)
+	a := addrBytes(ap.Addr())
+	copy(b, a[:])
+	binary.BigEndian.PutUint16(b[16:], ap.Port())
+	return b
+}
+
+// addrOf reads a 16-byte address of family fam.
+func addrOf(b []byte, fam byte) netip.Addr {
+	if fam == 4 {
+		return netip.AddrFrom4([4]byte(b[:4]))
+	}
+	return netip.AddrFrom16([16]byte(b[:16]))
+}
+
+// decodeFlow reads a flow table entry (now: the coarse clock, for Idle).
+func decodeFlow(k, v []byte, now uint64) Flow {
+	fam := k[37]
+	port := func(b []byte) uint16 { return binary.BigEndian.Uint16(b) }
+	flags := binary.LittleEndian.Uint32(v[36:])
+	f := Flow{Proto: k[36],
+		Src:    netip.AddrPortFrom(addrOf(k[0:], fam), port(k[32:])),
+		Dst:    netip.AddrPortFrom(addrOf(k[16:], fam), port(k[34:])),
+		NewSrc: netip.AddrPortFrom(addrOf(v[0:], fam), port(v[32:])),
+		NewDst: netip.AddrPortFrom(addrOf(v[16:], fam), port(v[34:])),
+		Reply:  flags&flowReply != 0, SNAT: flags&flowSNAT != 0, Closing: flags&flowClosing != 0}
+	if seen := binary.LittleEndian.Uint64(v[40:]); now > seen {
+		f.Idle = time.Duration(now - seen)
+	}
+	return f
+}
+
+// coarseNow is the clock bpf_ktime_get_coarse_ns reads (CLOCK_MONOTONIC_COARSE).
+func coarseNow() (uint64, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil {
+		return 0, err
+	}
+	return uint64(ts.Nano()), nil
+}
