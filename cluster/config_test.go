@@ -162,6 +162,7 @@ func TestParseGatewayConfig(t *testing.T) {
 		ClusterCIDRs:        prefixes("10.244.0.0/16"),
 		TableName:           "vipgate",
 		Logging:             Logging{Level: hclog.Info},
+		NATFastPath:         NATFastPath{Enabled: DefaultNATFastPath}, // on with nodePort forwarding
 	}
 	// The name defaults to the host name, and it is a label.
 	want.Name = got.Name

@@ -34,9 +34,11 @@ type GatewayNATPath struct {
 	// which the program's flow table is not.
 	NoSNAT bool
 	// Interfaces lists the interfaces when Devices is empty, Index finds an interface's index (0:
-	// none); nil: UpInterfaces and the current namespace's.
+	// none), Ethernet says whether one is an Ethernet device (the program reads Ethernet frames:
+	// tunnels such as WireGuard are left out); nil: UpInterfaces and the current namespace's.
 	Interfaces func() ([]string, error)
 	Index      func(string) int
+	Ethernet   func(string) bool
 }
 
 // NATPathProgrammer is what the gateway needs of the NAT fast path (natpath.Path).
@@ -104,12 +106,15 @@ func (p *GatewayProxier) syncNATPath(fams map[cluster.Family]*GatewayRuleset, st
 	if err := np.Path.Sync(ports); err != nil {
 		rep.NATPathWarnings = append(rep.NATPathWarnings, fmt.Sprintf("programming its VIP ports: %v", err))
 	}
-	devs, missing, err := natPathDevices(np)
+	devs, missing, notEther, err := natPathDevices(np)
 	if err != nil {
 		rep.NATPathWarnings = append(rep.NATPathWarnings, fmt.Sprintf("listing interfaces: %v (attachments unchanged)", err))
 	} else {
 		if len(missing) > 0 {
 			rep.NATPathWarnings = append(rep.NATPathWarnings, "devices that do not exist (attached when they do): "+strings.Join(missing, ", "))
+		}
+		if len(notEther) > 0 {
+			rep.NATPathWarnings = append(rep.NATPathWarnings, "devices that are not Ethernet devices (left out): "+strings.Join(notEther, ", "))
 		}
 		if err := np.Path.Attach(devs); err != nil {
 			rep.NATPathWarnings = append(rep.NATPathWarnings, fmt.Sprintf("attaching: %v", err))
@@ -132,8 +137,9 @@ func (p *GatewayProxier) syncNATPath(fams map[cluster.Family]*GatewayRuleset, st
 }
 
 // natPathDevices are the indexes of the interfaces the program goes on, and the configured ones
-// that do not exist.
-func natPathDevices(np *GatewayNATPath) (idx []int, missing []string, err error) {
+// that do not exist or are not Ethernet devices (an interface of the default list that is not is
+// left out silently: a WireGuard or IPIP tunnel is no mistake).
+func natPathDevices(np *GatewayNATPath) (idx []int, missing, notEther []string, err error) {
 	names := np.Devices
 	if len(names) == 0 {
 		list := np.Interfaces
@@ -141,22 +147,33 @@ func natPathDevices(np *GatewayNATPath) (idx []int, missing []string, err error)
 			list = UpInterfaces
 		}
 		if names, err = list(); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 	}
-	index := np.Index
+	index, ether := np.Index, np.Ethernet
 	if index == nil {
 		index = interfaceIndex
 	}
+	if ether == nil {
+		ether = natpath.Ethernet
+	}
 	for _, d := range names {
-		if i := index(d); i > 0 {
+		i := index(d)
+		switch {
+		case i <= 0:
+			if len(np.Devices) > 0 {
+				missing = append(missing, d)
+			}
+		case !ether(d):
+			if len(np.Devices) > 0 {
+				notEther = append(notEther, d)
+			}
+		default:
 			idx = append(idx, i)
-		} else if len(np.Devices) > 0 {
-			missing = append(missing, d)
 		}
 	}
 	slices.Sort(idx)
-	return slices.Compact(idx), missing, nil
+	return slices.Compact(idx), missing, notEther, nil
 }
 
 // natFlowStale says whether a flow of the NAT fast path (its forward view: the client's tuple and

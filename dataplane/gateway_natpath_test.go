@@ -34,8 +34,9 @@ func (f *natFake) DeleteFlows(stale func(natpath.Flow) bool) (int, error) {
 }
 
 func natGateway(fwd cluster.Forwarding, nat *GatewayNATPath) *GatewayProxier {
-	nat.Interfaces = func() ([]string, error) { return []string{"eth0", "eth1"}, nil }
-	nat.Index = func(d string) int { return map[string]int{"eth0": 2, "eth1": 3}[d] }
+	nat.Interfaces = func() ([]string, error) { return []string{"eth0", "eth1", "wg0"}, nil }
+	nat.Index = func(d string) int { return map[string]int{"eth0": 2, "eth1": 3, "wg0": 4}[d] }
+	nat.Ethernet = func(d string) bool { return d != "wg0" }
 	return NewGatewayProxier(hclog.NewNullLogger(), GatewayConfig{Forwarding: fwd, Families: []cluster.Family{cluster.IPv4}, NATPath: nat}, &gwRecorder{})
 }
 
@@ -139,5 +140,19 @@ func TestGatewayNATPathStaleFlows(t *testing.T) {
 	}
 	if natFlowStale(natpath.Flow{Proto: 6, Dst: ap("203.0.113.50:53"), NewDst: ap("10.244.1.11:53")}, stale) {
 		t.Error("a TCP flow matched a UDP stale flow")
+	}
+}
+
+// The program goes on Ethernet devices only: a tunnel of the interface list is left out quietly, a
+// listed one (or one that does not exist) is a warning.
+func TestGatewayNATPathDevices(t *testing.T) {
+	fake := &natFake{}
+	p := natGateway(cluster.ForwardDirect, &GatewayNATPath{Path: fake, Devices: []string{"eth1", "wg0", "nope0"}})
+	rep, err := p.Sync(gwState(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(fake.attached[0], []int{3}) || len(rep.NATPathWarnings) != 2 {
+		t.Errorf("attached %v, warnings %q; want eth1 (3) and two warnings (not Ethernet: wg0; missing: nope0)", fake.attached, rep.NATPathWarnings)
 	}
 }

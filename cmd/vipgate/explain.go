@@ -19,6 +19,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/dataplane/natpath"
 )
 
 const explainHelp = `Usage: vipgate explain --from SRC --to DST:PORT[/PROTO] [flags]
@@ -166,6 +167,10 @@ type ExplainReport struct {
 	// gateway has none for the family ("" when it has one or it is off).
 	FastPath   *ExplainFastPath `json:"fastPath,omitempty"`
 	NoFastPath string           `json:"noFastPath,omitempty"`
+	// NATFastPath is what a gateway's NAT fast path (forwarding direct and nodePort: a BPF
+	// program, which sees arriving packets before the table) holds for the flow, read from its
+	// maps (kernel ruleset, with a source port; nil when no program is attached).
+	NATFastPath *ExplainNATPath `json:"natFastPath,omitempty"`
 	// Rejected lists the objects, entries and addresses that name the destination but are not
 	// programmed, and why (a hostile Service refused, an entry another Service holds): the rendered
 	// ruleset's own, or with the kernel's table the node's /status (when --config says where).
@@ -189,6 +194,56 @@ type ExplainMaglev struct {
 	Map     string `json:"map"`
 	Backend string `json:"backend"`
 	Routed  bool   `json:"routed"`
+}
+
+// ExplainNATPath is the NAT fast path's view of a flow.
+type ExplainNATPath struct {
+	// Interfaces are the indexes of the interfaces the program is attached to.
+	Interfaces []int `json:"interfaces"`
+	// Taken: the VIP port is the program's; SNAT: it masquerades the port's flows.
+	Taken bool `json:"taken"`
+	SNAT  bool `json:"snat,omitempty"`
+	// Known: the flow has an entry, and its packets become From -> To (the backend) whatever the
+	// Maglev table now says; else a new flow is dealt by the Maglev slot (the table's).
+	Known bool   `json:"known"`
+	From  string `json:"from,omitempty"`
+	To    string `json:"to,omitempty"`
+	Idle  string `json:"idle,omitempty"`
+}
+
+// explainNATPath reads the NAT fast path's maps for a flow (nil: no program attached, or the
+// packet is not one it could take).
+func explainNATPath(proto uint8, src, dst netip.AddrPort) (*ExplainNATPath, error) {
+	if proto != 6 && proto != 17 || src.Port() == 0 || src.Addr().Is4() != dst.Addr().Is4() {
+		return nil, nil
+	}
+	in, err := natpath.Inspect(proto, src, dst)
+	if err != nil || len(in.Interfaces) == 0 {
+		return nil, err
+	}
+	out := &ExplainNATPath{Interfaces: in.Interfaces, Taken: in.Taken, SNAT: in.SNAT}
+	if f := in.Flow; f != nil {
+		out.Known, out.From, out.To, out.Idle = true, f.NewSrc.String(), f.NewDst.String(), f.Idle.Round(time.Second).String()
+	}
+	return out, nil
+}
+
+// writeNATPath prints the NAT fast path's view, which comes before the table's.
+func (r *ExplainReport) writeNATPath(w io.Writer) {
+	np := r.NATFastPath
+	fmt.Fprintf(w, "NAT fast path (BPF, tcx ingress of interfaces %v): ", np.Interfaces)
+	switch {
+	case np.Known:
+		fmt.Fprintf(w, "a known flow: sent as %s -> %s (idle %s), whatever the Maglev table now says; the table below does not see it\n", np.From, np.To, np.Idle)
+	case np.Taken:
+		masq := ""
+		if np.SNAT {
+			masq = ", masqueraded to the egress address and a port of its range"
+		}
+		fmt.Fprintf(w, "takes this VIP port: a new flow is dealt by the Maglev slot below (the table's own)%s, without conntrack\n", masq)
+	default:
+		fmt.Fprintln(w, "not this VIP port's: the table below decides")
+	}
 }
 
 // ExplainFastPath is the trace of an arriving packet through the fast path's netdev table.
@@ -310,6 +365,13 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 		return nil, errors.New("--from is required (or --host for a packet from this host)")
 	}
 
+	// A gateway's NAT fast path sees arriving packets before the table: what its maps hold.
+	var natView *ExplainNATPath
+	if source == "kernel" && cfg == nil && !ef.host && srcPort != 0 {
+		if natView, err = explainNATPath(proto, netip.AddrPortFrom(srcAddr, srcPort), dst); err != nil {
+			return nil, fmt.Errorf("reading the NAT fast path's maps: %w", err)
+		}
+	}
 	ex := dataplane.Explain(flat, dataplane.HostInfo{IsLocal: isLoc}, dataplane.Packet{
 		Src: srcAddr, Dst: dst.Addr(), Proto: proto, Port: dst.Port(), FromHost: ef.host, SrcPort: srcPort})
 	res := ex.Result
@@ -333,6 +395,7 @@ func explain(ef *explainFlags) (*ExplainReport, error) {
 	} else if noFast != "off" {
 		rep.NoFastPath = noFast
 	}
+	rep.NATFastPath = natView
 	if st != nil {
 		rep.Service = serviceFor(st, holders, isLoc, dst, proto)
 	}
@@ -596,6 +659,10 @@ func (r *ExplainReport) writeText(w io.Writer) {
 		r.writeFastPath(w)
 	} else if r.NoFastPath != "" {
 		fmt.Fprintf(w, "\nfast path: none for this family (%s): the table below forwards alone\n", r.NoFastPath)
+	}
+	if r.NATFastPath != nil {
+		fmt.Fprintln(w)
+		r.writeNATPath(w)
 	}
 	fmt.Fprintln(w, "\ntrace:")
 	for _, s := range r.Steps {

@@ -22,6 +22,7 @@ package natpath
 
 import (
 	"bytes"
+	"crypto/sha256"
 	_ "embed"
 	"encoding/binary"
 	"errors"
@@ -176,6 +177,9 @@ type Counters struct {
 	NoBackend, NoRoute, SNATFull uint64
 	// Neigh: forwarded through the neighbour layer (next hop not yet resolved).
 	Neigh uint64
+	// Left to the stack too: a TCP packet of a VIP port that is no flow's and opens no connection
+	// (no SYN: a connection conntrack holds); a new flow whose reply tuple a live flow holds.
+	NoSYN, Clash uint64
 }
 
 // Path is the loaded program and its maps.
@@ -195,6 +199,10 @@ type Path struct {
 	old      map[int]ebpf.ProgramID
 	// Adopted says the flow table is a previous run's (its flows go on).
 	Adopted bool
+	// CanMasquerade says the kernel gives the program the source address masquerade would use
+	// (bpf_fib_lookup's BPF_FIB_LOOKUP_SRC, Linux 6.7); without it, Sync leaves masqueraded VIP
+	// ports to the family's table.
+	CanMasquerade bool
 	// ports are the programmed VIP ports and the table each uses.
 	ports map[VIPKey]portState
 	// tables are the Maglev tables in vg_maglev, by content: VIP ports with the same backends
@@ -252,7 +260,8 @@ func Load(cfg Config) (*Path, error) {
 	}
 	p := &Path{cfg: cfg, coll: coll, prog: coll.Programs[progName], vips: coll.Maps[mapVIPs], maglev: coll.Maps[mapMaglev],
 		flows: coll.Maps[mapFlows], counters: coll.Maps[mapCounters],
-		attached: map[int]bool{}, old: old, Adopted: flows != nil, ports: map[VIPKey]portState{}, tables: map[string]*table{}, nextID: 1}
+		attached: map[int]bool{}, old: old, Adopted: flows != nil, CanMasquerade: kernelAtLeast(6, 7),
+		ports: map[VIPKey]portState{}, tables: map[string]*table{}, nextID: 1}
 	var c [configSize]byte
 	binary.LittleEndian.PutUint64(c[0:], uint64(cfg.TCPTimeout))
 	binary.LittleEndian.PutUint64(c[8:], uint64(cfg.UDPTimeout))
@@ -295,21 +304,32 @@ func (p *Path) Attach(ifindexes []int) error {
 			continue
 		}
 		opts := link.RawAttachProgramOptions{Target: i, Program: p.prog, Attach: ebpf.AttachTCXIngress}
+		if !ethernet(i) {
+			errs = append(errs, fmt.Errorf("interface %d is not an Ethernet device (the program reads Ethernet frames): left out", i))
+			continue
+		}
 		if id, ok := p.old[i]; ok {
-			// In the previous run's place, in one step: no packet meets neither or both.
-			delete(p.old, i)
-			if prev, err := ebpf.NewProgramFromID(id); err == nil {
+			// In the previous run's place, in one step: no packet meets neither or both. The
+			// old program stays known (Detach, the next try) until it is replaced.
+			prev, err := ebpf.NewProgramFromID(id)
+			switch {
+			case err == nil:
 				opts.Anchor = link.ReplaceProgram(prev)
 				err = link.RawAttachProgram(opts)
 				prev.Close()
-				if err == nil {
-					p.attached[i] = true
+				if err != nil {
+					errs = append(errs, fmt.Errorf("replacing the previous program on interface %d: %w", i, err))
 					continue
 				}
-				errs = append(errs, fmt.Errorf("replacing the previous program on interface %d: %w", i, err))
+				delete(p.old, i)
+				p.attached[i] = true
+				continue
+			case errors.Is(err, unix.ENOENT):
+				delete(p.old, i) // gone meanwhile: attach anew
+			default:
+				errs = append(errs, fmt.Errorf("opening the previous program on interface %d: %w", i, err))
 				continue
 			}
-			// Gone meanwhile: attach anew.
 		}
 		if err := link.RawAttachProgram(opts); err != nil {
 			errs = append(errs, fmt.Errorf("attaching to interface %d: %w", i, err))
@@ -372,11 +392,28 @@ func detach(ifindex int, prog *ebpf.Program) error {
 
 func detachID(ifindex int, id ebpf.ProgramID) error {
 	prog, err := ebpf.NewProgramFromID(id)
-	if err != nil {
+	if errors.Is(err, unix.ENOENT) {
 		return nil // gone
+	}
+	if err != nil {
+		return fmt.Errorf("opening program %d (interface %d): %w", id, ifindex, err)
 	}
 	defer prog.Close()
 	return detach(ifindex, prog)
+}
+
+// ethernet says whether interface i is an Ethernet device (a 6-byte hardware address: Ethernet,
+// veth, bridges, bonds, VLANs), whose frames the program can read; tunnels (WireGuard, IPIP, tun)
+// hand it packets without an Ethernet header.
+func ethernet(i int) bool {
+	ifi, err := net.InterfaceByIndex(i)
+	return err == nil && len(ifi.HardwareAddr) == 6
+}
+
+// Ethernet says whether the named interface is an Ethernet device the program can be attached to.
+func Ethernet(name string) bool {
+	ifi, err := net.InterfaceByName(name)
+	return err == nil && ethernet(ifi.Index)
 }
 
 // attachedPrograms finds the NAT fast path programs attached in this network namespace: the
@@ -451,13 +488,17 @@ func (p *Path) Sync(ports []VIPPort) error {
 		return errors.New("NAT fast path: closed")
 	}
 	want := make(map[VIPKey]VIPPort, len(ports))
+	var errs []error
 	for _, v := range ports {
 		if err := checkPort(v); err != nil {
-			return err
+			errs = append(errs, err) // that VIP port alone is left to the table
+			continue
+		}
+		if v.SNAT && !p.CanMasquerade {
+			continue
 		}
 		want[v.Key()] = v
 	}
-	var errs []error
 	for k, st := range p.ports {
 		if _, ok := want[k]; ok {
 			continue
@@ -523,13 +564,13 @@ func (k VIPKey) String() string {
 	return fmt.Sprintf("%s/%d:%d", k.VIP, k.Proto, k.Port)
 }
 
-// tableContent is a table's identity among the tables.
+// tableContent is a table's identity among the tables: a digest of its slots.
 func tableContent(t []netip.AddrPort) string {
-	b := make([]byte, 0, len(t)*backendSize)
+	h := sha256.New()
 	for _, ap := range t {
-		b = append(b, backendBytes(ap)...)
+		h.Write(backendBytes(ap))
 	}
-	return string(b)
+	return string(h.Sum(nil))
 }
 
 // acquire returns the table of that content, creating it (a map of its own, filled before any
@@ -725,7 +766,7 @@ func (p *Path) DeleteFlows(stale func(Flow) bool) (int, error) {
 // Counters sums the program's counters.
 func (p *Path) Counters() (Counters, error) {
 	var c Counters
-	dst := []*uint64{&c.New, &c.Forwarded, &c.Replies, &c.NoBackend, &c.NoRoute, &c.SNATFull, &c.Neigh}
+	dst := []*uint64{&c.New, &c.Forwarded, &c.Replies, &c.NoBackend, &c.NoRoute, &c.SNATFull, &c.Neigh, &c.NoSYN, &c.Clash}
 	for i, d := range dst {
 		var per []uint64
 		if err := p.counters.Lookup(uint32(i), &per); err != nil {
@@ -813,6 +854,19 @@ func decodeFlow(k, v []byte, now uint64) Flow {
 	return f
 }
 
+// kernelAtLeast says whether the running kernel's release is at least major.minor.
+func kernelAtLeast(major, minor int) bool {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return false
+	}
+	var ma, mi int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &ma, &mi); err != nil {
+		return false
+	}
+	return ma > major || ma == major && mi >= minor
+}
+
 // coarseNow is the clock bpf_ktime_get_coarse_ns reads (CLOCK_MONOTONIC_COARSE).
 func coarseNow() (uint64, error) {
 	var ts unix.Timespec
@@ -820,4 +874,92 @@ func coarseNow() (uint64, error) {
 		return 0, err
 	}
 	return uint64(ts.Nano()), nil
+}
+
+// Inspection is what the attached program would do with a packet, read from its maps
+// (`vipgate explain` on a gateway).
+type Inspection struct {
+	// Interfaces are the indexes of the interfaces a NAT fast path program is attached to (none:
+	// no program, the family's table has every packet).
+	Interfaces []int
+	// Taken says the VIP port is the program's (new flows are dealt by it); SNAT that it
+	// masquerades them.
+	Taken, SNAT bool
+	// Flow is the flow's entry when the flow is known (its packets keep their backend), nil when
+	// a packet would be dealt as a new flow.
+	Flow *Flow
+}
+
+// Inspect looks a packet from src to dst up in the maps of the program attached in this network
+// namespace: whether it takes the VIP port, and the flow's entry if it has one.
+func Inspect(proto uint8, src, dst netip.AddrPort) (Inspection, error) {
+	var out Inspection
+	found, err := attachedPrograms()
+	if err != nil || len(found) == 0 {
+		return out, err
+	}
+	var id ebpf.ProgramID
+	for i, pid := range found {
+		out.Interfaces = append(out.Interfaces, i)
+		id = pid
+	}
+	slices.Sort(out.Interfaces)
+	prog, err := ebpf.NewProgramFromID(id)
+	if err != nil {
+		return out, err
+	}
+	defer prog.Close()
+	info, err := prog.Info()
+	if err != nil {
+		return out, err
+	}
+	ids, _ := info.MapIDs()
+	maps := map[string]*ebpf.Map{}
+	for _, mid := range ids {
+		m, err := ebpf.NewMapFromID(mid)
+		if err != nil {
+			continue
+		}
+		defer m.Close()
+		if mi, err := m.Info(); err == nil {
+			maps[mi.Name] = m
+		}
+	}
+	vips, flows := maps[mapVIPs], maps[mapFlows]
+	if vips == nil || flows == nil {
+		return out, errors.New("the attached program's maps were not found")
+	}
+	val, err := vips.LookupBytes(vipKeyBytes(VIPKey{dst.Addr().Unmap(), proto, dst.Port()}))
+	if err != nil {
+		return out, err
+	}
+	if len(val) == vipValSize {
+		out.Taken, out.SNAT = true, binary.LittleEndian.Uint32(val[8:])&vipSNAT != 0
+	}
+	k, _ := flowEntryKey(proto, src, dst)
+	v, err := flows.LookupBytes(k)
+	if err != nil {
+		return out, err
+	}
+	if len(v) == flowValSize {
+		now, _ := coarseNow()
+		f := decodeFlow(k, v, now)
+		out.Flow = &f
+	}
+	return out, nil
+}
+
+// flowEntryKey is the flow table key of a packet from src to dst.
+func flowEntryKey(proto uint8, src, dst netip.AddrPort) ([]byte, error) {
+	if src.Addr().Unmap().Is4() != dst.Addr().Unmap().Is4() {
+		return nil, errors.New("source and destination of different families")
+	}
+	k := make([]byte, flowKeySize)
+	a, b := addrBytes(src.Addr()), addrBytes(dst.Addr())
+	copy(k[0:], a[:])
+	copy(k[16:], b[:])
+	binary.BigEndian.PutUint16(k[32:], src.Port())
+	binary.BigEndian.PutUint16(k[34:], dst.Port())
+	k[36], k[37] = proto, family(src.Addr())
+	return k, nil
 }

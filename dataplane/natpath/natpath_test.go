@@ -697,11 +697,8 @@ func fillFlows(t testing.TB, p *Path, n, backends int) {
 
 func flowEntry(proto uint8, src, dst, nsrc, ndst netip.AddrPort, flags uint32, seen uint64) (k [flowKeySize]byte, v [flowValSize]byte) {
 	a := func(x netip.Addr) []byte { b := addrBytes(x); return b[:] }
-	copy(k[0:], a(src.Addr()))
-	copy(k[16:], a(dst.Addr()))
-	binary.BigEndian.PutUint16(k[32:], src.Port())
-	binary.BigEndian.PutUint16(k[34:], dst.Port())
-	k[36], k[37] = proto, family(src.Addr())
+	kb, _ := flowEntryKey(proto, src, dst)
+	k = [flowKeySize]byte(kb)
 	copy(v[0:], a(nsrc.Addr()))
 	copy(v[16:], a(ndst.Addr()))
 	binary.BigEndian.PutUint16(v[32:], nsrc.Port())

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -25,8 +26,7 @@ import (
 // neighbour layer, TC_ACT_REDIRECT), so new flows are taken.
 
 const (
-	actOK       = 0 // TC_ACT_OK: the stack has it
-	actShot     = 2
+	actPass     = 0xffffffff // TC_ACT_UNSPEC (-1): the next tc program, then the stack
 	actRedirect = 7
 )
 
@@ -36,6 +36,8 @@ var runVIPs = []VIPPort{
 	{VIP: vipV4, Proto: 17, Port: 81, SNAT: true, Table: []netip.AddrPort{netip.MustParseAddrPort("192.0.2.11:30080")}},
 	{VIP: vipV6, Proto: 6, Port: 80, Table: []netip.AddrPort{netip.MustParseAddrPort("[2001:db8:d::11]:8080")}},
 	{VIP: vipV6, Proto: 17, Port: 81, SNAT: true, Table: []netip.AddrPort{netip.MustParseAddrPort("[2001:db8:b::11]:30080")}},
+	// Behind a route of MTU 600.
+	{VIP: netip.MustParseAddr("203.0.113.62"), Proto: 17, Port: 80, Table: []netip.AddrPort{netip.MustParseAddrPort("10.244.9.1:8080")}},
 }
 
 // runner runs the program on packets in its namespace.
@@ -77,6 +79,7 @@ func setupRunner() (*runner, error) {
 		"link add x0 type veth peer name x1", "link set x0 up", "link set x1 up",
 		"addr add 10.99.0.1/24 dev x0", "addr add 2001:db8:99::1/64 dev x0 nodad",
 		"route add 10.244.0.0/16 via 10.99.0.2", "route add 192.0.2.0/24 via 10.99.0.2",
+		"route add 10.244.9.0/24 via 10.99.0.2 mtu 600",
 		"route add 198.51.100.0/24 via 10.99.0.2",
 		"route add 2001:db8:d::/64 via 2001:db8:99::2", "route add 2001:db8:b::/64 via 2001:db8:99::2",
 		"route add 2001:db8:c::/64 via 2001:db8:99::2",
@@ -275,7 +278,7 @@ func TestHostileShapes(t *testing.T) {
 	r := newRunner(t)
 	ap := netip.MustParseAddrPort
 	v4 := frame(pktSpec{src: ap("198.51.100.10:40000"), dst: ap("203.0.113.50:80"), proto: 17, payload: []byte("hi")})
-	v6 := frame(pktSpec{src: ap("[2001:db8:c::10]:40000"), dst: ap("[2001:db8:f::50]:80"), proto: 6, payload: []byte("hi")})
+	v6 := frame(pktSpec{src: ap("[2001:db8:c::10]:40000"), dst: ap("[2001:db8:f::50]:80"), proto: 6, tcpFlags: 0x02, payload: []byte("hi")})
 	mod := func(b []byte, f func([]byte) []byte) []byte { return f(bytes.Clone(b)) }
 	cases := map[string][]byte{
 		"ethernet and one byte":  v4[:15],
@@ -319,12 +322,13 @@ func TestHostileShapes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ret != actOK || !bytes.Equal(out, pkt) {
-			t.Errorf("%s: verdict %d, changed %v; want the stack's (0), untouched", name, ret, !bytes.Equal(out, pkt))
+		if ret != actPass || !bytes.Equal(out, pkt) {
+			t.Errorf("%s: verdict %d, changed %v; want passed on (-1), untouched", name, ret, !bytes.Equal(out, pkt))
 		}
 	}
 	// The control: the same packets well formed are taken.
-	for name, pkt := range map[string][]byte{"IPv4 UDP": v4, "IPv6 TCP": v6} {
+	small := frame(pktSpec{src: ap("198.51.100.10:40009"), dst: ap("203.0.113.62:80"), proto: 17, payload: make([]byte, 500)})
+	for name, pkt := range map[string][]byte{"IPv4 UDP": v4, "IPv6 TCP": v6, "within the route's MTU": small} {
 		if ret, _ := r.run(t, pkt); ret != actRedirect {
 			t.Errorf("%s to a VIP port: verdict %d, want taken (redirect, 7)", name, ret)
 		}
@@ -348,7 +352,7 @@ func TestRewrite(t *testing.T) {
 		{ap("[2001:db8:c::10]:41000"), ap("[2001:db8:f::50]:80"), ap("[2001:db8:d::11]:8080"), 6, netip.Addr{}},
 		{ap("[2001:db8:c::10]:41001"), ap("[2001:db8:f::50]:81"), ap("[2001:db8:b::11]:30080"), 17, netip.MustParseAddr("2001:db8:99::1")},
 	} {
-		in := frame(pktSpec{src: c.src, dst: c.vip, proto: c.proto, payload: []byte("payload")})
+		in := frame(pktSpec{src: c.src, dst: c.vip, proto: c.proto, tcpFlags: 0x02, payload: []byte("payload")}) // TCP: a SYN opens it
 		ret, out := r.run(t, in)
 		if ret != actRedirect {
 			t.Errorf("%s -> %s: verdict %d, want taken", c.src, c.vip, ret)
@@ -420,9 +424,9 @@ func FuzzPacket(f *testing.F) {
 	ap := netip.MustParseAddrPort
 	for _, s := range []pktSpec{
 		{src: ap("198.51.100.10:42000"), dst: ap("203.0.113.50:80"), proto: 17, payload: []byte("x")},
-		{src: ap("198.51.100.10:42000"), dst: ap("203.0.113.50:80"), proto: 6, payload: []byte("xy")},
+		{src: ap("198.51.100.10:42000"), dst: ap("203.0.113.50:80"), proto: 6, tcpFlags: 0x02, payload: []byte("xy")},
 		{src: ap("198.51.100.10:42001"), dst: ap("203.0.113.50:81"), proto: 17},
-		{src: ap("[2001:db8:c::10]:42000"), dst: ap("[2001:db8:f::50]:80"), proto: 6, payload: []byte("xyz")},
+		{src: ap("[2001:db8:c::10]:42000"), dst: ap("[2001:db8:f::50]:80"), proto: 6, tcpFlags: 0x02, payload: []byte("xyz")},
 		{src: ap("[2001:db8:c::10]:42001"), dst: ap("[2001:db8:f::50]:81"), proto: 17, payload: []byte("z")},
 		{src: ap("10.244.1.11:8080"), dst: ap("198.51.100.10:42000"), proto: 17}, // a reply
 	} {
@@ -441,7 +445,7 @@ func FuzzPacket(f *testing.F) {
 			t.Fatal(err)
 		}
 		switch ret {
-		case actOK:
+		case actPass:
 			if !bytes.Equal(out, pkt) {
 				t.Fatalf("left to the stack but changed:\nin  %x\nout %x", pkt, out)
 			}
@@ -500,4 +504,81 @@ func TestTCPReuse(t *testing.T) {
 	}
 	sync(a)
 	send("a third connection's SYN", 0x02, a)
+}
+
+// TestMasqueradePorts: a masquerade port belongs to a flow while its forward entry lives, however
+// one-way its traffic (a client's UDP stream its server never answers); a flow that finds no free
+// port is left to the stack; once the owner idles out, the port is another flow's. One port in
+// the range and a 1 s UDP timeout make it exact.
+func TestMasqueradePorts(t *testing.T) {
+	r := newRunner(t)
+	var p *Path
+	if err := in(r.ns, func() error {
+		var err error
+		if p, err = Load(Config{UDPTimeout: time.Second, SNATPortMin: 61000, SNATPortMax: 61000}); err != nil {
+			return err
+		}
+		return p.Sync(runVIPs)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	one := &runner{ns: r.ns, path: p}
+	ap := netip.MustParseAddrPort
+	vip := ap("203.0.113.50:81") // masqueraded, to 192.0.2.11:30080
+	a, b := ap("198.51.100.10:44000"), ap("198.51.100.20:44000")
+	send := func(from netip.AddrPort) (uint32, tuple) {
+		ret, out := one.run(t, frame(pktSpec{src: from, dst: vip, proto: 17}))
+		return ret, readTuple(out)
+	}
+	if ret, got := send(a); ret != actRedirect || got.src.Port() != 61000 {
+		t.Fatalf("first flow: verdict %d from %s, want the one port, 61000", ret, got.src)
+	}
+	// a goes on sending, never answered, for twice the UDP timeout: its port stays its own.
+	for range 6 {
+		time.Sleep(400 * time.Millisecond)
+		if ret, got := send(a); ret != actRedirect || got.src.Port() != 61000 {
+			t.Fatalf("the one-way flow: verdict %d from %s", ret, got.src)
+		}
+		if ret, _ := send(b); ret != actPass {
+			t.Fatalf("another flow took the live flow's port (verdict %d)", ret)
+		}
+	}
+	c, _ := p.Counters()
+	if c.SNATFull != 6 {
+		t.Errorf("counters %+v: want the 6 refused flows counted as snat_full", c)
+	}
+	// a stops: once it idled out, the port is b's.
+	time.Sleep(1500 * time.Millisecond)
+	if ret, got := send(b); ret != actRedirect || got.src.Port() != 61000 {
+		t.Fatalf("after the owner idled out: verdict %d from %s, want the port", ret, got.src)
+	}
+}
+
+// TestReplyClash: one client port through two VIP ports to one backend would share a reply tuple;
+// the second flow is left to the stack (conntrack remaps its port), the first keeps its replies.
+func TestReplyClash(t *testing.T) {
+	r := newRunner(t)
+	ap := netip.MustParseAddrPort
+	client, backend := ap("198.51.100.30:45000"), ap("10.244.1.11:8080")
+	second := VIPPort{VIP: netip.MustParseAddr("203.0.113.61"), Proto: 17, Port: 80, Table: []netip.AddrPort{backend}}
+	if err := in(r.ns, func() error { return r.path.Sync(append(slices.Clone(runVIPs), second)) }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = in(r.ns, func() error { return r.path.Sync(runVIPs) }) })
+	before, _ := r.path.Counters()
+	if ret, _ := r.run(t, frame(pktSpec{src: client, dst: ap("203.0.113.50:80"), proto: 17})); ret != actRedirect {
+		t.Fatalf("first flow: verdict %d", ret)
+	}
+	if ret, _ := r.run(t, frame(pktSpec{src: client, dst: ap("203.0.113.61:80"), proto: 17})); ret != actPass {
+		t.Errorf("the clashing flow: verdict %d, want passed on", ret)
+	}
+	after, _ := r.path.Counters()
+	if after.Clash != before.Clash+1 {
+		t.Errorf("clashes counted %d -> %d", before.Clash, after.Clash)
+	}
+	ret, out := r.run(t, frame(pktSpec{src: backend, dst: client, proto: 17}))
+	if got := readTuple(out); ret != actRedirect || got.src != ap("203.0.113.50:80") {
+		t.Errorf("the reply: verdict %d from %s, want the first flow's VIP port", ret, got.src)
+	}
 }

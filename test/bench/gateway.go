@@ -40,11 +40,11 @@ import (
 // nodePort and direct there is a second reference, "plain + NAT": the gateway namespace with a
 // hand-written ruleset doing the least the kernel must do in that mode (conntrack, one DNAT rule,
 // masquerade for nodePort; gwNATRef), so that the row tells vipgate's rules apart from the cost of
-// stateful NAT itself. With direct, two stateless references too (gwStatelessRef, gwFwdOnlyRef): one
-// netdev ingress rule that rewrites the destination and forwards, and the same rule without the
-// rewrite; their difference added to route+fastPath estimates a stateless direct mode, round by
-// round. --gw-compare measures a second binary's route+fastPath in the same rounds,
-// right after the first's (a change to the fast path's rules, before / after).
+// stateful NAT itself. Each mode is measured with its fast path off (route: dup; nodePort and
+// direct: conntrack) and on, the default (route+fastPath: the netdev table's fwd; nodePort+fastPath
+// and direct+fastPath: the NAT fast path's BPF program). --gw-compare measures a second binary's
+// route+fastPath in the same rounds, right after the first's (a change to the fast path's rules,
+// before / after).
 //
 // The generator (`bench udpsend`, this binary in the sender namespace) writes batches with sendmmsg
 // over 16 connected sockets (16 flows), for a fixed time and at most a fixed count. On veth the
@@ -94,6 +94,8 @@ type gwLab struct {
 	vipgate       string
 	gwProc        *exec.Cmd
 	stopGw        func()
+	// lastCfg is the last gateway's config, for its --cleanup (stopGateway).
+	lastCfg string
 }
 
 func newGwLab(vipgate string) (*gwLab, error) {
@@ -299,6 +301,7 @@ func (g *gwLab) startGateway(forwarding, bin string) error {
 	if err := os.WriteFile(cfg, []byte(gwPPSConfig(forwarding)), 0o644); err != nil {
 		return err
 	}
+	g.lastCfg = cfg
 	logFile := filepath.Join(g.dir, "gateway-"+forwarding+".log")
 	log, err := os.Create(logFile)
 	if err != nil {
@@ -353,6 +356,14 @@ func (g *gwLab) stopGateway() {
 		g.stopGw, g.gwProc = nil, nil
 	}
 	_ = exec.Command("ip", "netns", "exec", g.gw.name, "nft", "flush", "ruleset").Run()
+	// The NAT fast path's program stays attached when its gateway ends (as a table would): the
+	// next target (plain routing, a hand-written NAT floor) must not meet it.
+	if g.lastCfg == "" {
+		return
+	}
+	if out, err := exec.Command("ip", "netns", "exec", g.gw.name, g.vipgate, "gateway", "--cleanup", "--config", g.lastCfg).CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: detaching the NAT fast path in %s: %v: %s\n", g.gw.name, err, oneLine(string(out)))
+	}
 }
 
 // linkCounter reads a packet counter of a device in a namespace ("rx" or "tx").

@@ -154,10 +154,18 @@ func TestGateway(t *testing.T) {
 				// vipgate explain on the gateway, reading the kernel's table, names the same backend.
 				out, err := l.Exec(lab.RoleLANClient, bin, "explain", "--from", r.Src.String(), "--to", vip.String(), "--output", "json")
 				var rep struct {
-					Maglev *struct{ Backend string } `json:"maglev"`
+					Maglev      *struct{ Backend string } `json:"maglev"`
+					NATFastPath *struct {
+						Taken, Known bool
+						To           string
+					} `json:"natFastPath"`
 				}
 				if err != nil || json.Unmarshal([]byte(out), &rep) != nil || rep.Maglev == nil || rep.Maglev.Backend != r.Dst.String() {
 					t.Errorf("vipgate explain --from %v --to %v on the gateway: want maglev backend %v (%v)\n%s", r.Src, vip, r.Dst, err, out)
+				}
+				// The NAT fast path took the connection: its flow entry names the same pod.
+				if np := rep.NATFastPath; np == nil || !np.Taken || !np.Known || np.To != r.Dst.String() {
+					t.Errorf("vipgate explain --from %v --to %v: NAT fast path %+v, want the VIP port taken and the flow known, to %v\n%s", r.Src, vip, np, r.Dst, out)
 				}
 			}
 		}

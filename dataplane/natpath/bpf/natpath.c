@@ -5,8 +5,8 @@
 // — Maglev picks the backend, the destination becomes the backend, masquerade where the table
 // would — and hands the packet to the egress device itself (bpf_fib_lookup + bpf_redirect), so the
 // IP stack, netfilter and conntrack never see it. Replies are rewritten back on their way in the
-// same way. Whatever it does not take (the packet is returned to the stack unchanged: TC_ACT_OK)
-// the family's table forwards as before, so the table stays complete on its own.
+// same way. Whatever it does not take goes on unchanged (PASS: to the next tc program, then the
+// stack), and the family's table forwards it as before, so the table stays complete on its own.
 //
 // Built by `make bpf` (clang -target bpf) into natpath_bpfel.o, which natpath.go embeds; the Go
 // side (natpath.go) owns every map but the flow table's entries, which only this program writes
@@ -40,9 +40,14 @@ static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)BPF_FUNC_redir
 static long (*bpf_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params, int plen, __u64 flags) = (void *)BPF_FUNC_redirect_neigh;
 static long (*bpf_fib_lookup)(void *ctx, struct bpf_fib_lookup *params, int plen, __u32 flags) = (void *)BPF_FUNC_fib_lookup;
 static long (*bpf_skb_pull_data)(struct __sk_buff *skb, __u32 len) = (void *)BPF_FUNC_skb_pull_data;
+static __s64 (*bpf_csum_update)(struct __sk_buff *skb, __u32 csum) = (void *)BPF_FUNC_csum_update;
 
 #define AF_INET 2
 #define AF_INET6 10
+// The verdict for what the program leaves: the next tcx program, then the stack (TC_ACT_OK would
+// end the tcx chain and skip the clsact filters of a CNI attached after it).
+#define PASS TC_ACT_UNSPEC
+
 #define IPPROTO_TCP_ 6
 #define IPPROTO_UDP_ 17
 #define TCP_CSUM_OFF 16
@@ -94,7 +99,8 @@ struct flow_key {
 
 #define FLOW_REPLY 1   // the entry rewrites a reply (the source back to the VIP port)
 #define FLOW_SNAT 2    // the flow is masqueraded: the reply's destination goes back to the client too
-#define FLOW_CLOSING 4 // (forward entry, TCP) a FIN or RST passed: a SYN now opens a new connection
+#define FLOW_CLOSING 4 // a FIN or RST passed (TCP): a SYN now opens a new connection
+#define FLOW_REPLIED 8 // forward entry: a reply passed; reply entry: its forward entry knows it
 
 // flow_val is what a flow's packets become: the new source and destination, and when the entry
 // was last used (coarse ns; refreshed at most once a second).
@@ -125,7 +131,8 @@ enum {
 	CNT_FIB,         // the route lookup did not give a usable next hop (MTU, unreachable...): left
 	CNT_SNAT_FULL,   // no free masquerade port after SNAT_TRIES tries: left to the stack
 	CNT_NEIGH,       // forwarded through the neighbour layer (next hop not resolved yet)
-	CNT_PASS_FRAG,   // fragments, IP options, TTL 1 and the like: left to the stack
+	CNT_NO_SYN,      // a VIP port's TCP packet of no flow it holds that opens no connection: left
+	CNT_CLASH,       // a new flow whose reply tuple a live flow holds: left to the stack
 	CNT_MAX,
 };
 
@@ -362,6 +369,10 @@ static always_inline long route(struct __sk_buff *skb, struct bpf_fib_lookup *fi
 {
 	__builtin_memset(fib, 0, sizeof(*fib));
 	fib->ifindex = skb->ingress_ifindex;
+	// The packet's length, so that the lookup checks it against the route's MTU (a learned path
+	// MTU included) whatever its result; a GSO packet's is the device's check (tot_len 0).
+	if (skb->gso_segs <= 1)
+		fib->tot_len = skb->len - ETH_HLEN;
 	fib->l4_protocol = p->k.proto;
 	fib->sport = sport;
 	fib->dport = dport;
@@ -418,7 +429,20 @@ static always_inline int transmit(struct __sk_buff *skb, struct parsed *p, struc
 			return TC_ACT_SHOT;
 		pp = data + L4_OFF6;
 		struct ipv6hdr *ip6 = data + ETH_HLEN;
+		// A CHECKSUM_COMPLETE sum covers the IPv6 header: the addresses changed by what the
+		// transport checksum took back, which the helper above also took from skb->csum (right
+		// for IPv4, whose header checksum absorbs its addresses; BPF_F_IPV6 of Linux 6.16 skips
+		// that), so it goes back in, with the hop limit's change. Ignored unless COMPLETE.
+		__u16 *hopw = (__u16 *)&ip6->payload_len + 1; // next header and hop limit: one word
+		__u16 oldw = *hopw;
 		ip6->hop_limit--;
+		bpf_csum_update(skb, fold32(addrs + (__u16)~oldw + *hopw));
+		data = (void *)(long)skb->data;
+		end = (void *)(long)skb->data_end;
+		if (data + L4_OFF6 + 4 > end)
+			return TC_ACT_SHOT;
+		pp = data + L4_OFF6;
+		ip6 = data + ETH_HLEN;
 		__builtin_memcpy(&ip6->saddr, v->saddr, 16);
 		__builtin_memcpy(&ip6->daddr, v->daddr, 16);
 	}
@@ -448,8 +472,8 @@ static always_inline int usable(long rc)
 	return rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH;
 }
 
-// mark_closing marks the forward entry of the flow whose reply entry is r (a reply p) closing.
-static always_inline void mark_closing(struct parsed *p, struct flow_val *r)
+// mark_forward sets flag on the forward entry of the flow whose reply entry is r (a reply p).
+static always_inline void mark_forward(struct parsed *p, struct flow_val *r, __u32 flag)
 {
 	struct flow_key fk = {};
 	__builtin_memcpy(fk.saddr, r->daddr, 16);
@@ -460,7 +484,7 @@ static always_inline void mark_closing(struct parsed *p, struct flow_val *r)
 	fk.family = p->k.family;
 	struct flow_val *f = bpf_map_lookup_elem(&vg_flows, &fk);
 	if (f && !(f->flags & FLOW_REPLY))
-		f->flags |= FLOW_CLOSING;
+		f->flags |= flag;
 }
 
 // forget_reply deletes the reply entry of the flow whose forward entry is f (a packet p), before
@@ -478,6 +502,61 @@ static always_inline void forget_reply(struct parsed *p, struct flow_val *f)
 }
 
 #define SNAT_TRIES 8
+
+// idle_timeout is how long entry v of a flow of protocol proto may stay unused: TCP as conntrack
+// times out its states (a flow not answered yet or closing: 2 min, as SYN_SENT and TIME_WAIT;
+// established: flowTimeout), UDP 2 min.
+static always_inline __u64 idle_timeout(struct config *cfg, struct flow_val *v, __u8 proto)
+{
+	if (proto != IPPROTO_TCP_)
+		return cfg->udp_timeout_ns;
+	if ((v->flags & FLOW_CLOSING) || !(v->flags & (FLOW_REPLY | FLOW_REPLIED)))
+		return cfg->closing_timeout_ns;
+	return cfg->tcp_timeout_ns;
+}
+
+// forward_key is the key of the forward entry of the flow whose reply entry is r.
+static always_inline void forward_key(struct flow_key *fk, struct flow_val *r, struct parsed *p)
+{
+	__builtin_memset(fk, 0, sizeof(*fk));
+	__builtin_memcpy(fk->saddr, r->daddr, 16);
+	__builtin_memcpy(fk->daddr, r->saddr, 16);
+	fk->sport = r->dport;
+	fk->dport = r->sport;
+	fk->proto = p->k.proto;
+	fk->family = p->k.family;
+}
+
+// reply_live says whether the reply entry r at rk still belongs to a live flow: its forward entry
+// exists, still sends to rk's tuple, and is within its idle timeout. A reply entry's own use says
+// nothing of a flow whose traffic goes one way (a client's UDP stream).
+static always_inline int reply_live(struct flow_key *rk, struct flow_val *r, struct parsed *p, struct config *cfg, __u64 now)
+{
+	struct flow_key fk;
+	forward_key(&fk, r, p);
+	struct flow_val *f = bpf_map_lookup_elem(&vg_flows, &fk);
+	if (!f || (f->flags & FLOW_REPLY))
+		return 0;
+	const __u32 *fs = (const __u32 *)f->saddr, *fd = (const __u32 *)f->daddr;
+	const __u32 *rs = (const __u32 *)rk->saddr, *rd = (const __u32 *)rk->daddr;
+	if (fd[0] != rs[0] || fd[1] != rs[1] || fd[2] != rs[2] || fd[3] != rs[3] || f->dport != rk->sport ||
+	    fs[0] != rd[0] || fs[1] != rd[1] || fs[2] != rd[2] || fs[3] != rd[3] || f->sport != rk->dport)
+		return 0;
+	return now - f->seen < idle_timeout(cfg, f, p->k.proto);
+}
+
+// claim_reply writes the reply entry rv at rk unless a live flow holds that tuple (0: written).
+// A stale entry there is replaced; two CPUs claiming one tuple: one wins (BPF_NOEXIST).
+static always_inline int claim_reply(struct flow_key *rk, struct flow_val *rv, struct parsed *p, struct config *cfg, __u64 now)
+{
+	struct flow_val *old = bpf_map_lookup_elem(&vg_flows, rk);
+	if (old) {
+		if ((old->flags & FLOW_REPLY) && reply_live(rk, old, p, cfg, now))
+			return -1;
+		bpf_map_delete_elem(&vg_flows, rk);
+	}
+	return bpf_map_update_elem(&vg_flows, rk, rv, BPF_NOEXIST);
+}
 
 // new_flow deals a flow to its Maglev slot's backend and writes its two entries (the client's
 // packets, the replies), masquerading when the VIP port says so.
@@ -515,7 +594,7 @@ static always_inline int new_flow(struct __sk_buff *skb, struct parsed *p, struc
 	long rc = route(skb, &fib, p, fwd.saddr, fwd.daddr, fwd.sport, fwd.dport, snat);
 	if (!usable(rc)) {
 		count(CNT_FIB);
-		return TC_ACT_OK;
+		return PASS;
 	}
 
 	struct flow_key rk = {};
@@ -532,8 +611,8 @@ static always_inline int new_flow(struct __sk_buff *skb, struct parsed *p, struc
 	rv.flags = FLOW_REPLY;
 	rv.seen = now;
 	if (snat) {
-		// A masquerade port: one whose reply tuple is free (or whose entry idled out), tried from
-		// a place the flow's hash chooses.
+		// A masquerade port whose reply tuple no live flow holds, tried at SNAT_TRIES places
+		// from one the flow's hash chooses.
 		rv.flags |= FLOW_SNAT;
 		fwd.flags |= FLOW_SNAT;
 		if (cfg->snat_ports == 0)
@@ -543,70 +622,80 @@ static always_inline int new_flow(struct __sk_buff *skb, struct parsed *p, struc
 		for (i = 0; i < SNAT_TRIES; i++) {
 			__u32 port = cfg->snat_port_min + (start + i * 7919) % cfg->snat_ports;
 			rk.dport = __builtin_bswap16((__u16)port);
-			struct flow_val *old = bpf_map_lookup_elem(&vg_flows, &rk);
-			if (old) {
-				__u64 idle = rk.proto == IPPROTO_TCP_ ? cfg->tcp_timeout_ns : cfg->udp_timeout_ns;
-				if (now - old->seen < idle)
-					continue;
-			}
-			if (bpf_map_update_elem(&vg_flows, &rk, &rv, BPF_ANY) == 0)
+			if (claim_reply(&rk, &rv, p, cfg, now) == 0)
 				break;
 		}
 		if (i == SNAT_TRIES)
 			goto full;
 		fwd.sport = rk.dport;
 	} else {
+		// The client's own tuple: held by a live flow of the same client port through another
+		// VIP port to the same backend, it is left to conntrack, which remaps the port.
 		rk.dport = p->k.sport;
-		if (bpf_map_update_elem(&vg_flows, &rk, &rv, BPF_ANY) < 0)
-			return TC_ACT_OK;
+		if (claim_reply(&rk, &rv, p, cfg, now) < 0) {
+			count(CNT_CLASH);
+			return PASS;
+		}
 	}
 	if (bpf_map_update_elem(&vg_flows, &p->k, &fwd, BPF_ANY) < 0)
-		return TC_ACT_OK;
+		return PASS;
 	count(CNT_NEW);
 	return transmit(skb, p, &fwd, &fib, rc);
 none:
 	count(CNT_NO_BACKEND);
-	return TC_ACT_OK;
+	return PASS;
 full:
 	count(CNT_SNAT_FULL);
-	return TC_ACT_OK;
+	return PASS;
 }
 
 SEC("tc")
 int vipgate_natpath(struct __sk_buff *skb)
 {
-	if (skb->pkt_type != PACKET_HOST)
-		return TC_ACT_OK;
+	// Frames to another host, and VLAN-tagged ones (the tag is out of band here: routing them
+	// as if untagged would pick the wrong table): the stack's.
+	if (skb->pkt_type != PACKET_HOST || skb->vlan_present)
+		return PASS;
 	struct parsed p = {};
 	if (parse(skb, &p) < 0)
-		return TC_ACT_OK;
+		return PASS;
 	__u32 zero = 0;
 	struct config *cfg = bpf_map_lookup_elem(&vg_config, &zero);
 	if (!cfg)
-		return TC_ACT_OK;
+		return PASS;
 	__u64 now = bpf_ktime_get_coarse_ns();
 
 	struct flow_val *v = bpf_map_lookup_elem(&vg_flows, &p.k);
 	if (v) {
 		int reply = v->flags & FLOW_REPLY;
-		__u64 idle = cfg->udp_timeout_ns;
-		if (p.k.proto == IPPROTO_TCP_)
-			idle = v->flags & FLOW_CLOSING ? cfg->closing_timeout_ns : cfg->tcp_timeout_ns;
-		if (!reply && now - v->seen >= idle)
-			goto vip; // idled out: dealt again, as a new flow
+		if (now - v->seen >= idle_timeout(cfg, v, p.k.proto)) {
+			// A reply entry is as live as its flow's forward entry (the server of a client
+			// that talks and seldom hears); a forward entry that idled out is dealt again.
+			if (!reply)
+				goto vip;
+			if (!reply_live(&p.k, v, &p, cfg, now))
+				return PASS; // a flow that ended: not this program's any more
+		}
 		if (p.tcp_flags & (TH_FIN | TH_RST | TH_SYN)) {
 			// TCP's ends, as conntrack follows them: a FIN or RST either way marks the flow
 			// closing; a connection's first SYN on a closing flow (the client reusing the
 			// tuple) is a new connection, dealt again (its old reply entry goes).
 			if (reply) {
-				if (p.tcp_flags & (TH_FIN | TH_RST))
-					mark_closing(&p, v);
+				if (p.tcp_flags & (TH_FIN | TH_RST)) {
+					v->flags |= FLOW_CLOSING;
+					mark_forward(&p, v, FLOW_CLOSING);
+				}
 			} else if ((p.tcp_flags & (TH_SYN | TH_ACK)) == TH_SYN && (v->flags & FLOW_CLOSING)) {
 				forget_reply(&p, v);
 				goto vip;
 			} else if (p.tcp_flags & (TH_FIN | TH_RST)) {
 				v->flags |= FLOW_CLOSING;
 			}
+		}
+		if (reply && !(v->flags & FLOW_REPLIED)) {
+			// The flow's first reply: its forward entry learns it is answered (once).
+			mark_forward(&p, v, FLOW_REPLIED);
+			v->flags |= FLOW_REPLIED;
 		}
 		if (now - v->seen > 1000000000ULL)
 			v->seen = now;
@@ -615,7 +704,7 @@ int vipgate_natpath(struct __sk_buff *skb)
 		long rc = route(skb, &fib, &p, out.saddr, out.daddr, out.sport, out.dport, 0);
 		if (!usable(rc)) {
 			count(CNT_FIB);
-			return TC_ACT_OK;
+			return PASS;
 		}
 		count(reply ? CNT_REPLY : CNT_FORWARD);
 		return transmit(skb, &p, &out, &fib, rc);
@@ -628,7 +717,13 @@ vip:;
 	vk.family = p.k.family;
 	struct vip_val *vip = bpf_map_lookup_elem(&vg_vips, &vk);
 	if (!vip)
-		return TC_ACT_OK;
+		return PASS;
+	if (p.k.proto == IPPROTO_TCP_ && (p.tcp_flags & (TH_SYN | TH_ACK | TH_FIN | TH_RST)) != TH_SYN) {
+		// Only a connection's first SYN opens a flow here: a packet of a connection conntrack
+		// holds (one from before the program, or whose entry was evicted) stays with it.
+		count(CNT_NO_SYN);
+		return PASS;
+	}
 	return new_flow(skb, &p, vip, cfg, now);
 }
 
