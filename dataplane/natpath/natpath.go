@@ -180,6 +180,9 @@ type Counters struct {
 	// Left to the stack too: a TCP packet of a VIP port that is no flow's and opens no connection
 	// (no SYN: a connection conntrack holds); a new flow whose reply tuple a live flow holds.
 	NoSYN, Clash uint64
+	// ICMP errors about the program's flows, translated and forwarded; later fragments of IPv4
+	// UDP datagrams whose first fragment a flow took.
+	ICMP, Frag uint64
 }
 
 // Path is the loaded program and its maps.
@@ -766,7 +769,7 @@ func (p *Path) DeleteFlows(stale func(Flow) bool) (int, error) {
 // Counters sums the program's counters.
 func (p *Path) Counters() (Counters, error) {
 	var c Counters
-	dst := []*uint64{&c.New, &c.Forwarded, &c.Replies, &c.NoBackend, &c.NoRoute, &c.SNATFull, &c.Neigh, &c.NoSYN, &c.Clash}
+	dst := []*uint64{&c.New, &c.Forwarded, &c.Replies, &c.NoBackend, &c.NoRoute, &c.SNATFull, &c.Neigh, &c.NoSYN, &c.Clash, &c.ICMP, &c.Frag}
 	for i, d := range dst {
 		var per []uint64
 		if err := p.counters.Lookup(uint32(i), &per); err != nil {

@@ -1,6 +1,7 @@
 package natpath
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -47,9 +48,19 @@ var (
 
 type testLab struct {
 	client, gw, backend string
+	router              string // "" without one (newTestLabWith)
 }
 
-func newTestLab(t *testing.T) *testLab {
+func newTestLab(t *testing.T) *testLab { return newTestLabWith(t, false) }
+
+// newTestLabWith builds the lab; withRouter puts a router between the client and the gateway
+// whose link to the client has an MTU of 1280 (the client's own is 1500), so packets to the client
+// larger than that draw an ICMP error from it (path MTU discovery):
+//
+//	client  eth0 198.51.100.10/24, 2001:db8:c::10/64 (default via the router)
+//	router  c0 198.51.100.1/24, 2001:db8:c::1/64, MTU 1280 | g0 203.0.113.241/30, 2001:db8:e::1/64
+//	gateway s0 203.0.113.242/30, 2001:db8:e::2/64 | n0 as without the router
+func newTestLabWith(t *testing.T, withRouter bool) *testLab {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (network namespaces, BPF)")
@@ -59,7 +70,12 @@ func newTestLab(t *testing.T) *testLab {
 	}
 	p := fmt.Sprintf("vgt%d-np%d-", os.Getpid(), labSeq.Add(1))
 	l := &testLab{client: p + "c", gw: p + "g", backend: p + "b"}
-	for _, ns := range []string{l.client, l.gw, l.backend} {
+	all := []string{l.client, l.gw, l.backend}
+	if withRouter {
+		l.router = p + "r"
+		all = append(all, l.router)
+	}
+	for _, ns := range all {
 		if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
 			t.Fatalf("ip netns add %s: %v: %s", ns, err, out)
 		}
@@ -73,14 +89,32 @@ func newTestLab(t *testing.T) *testLab {
 			t.Fatalf("netns %s: ip -batch: %v: %s", ns, err, out)
 		}
 	}
-	batch(l.client, "link add eth0 type veth peer name s0 netns "+l.gw)
+	sysctl := func(ns string, kv ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", append([]string{"netns", "exec", ns, "sysctl", "-qw"}, kv...)...).CombinedOutput(); err != nil {
+			t.Fatalf("sysctl in %s: %v: %s", ns, err, out)
+		}
+	}
 	batch(l.gw, "link add n0 type veth peer name eth0 netns "+l.backend)
+	if withRouter {
+		batch(l.client, "link add eth0 type veth peer name c0 netns "+l.router)
+		batch(l.router, "link add g0 type veth peer name s0 netns "+l.gw)
+		batch(l.router,
+			"addr add 198.51.100.1/24 dev c0", "addr add 2001:db8:c::1/64 dev c0 nodad", "link set c0 mtu 1280",
+			"addr add 203.0.113.241/30 dev g0", "addr add 2001:db8:e::1/64 dev g0 nodad",
+			"link set c0 up", "link set g0 up", "link set lo up",
+			"route add 203.0.113.0/25 via 203.0.113.242", "route add 2001:db8:f::/64 via 2001:db8:e::2")
+		batch(l.gw, "addr add 203.0.113.242/30 dev s0", "addr add 2001:db8:e::2/64 dev s0 nodad")
+		sysctl(l.router, "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
+	} else {
+		batch(l.client, "link add eth0 type veth peer name s0 netns "+l.gw)
+		batch(l.gw, "addr add 198.51.100.1/24 dev s0", "addr add 2001:db8:c::1/64 dev s0 nodad")
+	}
 	batch(l.client,
 		"addr add 198.51.100.10/24 dev eth0", "addr add 2001:db8:c::10/64 dev eth0 nodad",
 		"link set eth0 up", "link set lo up",
 		"route add default via 198.51.100.1", "route add default via 2001:db8:c::1")
 	batch(l.gw,
-		"addr add 198.51.100.1/24 dev s0", "addr add 2001:db8:c::1/64 dev s0 nodad",
 		"addr add 192.0.2.1/24 dev n0", "addr add 2001:db8:b::1/64 dev n0 nodad",
 		"link set s0 up", "link set n0 up", "link set lo up",
 		"route add 10.244.1.0/24 via 192.0.2.11", "route add 2001:db8:d::/64 via 2001:db8:b::11")
@@ -90,14 +124,11 @@ func newTestLab(t *testing.T) *testLab {
 		"addr add 2001:db8:d::11/128 dev lo", "addr add 2001:db8:d::12/128 dev lo", "addr add 2001:db8:d::13/128 dev lo",
 		"link set eth0 up", "link set lo up",
 		"route add 198.51.100.0/24 via 192.0.2.1", "route add 2001:db8:c::/64 via 2001:db8:b::1")
-	for _, kv := range [][]string{
-		{l.gw, "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"},
-		{l.backend, "net.ipv4.conf.all.rp_filter=0"},
-	} {
-		if out, err := exec.Command("ip", append([]string{"netns", "exec", kv[0], "sysctl", "-qw"}, kv[1:]...)...).CombinedOutput(); err != nil {
-			t.Fatalf("sysctl in %s: %v: %s", kv[0], err, out)
-		}
+	if withRouter {
+		batch(l.gw, "route add 198.51.100.0/24 via 203.0.113.241", "route add 2001:db8:c::/64 via 2001:db8:e::1")
 	}
+	sysctl(l.gw, "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
+	sysctl(l.backend, "net.ipv4.conf.all.rp_filter=0")
 	return l
 }
 
@@ -172,7 +203,7 @@ func udpEcho(t *testing.T, ns string, addr netip.AddrPort) {
 	}
 	t.Cleanup(func() { c.Close() })
 	go func() {
-		buf := make([]byte, 2048)
+		buf := make([]byte, 64<<10)
 		for {
 			n, from, err := c.ReadFromUDPAddrPort(buf)
 			if err != nil {
@@ -758,5 +789,135 @@ func TestDeleteFlowsBatch(t *testing.T) {
 	}
 	if len(left) != 30_000 {
 		t.Errorf("%d entries left, want 30,000", len(left))
+	}
+}
+
+// TestPathMTU: path MTU discovery through the program. A router between the client and the
+// gateway has a 1280-byte link to the client, whose own MTU is 1500: the backend's full-size
+// segments draw "fragmentation needed" (IPv6: "packet too big") from the router, sent to the VIP.
+// The program hands the error to the backend, quoting what the backend sent, and the backend
+// sends smaller segments: 1 MB echoed back, direct and masqueraded, both families. Without the
+// translation the backend never learns the path's MTU and the transfers stall.
+func TestPathMTU(t *testing.T) {
+	l := newTestLabWith(t, true)
+	payload := make([]byte, 1<<20)
+	for i := range payload {
+		payload[i] = byte(i * 13)
+	}
+	// A download (the client sends only ACKs: its own full-size segments would meet the
+	// router's smaller link on the way in, where a veth drops them without an error).
+	tcpServe(t, l.backend, netip.AddrPortFrom(podsV4[0], 8080), payload)
+	tcpServe(t, l.backend, netip.AddrPortFrom(podsV6[0], 8080), payload)
+	tcpServe(t, l.backend, netip.AddrPortFrom(netip.IPv6Unspecified(), 30080), payload)
+	p := l.load(t, Config{})
+	ap := netip.AddrPortFrom
+	if err := p.Sync([]VIPPort{
+		{VIP: vipV4, Proto: 6, Port: 80, Table: []netip.AddrPort{ap(podsV4[0], 8080)}},
+		{VIP: vipV4, Proto: 6, Port: 81, SNAT: true, Table: []netip.AddrPort{ap(nodeV4, 30080)}},
+		{VIP: vipV6, Proto: 6, Port: 80, Table: []netip.AddrPort{ap(podsV6[0], 8080)}},
+		{VIP: vipV6, Proto: 6, Port: 81, SNAT: true, Table: []netip.AddrPort{ap(nodeV6, 30080)}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, dst := range []netip.AddrPort{ap(vipV4, 80), ap(vipV4, 81), ap(vipV6, 80), ap(vipV6, 81)} {
+		before, _ := p.Counters()
+		var c *net.TCPConn
+		if err := in(l.client, func() error {
+			d, err := net.DialTimeout("tcp", dst.String(), 5*time.Second)
+			if err == nil {
+				c = d.(*net.TCPConn)
+			}
+			return err
+		}); err != nil {
+			t.Fatalf("%s: %v", dst, err)
+		}
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		got, err := readAll(c)
+		c.Close()
+		after, _ := p.Counters()
+		if err != nil || !bytes.Equal(got, payload) {
+			t.Errorf("%s: %d bytes of %d (%v): the backend did not learn the path's MTU", dst, len(got), len(payload), err)
+		} else {
+			t.Logf("%s: 1 MB downloaded, %d ICMP errors translated", dst, after.ICMP-before.ICMP)
+		}
+		if after.ICMP == before.ICMP {
+			t.Errorf("%s: no ICMP error translated: the router's MTU was not met?", dst)
+		}
+	}
+}
+
+// tcpServe listens on addr in ns and sends payload to each connection, then closes it.
+func tcpServe(t *testing.T, ns string, addr netip.AddrPort, payload []byte) {
+	t.Helper()
+	var ln *net.TCPListener
+	if err := in(ns, func() error {
+		var err error
+		ln, err = net.ListenTCP("tcp", net.TCPAddrFromAddrPort(addr))
+		return err
+	}); err != nil {
+		t.Fatalf("listen %s in %s: %v", addr, ns, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = c.Write(payload)
+			}()
+		}
+	}()
+}
+
+// TestUDPFragments: 3,000-byte datagrams both ways through the program, direct and masqueraded:
+// the client's kernel fragments the request and the backend's the answer; each datagram's first
+// fragment goes with its flow and the later ones follow it, so both arrive whole, from and to the
+// VIP port. (Without that, the later fragments would reach a conntrack that never saw the flow,
+// and neither datagram would arrive.)
+func TestUDPFragments(t *testing.T) {
+	l := newTestLab(t)
+	udpEcho(t, l.backend, netip.AddrPortFrom(podsV4[0], 8080))
+	udpEcho(t, l.backend, netip.AddrPortFrom(netip.IPv4Unspecified(), 30080))
+	p := l.load(t, Config{})
+	ap := netip.AddrPortFrom
+	if err := p.Sync([]VIPPort{
+		{VIP: vipV4, Proto: 17, Port: 53, Table: []netip.AddrPort{ap(podsV4[0], 8080)}},
+		{VIP: vipV4, Proto: 17, Port: 54, SNAT: true, Table: []netip.AddrPort{ap(nodeV4, 30080)}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	msg := bytes.Repeat([]byte("0123456789"), 300)
+	for _, dst := range []netip.AddrPort{ap(vipV4, 53), ap(vipV4, 54)} {
+		var c *net.UDPConn
+		if err := in(l.client, func() error {
+			var err error
+			c, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(dst))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 16<<10)
+		var got []byte
+		for try := 0; try < 10 && got == nil; try++ {
+			if _, err := c.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			if n, err := c.Read(buf); err == nil {
+				got = buf[:n]
+			}
+		}
+		c.Close()
+		if _, rest, _ := bytes.Cut(got, []byte(" ")); !bytes.Equal(rest, msg) {
+			t.Errorf("%s: %d bytes back, want the 3,000 echoed", dst, len(got))
+		}
+	}
+	cnt, _ := p.Counters()
+	t.Logf("counters %+v", cnt)
+	if cnt.Frag < 4 {
+		t.Errorf("counters %+v: want the later fragments of each request and answer followed", cnt)
 	}
 }

@@ -290,28 +290,28 @@ func TestHostileShapes(t *testing.T) {
 			b[14] = 0x46
 			return b
 		}),
-		"more fragments":         mod(v4, func(b []byte) []byte { b[20] |= 0x20; return b }),
-		"a later fragment":       mod(v4, func(b []byte) []byte { b[21] = 1; return b }),
-		"TTL 1":                  frame(pktSpec{src: ap("198.51.100.10:40001"), dst: ap("203.0.113.50:80"), proto: 17, ttl: 1}),
-		"ICMP to the VIP":        mod(v4, func(b []byte) []byte { b[23] = 1; return b }),
-		"SCTP to the VIP":        mod(v4, func(b []byte) []byte { b[23] = 132; return b }),
-		"VLAN tagged":            mod(v4, func(b []byte) []byte { return append(append(b[:12:12], 0x81, 0, 0, 5), b[12:]...) }),
-		"to another host's MAC":  mod(v4, func(b []byte) []byte { b[0] = 2; return b }),
-		"broadcast":              mod(v4, func(b []byte) []byte { copy(b, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}); return b }),
-		"not a VIP port":         frame(pktSpec{src: ap("198.51.100.10:40002"), dst: ap("203.0.113.50:8080"), proto: 17}),
-		"not a VIP":              frame(pktSpec{src: ap("198.51.100.10:40003"), dst: ap("203.0.113.99:80"), proto: 17}),
-		"TCP to a UDP-only port": frame(pktSpec{src: ap("198.51.100.10:40004"), dst: ap("203.0.113.50:81"), proto: 6}),
-		"IPv6 ports cut":         v6[:56],
-		"IPv6 hop-by-hop header": mod(v6, func(b []byte) []byte { b[20] = 0; return b }),
-		"IPv6 fragment header":   mod(v6, func(b []byte) []byte { b[20] = 44; return b }),
-		"IPv6 hop limit 1":       mod(v6, func(b []byte) []byte { b[21] = 1; return b }),
-		"IP version 6 in IPv4":   mod(v4, func(b []byte) []byte { b[14] = 0x65; return b }),
-		"IP version 2":           mod(v4, func(b []byte) []byte { b[14] = 0x25; return b }),
-		"total length > frame":   mod(v4, func(b []byte) []byte { b[17] += 10; return b }),
-		"UDP header cut":         mod(v4, func(b []byte) []byte { b[17] = 20 + 6; return b[:14+26] }),
-		"TCP header cut":         frame(pktSpec{src: ap("198.51.100.10:40005"), dst: ap("203.0.113.50:80"), proto: 6})[:14+20+16],
-		"IPv6 payload > frame":   mod(v6, func(b []byte) []byte { b[19] += 10; return b }),
-		"IPv6 version 4":         mod(v6, func(b []byte) []byte { b[14] = 0x40; return b }),
+		"TCP first fragment":         mod(frame(pktSpec{src: ap("198.51.100.10:40010"), dst: ap("203.0.113.50:80"), proto: 6, tcpFlags: 0x02}), func(b []byte) []byte { b[20] |= 0x20; return b }),
+		"a later fragment, no first": mod(v4, func(b []byte) []byte { b[18], b[19], b[21] = 0x77, 0x77, 1; return b }),
+		"TTL 1":                      frame(pktSpec{src: ap("198.51.100.10:40001"), dst: ap("203.0.113.50:80"), proto: 17, ttl: 1}),
+		"ICMP to the VIP":            mod(v4, func(b []byte) []byte { b[23] = 1; return b }),
+		"SCTP to the VIP":            mod(v4, func(b []byte) []byte { b[23] = 132; return b }),
+		"VLAN tagged":                mod(v4, func(b []byte) []byte { return append(append(b[:12:12], 0x81, 0, 0, 5), b[12:]...) }),
+		"to another host's MAC":      mod(v4, func(b []byte) []byte { b[0] = 2; return b }),
+		"broadcast":                  mod(v4, func(b []byte) []byte { copy(b, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}); return b }),
+		"not a VIP port":             frame(pktSpec{src: ap("198.51.100.10:40002"), dst: ap("203.0.113.50:8080"), proto: 17}),
+		"not a VIP":                  frame(pktSpec{src: ap("198.51.100.10:40003"), dst: ap("203.0.113.99:80"), proto: 17}),
+		"TCP to a UDP-only port":     frame(pktSpec{src: ap("198.51.100.10:40004"), dst: ap("203.0.113.50:81"), proto: 6}),
+		"IPv6 ports cut":             v6[:56],
+		"IPv6 hop-by-hop header":     mod(v6, func(b []byte) []byte { b[20] = 0; return b }),
+		"IPv6 fragment header":       mod(v6, func(b []byte) []byte { b[20] = 44; return b }),
+		"IPv6 hop limit 1":           mod(v6, func(b []byte) []byte { b[21] = 1; return b }),
+		"IP version 6 in IPv4":       mod(v4, func(b []byte) []byte { b[14] = 0x65; return b }),
+		"IP version 2":               mod(v4, func(b []byte) []byte { b[14] = 0x25; return b }),
+		"total length > frame":       mod(v4, func(b []byte) []byte { b[17] += 10; return b }),
+		"UDP header cut":             mod(v4, func(b []byte) []byte { b[17] = 20 + 6; return b[:14+26] }),
+		"TCP header cut":             frame(pktSpec{src: ap("198.51.100.10:40005"), dst: ap("203.0.113.50:80"), proto: 6})[:14+20+16],
+		"IPv6 payload > frame":       mod(v6, func(b []byte) []byte { b[19] += 10; return b }),
+		"IPv6 version 4":             mod(v6, func(b []byte) []byte { b[14] = 0x40; return b }),
 	}
 	for name, pkt := range cases {
 		ret, out, err := r.tryRun(pkt)
@@ -580,5 +580,173 @@ func TestReplyClash(t *testing.T) {
 	ret, out := r.run(t, frame(pktSpec{src: backend, dst: client, proto: 17}))
 	if got := readTuple(out); ret != actRedirect || got.src != ap("203.0.113.50:80") {
 		t.Errorf("the reply: verdict %d from %s, want the first flow's VIP port", ret, got.src)
+	}
+}
+
+// icmpFrame is an ICMP error (IPv4: type 3 code 4, fragmentation needed; IPv6: type 2, packet too
+// big) from src to dst about the packet inner (a frame, whose IP packet is quoted after its
+// Ethernet header, at most 64 bytes of it).
+func icmpFrame(src, dst netip.Addr, inner []byte) []byte {
+	quoted := inner[14:]
+	if len(quoted) > 64 {
+		quoted = quoted[:64]
+	}
+	eth := make([]byte, 14)
+	msg := append([]byte{3, 4, 0, 0, 0, 0, 0x05, 0x00}, quoted...) // next-hop MTU 1280
+	if src.Is4() {
+		binary.BigEndian.PutUint16(eth[12:], 0x0800)
+		binary.BigEndian.PutUint16(msg[2:], ^sum16(msg, 0))
+		ip := make([]byte, 20)
+		ip[0] = 0x45
+		binary.BigEndian.PutUint16(ip[2:], uint16(20+len(msg)))
+		ip[8], ip[9] = 64, 1
+		a, b := src.As4(), dst.As4()
+		copy(ip[12:], a[:])
+		copy(ip[16:], b[:])
+		binary.BigEndian.PutUint16(ip[10:], ^sum16(ip, 0))
+		return append(append(eth, ip...), msg...)
+	}
+	binary.BigEndian.PutUint16(eth[12:], 0x86dd)
+	msg[0], msg[1] = 2, 0
+	ip := make([]byte, 40)
+	ip[0] = 0x60
+	binary.BigEndian.PutUint16(ip[4:], uint16(len(msg)))
+	ip[6], ip[7] = 58, 64
+	a, b := src.As16(), dst.As16()
+	copy(ip[8:], a[:])
+	copy(ip[24:], b[:])
+	binary.BigEndian.PutUint16(msg[2:], ^sum16(msg, pseudo(ip, 58, len(msg))))
+	return append(append(eth, ip...), msg...)
+}
+
+// icmpView reads an ICMP error frame: its outer addresses, the quoted packet's tuple, and whether
+// the outer IPv4, the ICMP and the quoted IPv4 header checksums verify.
+func icmpView(f []byte) (src, dst netip.Addr, inner tuple, ok bool) {
+	if binary.BigEndian.Uint16(f[12:]) == 0x0800 {
+		ip, msg := f[14:34], f[34:]
+		src, dst = netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+		in := msg[8:]
+		inner = tuple{netip.AddrPortFrom(netip.AddrFrom4([4]byte(in[12:16])), binary.BigEndian.Uint16(in[20:])),
+			netip.AddrPortFrom(netip.AddrFrom4([4]byte(in[16:20])), binary.BigEndian.Uint16(in[22:])), in[8]}
+		ok = sum16(ip, 0) == 0xffff && sum16(msg, 0) == 0xffff && sum16(in[:20], 0) == 0xffff
+		return
+	}
+	ip, msg := f[14:54], f[54:]
+	src, dst = netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40]))
+	in := msg[8:]
+	inner = tuple{netip.AddrPortFrom(netip.AddrFrom16([16]byte(in[8:24])), binary.BigEndian.Uint16(in[40:])),
+		netip.AddrPortFrom(netip.AddrFrom16([16]byte(in[24:40])), binary.BigEndian.Uint16(in[42:])), in[7]}
+	ok = sum16(msg, pseudo(ip, 58, len(msg))) == 0xffff
+	return
+}
+
+// TestICMPErrors: an ICMP error about one of the program's flows is translated as conntrack
+// translates a related error, both ways, direct and masqueraded, both families: one about a reply
+// (a router on the client's side: fragmentation needed, sent to the VIP) goes to the backend,
+// quoting what the backend sent; one about a packet to the backend (from the backend itself) goes
+// to the client from the VIP, quoting what the client sent. An error about no flow is left alone.
+func TestICMPErrors(t *testing.T) {
+	r := newRunner(t)
+	ap := netip.MustParseAddrPort
+	router4, router6 := netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("2001:db8:c::1")
+	for _, c := range []struct {
+		name                 string
+		client, vip, backend netip.AddrPort
+		router               netip.Addr
+	}{
+		{"IPv4 direct", ap("198.51.100.10:46000"), ap("203.0.113.50:80"), ap("10.244.1.11:8080"), router4},
+		{"IPv4 masqueraded", ap("198.51.100.10:46001"), ap("203.0.113.50:81"), ap("192.0.2.11:30080"), router4},
+		{"IPv6 masqueraded", ap("[2001:db8:c::10]:46002"), ap("[2001:db8:f::50]:81"), ap("[2001:db8:b::11]:30080"), router6},
+	} {
+		ret, out := r.run(t, frame(pktSpec{src: c.client, dst: c.vip, proto: 17, payload: []byte("q")}))
+		if ret != actRedirect {
+			t.Fatalf("%s: the flow's first packet: verdict %d", c.name, ret)
+		}
+		sent := readTuple(out).src // what the backend sees as the client
+		// About a reply: the backend answered sent, the program rewrote it to VIP -> client, a
+		// router on the client's side could not forward it.
+		reply := frame(pktSpec{src: c.vip, dst: c.client, proto: 17, payload: make([]byte, 100)})
+		ret, out = r.run(t, icmpFrame(c.router, c.vip.Addr(), reply))
+		src, dst, in, ok := icmpView(out)
+		if ret != actRedirect || src != c.router || dst != c.backend.Addr() || in.src != c.backend || in.dst != sent || !ok {
+			t.Errorf("%s, error about a reply: verdict %d, %s -> %s quoting %s -> %s, checksums %v; want %s -> %s quoting %s -> %s",
+				c.name, ret, src, dst, in.src, in.dst, ok, c.router, c.backend.Addr(), c.backend, sent)
+		}
+		// About a packet to the backend: the backend itself says its port is unreachable.
+		fwd := frame(pktSpec{src: sent, dst: c.backend, proto: 17, payload: []byte("q")})
+		ret, out = r.run(t, icmpFrame(c.backend.Addr(), sent.Addr(), fwd))
+		src, dst, in, ok = icmpView(out)
+		if ret != actRedirect || src != c.vip.Addr() || dst != c.client.Addr() || in.src != c.client || in.dst != c.vip || !ok {
+			t.Errorf("%s, error about a packet to the backend: verdict %d, %s -> %s quoting %s -> %s, checksums %v; want %s -> %s quoting %s -> %s",
+				c.name, ret, src, dst, in.src, in.dst, ok, c.vip.Addr(), c.client.Addr(), c.client, c.vip)
+		}
+	}
+	// No flow: untouched.
+	stray := icmpFrame(router4, vipV4, frame(pktSpec{src: ap("203.0.113.50:80"), dst: ap("198.51.100.99:1"), proto: 17}))
+	if ret, out := r.run(t, stray); ret != actPass || !bytes.Equal(out, stray) {
+		t.Errorf("an error about no flow: verdict %d, changed %v", ret, !bytes.Equal(out, stray))
+	}
+}
+
+// fragments splits a UDP datagram frame (IPv4) into two fragments, id 0x4321: the first with the
+// UDP header and 8*k bytes of data (MF), the second with the rest.
+func fragments(f []byte, k int) (first, second []byte) {
+	hdr := f[:34]
+	payload := f[34:] // UDP header and data
+	cut := 8 * k
+	mk := func(part []byte, off int, more bool) []byte {
+		b := append(bytes.Clone(hdr), part...)
+		binary.BigEndian.PutUint16(b[16:], uint16(20+len(part)))
+		binary.BigEndian.PutUint16(b[18:], 0x4321)
+		fo := uint16(off / 8)
+		if more {
+			fo |= 0x2000
+		}
+		binary.BigEndian.PutUint16(b[20:], fo)
+		b[24], b[25] = 0, 0
+		binary.BigEndian.PutUint16(b[24:], ^sum16(b[14:34], 0))
+		return b
+	}
+	return mk(payload[:cut], 0, true), mk(payload[cut:], cut, false)
+}
+
+// TestFragments: the first fragment of a UDP datagram goes with its flow (a new one here) and the
+// later ones follow it, addresses rewritten; put back together, the datagram's checksum verifies
+// with its new addresses. A later fragment whose first the program did not take is left alone.
+func TestFragments(t *testing.T) {
+	r := newRunner(t)
+	ap := netip.MustParseAddrPort
+	for _, vip := range []netip.AddrPort{ap("203.0.113.50:80"), ap("203.0.113.50:81")} {
+		client := ap("198.51.100.40:47000")
+		whole := frame(pktSpec{src: client, dst: vip, proto: 17, payload: bytes.Repeat([]byte("fragment"), 150)})
+		first, second := fragments(whole, 100)
+		ret1, out1 := r.run(t, first)
+		ret2, out2 := r.run(t, second)
+		a, b := readTuple(out1), tuple{}
+		if len(out2) >= 34 {
+			b.src = netip.AddrPortFrom(netip.AddrFrom4([4]byte(out2[26:30])), 0)
+			b.dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte(out2[30:34])), 0)
+		}
+		if ret1 != actRedirect || ret2 != actRedirect || a.src.Addr() != b.src.Addr() || a.dst.Addr() != b.dst.Addr() {
+			t.Errorf("%s: verdicts %d, %d; first to %s -> %s, second to %s -> %s", vip, ret1, ret2, a.src, a.dst, b.src, b.dst)
+			continue
+		}
+		// Put back together: the first's IP header, its UDP header and data, the second's data.
+		joined := append(bytes.Clone(out1[:14+20]), out1[34:]...)
+		joined = append(joined, out2[34:]...)
+		binary.BigEndian.PutUint16(joined[16:], uint16(len(joined)-14))
+		joined[20], joined[21] = 0, 0
+		joined[24], joined[25] = 0, 0
+		binary.BigEndian.PutUint16(joined[24:], ^sum16(joined[14:34], 0))
+		if ipOK, l4OK := checksums(joined); !ipOK || !l4OK {
+			t.Errorf("%s: the datagram put back together: checksums IP %v, UDP %v", vip, ipOK, l4OK)
+		}
+		if ipOK, _ := checksums(out2); !ipOK {
+			t.Errorf("%s: the second fragment's IP header checksum", vip)
+		}
+	}
+	c, _ := r.path.Counters()
+	if c.Frag < 2 {
+		t.Errorf("counters %+v: want the later fragments counted", c)
 	}
 }

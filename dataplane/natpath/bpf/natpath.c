@@ -29,6 +29,9 @@
 #define __uint(name, val) int(*name)[val]
 #define __type(name, val) typeof(val) *name
 #define always_inline inline __attribute__((always_inline))
+// A subprogram of its own (a BPF-to-BPF call): its own stack frame, so the paths' locals do not
+// add up in one 512-byte frame.
+#define subprogram __attribute__((noinline))
 
 // Helpers by number (linux/bpf.h's enum): no libbpf headers needed.
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_lookup_elem;
@@ -133,6 +136,8 @@ enum {
 	CNT_NEIGH,       // forwarded through the neighbour layer (next hop not resolved yet)
 	CNT_NO_SYN,      // a VIP port's TCP packet of no flow it holds that opens no connection: left
 	CNT_CLASH,       // a new flow whose reply tuple a live flow holds: left to the stack
+	CNT_ICMP,        // ICMP errors about the program's flows, translated and forwarded
+	CNT_FRAG,        // later fragments of a datagram whose first fragment a flow took
 	CNT_MAX,
 };
 
@@ -159,6 +164,33 @@ struct {
 	__type(key, struct flow_key);
 	__type(value, struct flow_val);
 } vg_flows SEC(".maps");
+
+// frag_key is an IPv4 datagram (its addresses as it arrived, id, protocol) whose first fragment
+// a flow took; frag_val what its later fragments' addresses become, and when the first was seen.
+struct frag_key {
+	__u8 saddr[4];
+	__u8 daddr[4];
+	__be16 id;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct frag_val {
+	__u8 saddr[4];
+	__u8 daddr[4];
+	__u64 seen;
+};
+
+// A datagram's fragments arrive within milliseconds of each other: a record older than this is
+// not followed (IPv4 ids repeat).
+#define FRAG_WINDOW_NS 2000000000ULL
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct frag_key);
+	__type(value, struct frag_val);
+} vg_frags SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -273,6 +305,8 @@ struct parsed {
 	__u64 mangled0; // BPF_F_MARK_MANGLED_0 for UDP: a zero checksum (IPv4: none) stays zero
 	__u8 ttl;
 	__u8 tcp_flags; // TCP: the header's flags byte (FIN 0x01, SYN 0x02, RST 0x04, ACK 0x10)
+	__u8 frag;      // IPv4 UDP: the first fragment of a datagram (its id in ipid)
+	__be16 ipid;
 };
 
 #define TH_FIN 0x01
@@ -301,9 +335,17 @@ static always_inline int parse(struct __sk_buff *skb, struct parsed *p)
 		// What IP input checks before it would forward (version, a length the frame holds), no
 		// options, no fragment (MF or an offset), a TTL that survives this hop.
 		__u32 tot = __builtin_bswap16(ip->tot_len);
-		if (ip->version != 4 || ip->ihl != 5 || tot > skb->len - ETH_HLEN ||
-		    (ip->frag_off & __constant_htons(0x3fff)) || ip->ttl <= 1)
+		if (ip->version != 4 || ip->ihl != 5 || tot > skb->len - ETH_HLEN || ip->ttl <= 1)
 			return -1;
+		// Fragments: a UDP datagram's first one (MF, offset 0: it has the ports) is the flow's,
+		// and says which later ones follow it (frag_follow); anything else fragmented, the
+		// stack's.
+		if (ip->frag_off & __constant_htons(0x3fff)) {
+			if ((ip->frag_off & __constant_htons(0x3fff)) != __constant_htons(0x2000) || ip->protocol != IPPROTO_UDP_)
+				return -1;
+			p->frag = 1;
+			p->ipid = ip->id;
+		}
 		if (ip->protocol == IPPROTO_TCP_) {
 			if (tot < 20 + TCP_HLEN || data + L4_OFF4 + TCP_HLEN > end)
 				return -1;
@@ -395,6 +437,32 @@ static always_inline long route(struct __sk_buff *skb, struct bpf_fib_lookup *fi
 	return rc;
 }
 
+// send_to hands skb to the next hop fib found (rc: its result): with the MAC addresses it gave, or
+// through the neighbour layer while the next hop is not resolved yet.
+static always_inline int send_to(struct __sk_buff *skb, struct bpf_fib_lookup *fib, long rc)
+{
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		struct bpf_redir_neigh nh = {};
+		if (fib->family == AF_INET) {
+			nh.nh_family = AF_INET;
+			nh.ipv4_nh = fib->ipv4_dst;
+		} else {
+			nh.nh_family = AF_INET6;
+			__builtin_memcpy(nh.ipv6_nh, fib->ipv6_dst, 16);
+		}
+		count(CNT_NEIGH);
+		return bpf_redirect_neigh(fib->ifindex, &nh, sizeof(nh), 0);
+	}
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return TC_ACT_SHOT;
+	__builtin_memcpy(eth->h_dest, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, fib->smac, ETH_ALEN);
+	return bpf_redirect(fib->ifindex, 0);
+}
+
 // transmit rewrites skb to v (its addresses and ports, from the tuple in p), lowers the TTL, and
 // sends it to the next hop fib found (rc: its result). The transport checksum is updated by the
 // kernel's helper (it knows whether the checksum is still to be computed, CHECKSUM_PARTIAL, and
@@ -448,23 +516,7 @@ static always_inline int transmit(struct __sk_buff *skb, struct parsed *p, struc
 	}
 	pp[0] = v->sport;
 	pp[1] = v->dport;
-	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-		// The next hop is not resolved yet: the neighbour layer resolves it and sends.
-		struct bpf_redir_neigh nh = {};
-		if (fib->family == AF_INET) {
-			nh.nh_family = AF_INET;
-			nh.ipv4_nh = fib->ipv4_dst;
-		} else {
-			nh.nh_family = AF_INET6;
-			__builtin_memcpy(nh.ipv6_nh, fib->ipv6_dst, 16);
-		}
-		count(CNT_NEIGH);
-		return bpf_redirect_neigh(fib->ifindex, &nh, sizeof(nh), 0);
-	}
-	struct ethhdr *eth = data;
-	__builtin_memcpy(eth->h_dest, fib->dmac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, fib->smac, ETH_ALEN);
-	return bpf_redirect(fib->ifindex, 0);
+	return send_to(skb, fib, rc);
 }
 
 static always_inline int usable(long rc)
@@ -499,6 +551,24 @@ static always_inline void forget_reply(struct parsed *p, struct flow_val *f)
 	rk.proto = p->k.proto;
 	rk.family = p->k.family;
 	bpf_map_delete_elem(&vg_flows, &rk);
+}
+
+// remember_frag records, for the first fragment p of a datagram that a flow takes to v, what its
+// later fragments' addresses become.
+static always_inline void remember_frag(struct parsed *p, struct flow_val *v, __u64 now)
+{
+	if (!p->frag)
+		return;
+	struct frag_key fk = {};
+	__builtin_memcpy(fk.saddr, p->k.saddr, 4);
+	__builtin_memcpy(fk.daddr, p->k.daddr, 4);
+	fk.id = p->ipid;
+	fk.proto = p->k.proto;
+	struct frag_val fv = {};
+	__builtin_memcpy(fv.saddr, v->saddr, 4);
+	__builtin_memcpy(fv.daddr, v->daddr, 4);
+	fv.seen = now;
+	bpf_map_update_elem(&vg_frags, &fk, &fv, BPF_ANY);
 }
 
 #define SNAT_TRIES 8
@@ -560,7 +630,7 @@ static always_inline int claim_reply(struct flow_key *rk, struct flow_val *rv, s
 
 // new_flow deals a flow to its Maglev slot's backend and writes its two entries (the client's
 // packets, the replies), masquerading when the VIP port says so.
-static always_inline int new_flow(struct __sk_buff *skb, struct parsed *p, struct vip_val *vip, struct config *cfg, __u64 now)
+static subprogram int new_flow(struct __sk_buff *skb, struct parsed *p, struct vip_val *vip, struct config *cfg, __u64 now)
 {
 	__u32 w[5];
 	__u32 n = 4;
@@ -640,6 +710,7 @@ static always_inline int new_flow(struct __sk_buff *skb, struct parsed *p, struc
 	if (bpf_map_update_elem(&vg_flows, &p->k, &fwd, BPF_ANY) < 0)
 		return PASS;
 	count(CNT_NEW);
+	remember_frag(p, &fwd, now);
 	return transmit(skb, p, &fwd, &fib, rc);
 none:
 	count(CNT_NO_BACKEND);
@@ -649,6 +720,271 @@ full:
 	return PASS;
 }
 
+#define IPPROTO_ICMP_ 1
+#define IPPROTO_ICMPV6_ 58
+// An ICMP error's headers, with the inner packet's IP header and first 8 bytes (its ports).
+#define ICMP4_NEED (ETH_HLEN + 20 + 8 + 20 + 8)
+#define ICMP6_NEED (ETH_HLEN + 40 + 8 + 40 + 8)
+
+// icmp_error forwards an ICMP error about a packet of one of the program's flows, translated as
+// conntrack translates a related ICMP error, so that path MTU discovery and unreachables work
+// through the program: the inner packet becomes what its sender sent, the outer destination
+// that sender, and an outer source that was the inner packet's destination the address the
+// sender knows it by. The inner packet's tuple, reversed, is the key of the flow's other entry:
+// an error about a reply the program rewrote (sent to the VIP: a router on the client's side,
+// fragmentation needed) finds the flow's forward entry; one about a packet to the backend (sent
+// to the client or the masquerade address: the node's port unreachable) finds its reply entry.
+// Either way the entry's new source and destination, swapped, are the inner packet's original
+// addresses and ports. The inner transport checksum is left as it is (no receiver checks it).
+static subprogram int icmp_error(struct __sk_buff *skb, int v4)
+{
+	__u32 need = v4 ? ICMP4_NEED : ICMP6_NEED;
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	if (data + need > end) {
+		if (bpf_skb_pull_data(skb, need) < 0)
+			return PASS;
+		data = (void *)(long)skb->data;
+		end = (void *)(long)skb->data_end;
+	}
+	struct flow_key k = {};
+	struct parsed q = {};
+	__u8 osrc[16] = {}, odst[16] = {};
+	if (v4) {
+		if (data + ICMP4_NEED > end)
+			return PASS;
+		struct iphdr *ip = data + ETH_HLEN;
+		__u8 *ic = data + ETH_HLEN + 20;
+		struct iphdr *in = data + ETH_HLEN + 28;
+		__be16 *inp = data + ETH_HLEN + 48;
+		if (ip->version != 4 || ip->ihl != 5 || (ip->frag_off & __constant_htons(0x3fff)) || ip->ttl <= 1 ||
+		    __builtin_bswap16(ip->tot_len) > skb->len - ETH_HLEN)
+			return PASS;
+		if (ic[0] != 3 && ic[0] != 11) // destination unreachable (fragmentation needed), time exceeded
+			return PASS;
+		if (in->version != 4 || in->ihl != 5 || (in->protocol != IPPROTO_TCP_ && in->protocol != IPPROTO_UDP_))
+			return PASS;
+		__builtin_memcpy(k.saddr, &in->daddr, 4);
+		__builtin_memcpy(k.daddr, &in->saddr, 4);
+		k.sport = inp[1];
+		k.dport = inp[0];
+		k.proto = in->protocol;
+		k.family = 4;
+		__builtin_memcpy(osrc, &ip->saddr, 4);
+		__builtin_memcpy(odst, &ip->daddr, 4);
+		q.k.proto = IPPROTO_ICMP_;
+		q.k.family = 4;
+	} else {
+		if (data + ICMP6_NEED > end)
+			return PASS;
+		struct ipv6hdr *ip6 = data + ETH_HLEN;
+		__u8 *ic = data + ETH_HLEN + 40;
+		struct ipv6hdr *in = data + ETH_HLEN + 48;
+		__be16 *inp = data + ETH_HLEN + 88;
+		if (ip6->version != 6 || ip6->hop_limit <= 1 || __builtin_bswap16(ip6->payload_len) > skb->len - ETH_HLEN - 40)
+			return PASS;
+		if (ic[0] != 1 && ic[0] != 2 && ic[0] != 3) // destination unreachable, packet too big, time exceeded
+			return PASS;
+		if (in->version != 6 || (in->nexthdr != IPPROTO_TCP_ && in->nexthdr != IPPROTO_UDP_))
+			return PASS;
+		__builtin_memcpy(k.saddr, &in->daddr, 16);
+		__builtin_memcpy(k.daddr, &in->saddr, 16);
+		k.sport = inp[1];
+		k.dport = inp[0];
+		k.proto = in->nexthdr;
+		k.family = 6;
+		__builtin_memcpy(osrc, &ip6->saddr, 16);
+		__builtin_memcpy(odst, &ip6->daddr, 16);
+		q.k.proto = IPPROTO_ICMPV6_;
+		q.k.family = 6;
+	}
+	struct flow_val *e = bpf_map_lookup_elem(&vg_flows, &k);
+	if (!e)
+		return PASS;
+	struct flow_val v = *e;
+	// The outer header: to the inner packet's sender; from the address it knows when the error
+	// came from its packet's destination itself.
+	__u8 nsrc[16], ndst[16];
+	__builtin_memcpy(nsrc, osrc, 16);
+	__builtin_memcpy(ndst, v.daddr, 16);
+	const __u32 *o = (const __u32 *)osrc, *d = (const __u32 *)k.saddr;
+	if (o[0] == d[0] && o[1] == d[1] && o[2] == d[2] && o[3] == d[3])
+		__builtin_memcpy(nsrc, v.saddr, 16);
+	struct bpf_fib_lookup fib;
+	long rc = route(skb, &fib, &q, nsrc, ndst, 0, 0, 0);
+	if (!usable(rc)) {
+		count(CNT_FIB);
+		return PASS;
+	}
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	if (v4) {
+		if (data + ICMP4_NEED > end)
+			return TC_ACT_SHOT;
+		struct iphdr *ip = data + ETH_HLEN;
+		__u16 *icsum = data + ETH_HLEN + 22;
+		struct iphdr *in = data + ETH_HLEN + 28;
+		__be16 *inp = data + ETH_HLEN + 48;
+		// The inner packet (the ICMP checksum takes every word that changes).
+		__u32 os, od, ns, nd;
+		__builtin_memcpy(&os, &in->saddr, 4);
+		__builtin_memcpy(&od, &in->daddr, 4);
+		__builtin_memcpy(&ns, v.daddr, 4);
+		__builtin_memcpy(&nd, v.saddr, 4);
+		__u64 inaddrs = csum_replace32(csum_replace32(0, os, ns), od, nd);
+		__u16 oldc = in->check;
+		__u16 newc = ~fold16(csum_words(inaddrs, (__u16)~oldc));
+		__u64 ports = csum_replace32(0, (__u32)inp[0] | ((__u32)inp[1] << 16), (__u32)v.dport | ((__u32)v.sport << 16));
+		in->saddr = ns;
+		in->daddr = nd;
+		in->check = newc;
+		inp[0] = v.dport;
+		inp[1] = v.sport;
+		__u64 acc = csum_words(inaddrs + ports + (__u16)~oldc + newc, (__u16)~*icsum);
+		*icsum = ~fold16(acc);
+		// The outer header, its TTL with it.
+		__u32 oos, ood, nos, nod;
+		__builtin_memcpy(&oos, osrc, 4);
+		__builtin_memcpy(&ood, odst, 4);
+		__builtin_memcpy(&nos, nsrc, 4);
+		__builtin_memcpy(&nod, ndst, 4);
+		__u16 *ttlw = (__u16 *)&ip->ttl;
+		__u16 oldw = *ttlw;
+		ip->ttl--;
+		__u64 oacc = csum_replace32(csum_replace32(0, oos, nos), ood, nod) + (__u16)~oldw + *ttlw;
+		ip->check = ~fold16(csum_words(oacc, (__u16)~ip->check));
+		ip->saddr = nos;
+		ip->daddr = nod;
+	} else {
+		if (data + ICMP6_NEED > end)
+			return TC_ACT_SHOT;
+		struct ipv6hdr *ip6 = data + ETH_HLEN;
+		__u16 *icsum = data + ETH_HLEN + 42;
+		struct ipv6hdr *in = data + ETH_HLEN + 48;
+		__be16 *inp = data + ETH_HLEN + 88;
+		// ICMPv6's checksum takes the outer addresses (its pseudo-header) and the inner packet.
+		__u64 acc = addr_diff(addr_diff(0, osrc, nsrc, 0), odst, ndst, 0);
+		acc = addr_diff(addr_diff(acc, (__u8 *)&in->saddr, v.daddr, 0), (__u8 *)&in->daddr, v.saddr, 0);
+		acc = csum_replace32(acc, (__u32)inp[0] | ((__u32)inp[1] << 16), (__u32)v.dport | ((__u32)v.sport << 16));
+		*icsum = ~fold16(csum_words(acc, (__u16)~*icsum));
+		__builtin_memcpy(&in->saddr, v.daddr, 16);
+		__builtin_memcpy(&in->daddr, v.saddr, 16);
+		inp[0] = v.dport;
+		inp[1] = v.sport;
+		__u16 *hopw = (__u16 *)&ip6->payload_len + 1;
+		__u16 oldw = *hopw;
+		ip6->hop_limit--;
+		__builtin_memcpy(&ip6->saddr, nsrc, 16);
+		__builtin_memcpy(&ip6->daddr, ndst, 16);
+		// A CHECKSUM_COMPLETE sum: every change but the hop limit's is absorbed by the ICMPv6
+		// checksum.
+		bpf_csum_update(skb, fold32((__u16)~oldw + *hopw));
+	}
+	count(CNT_ICMP);
+	return send_to(skb, &fib, rc);
+}
+
+// frag_follow forwards a later fragment of an IPv4 datagram whose first fragment a flow took,
+// with the addresses the first got (it has no ports; the transport checksum is in the first).
+static subprogram int frag_follow(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	if (data + ETH_HLEN + 20 > end)
+		return PASS;
+	struct iphdr *ip = data + ETH_HLEN;
+	if (ip->version != 4 || ip->ihl != 5 || ip->ttl <= 1 || __builtin_bswap16(ip->tot_len) > skb->len - ETH_HLEN)
+		return PASS;
+	struct frag_key fk = {};
+	__builtin_memcpy(fk.saddr, &ip->saddr, 4);
+	__builtin_memcpy(fk.daddr, &ip->daddr, 4);
+	fk.id = ip->id;
+	fk.proto = ip->protocol;
+	struct frag_val *fv = bpf_map_lookup_elem(&vg_frags, &fk);
+	if (!fv || bpf_ktime_get_coarse_ns() - fv->seen > FRAG_WINDOW_NS)
+		return PASS;
+	__u8 nsrc[16] = {}, ndst[16] = {};
+	__builtin_memcpy(nsrc, fv->saddr, 4);
+	__builtin_memcpy(ndst, fv->daddr, 4);
+	struct parsed q = {};
+	q.k.proto = fk.proto;
+	q.k.family = 4;
+	struct bpf_fib_lookup fib;
+	long rc = route(skb, &fib, &q, nsrc, ndst, 0, 0, 0);
+	if (!usable(rc)) {
+		count(CNT_FIB);
+		return PASS;
+	}
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	if (data + ETH_HLEN + 20 > end)
+		return TC_ACT_SHOT;
+	ip = data + ETH_HLEN;
+	__u32 os = ip->saddr, od = ip->daddr, ns, nd;
+	__builtin_memcpy(&ns, nsrc, 4);
+	__builtin_memcpy(&nd, ndst, 4);
+	__u16 *ttlw = (__u16 *)&ip->ttl;
+	__u16 oldw = *ttlw;
+	ip->ttl--;
+	__u64 acc = csum_replace32(csum_replace32(0, os, ns), od, nd) + (__u16)~oldw + *ttlw;
+	ip->check = ~fold16(csum_words(acc, (__u16)~ip->check));
+	ip->saddr = ns;
+	ip->daddr = nd;
+	count(CNT_FRAG);
+	return send_to(skb, &fib, rc);
+}
+
+// REDEAL is known_flow's answer for a flow to be dealt again as a new one.
+#define REDEAL 0x7fff
+
+// known_flow forwards a packet of a flow the table holds (its entry v), or says it must be
+// dealt again (REDEAL).
+static subprogram int known_flow(struct __sk_buff *skb, struct parsed *p, struct flow_val *v, struct config *cfg, __u64 now)
+{
+	int reply = v->flags & FLOW_REPLY;
+	if (now - v->seen >= idle_timeout(cfg, v, p->k.proto)) {
+		// A reply entry is as live as its flow's forward entry (the server of a client
+		// that talks and seldom hears); a forward entry that idled out is dealt again.
+		if (!reply)
+			return REDEAL;
+		if (!reply_live(&p->k, v, p, cfg, now))
+			return PASS; // a flow that ended: not this program's any more
+	}
+	if (p->tcp_flags & (TH_FIN | TH_RST | TH_SYN)) {
+		// TCP's ends, as conntrack follows them: a FIN or RST either way marks the flow
+		// closing; a connection's first SYN on a closing flow (the client reusing the
+		// tuple) is a new connection, dealt again (its old reply entry goes).
+		if (reply) {
+			if (p->tcp_flags & (TH_FIN | TH_RST)) {
+				v->flags |= FLOW_CLOSING;
+				mark_forward(p, v, FLOW_CLOSING);
+			}
+		} else if ((p->tcp_flags & (TH_SYN | TH_ACK)) == TH_SYN && (v->flags & FLOW_CLOSING)) {
+			forget_reply(p, v);
+			return REDEAL;
+		} else if (p->tcp_flags & (TH_FIN | TH_RST)) {
+			v->flags |= FLOW_CLOSING;
+		}
+	}
+	if (reply && !(v->flags & FLOW_REPLIED)) {
+		// The flow's first reply: its forward entry learns it is answered (once).
+		mark_forward(p, v, FLOW_REPLIED);
+		v->flags |= FLOW_REPLIED;
+	}
+	if (now - v->seen > 1000000000ULL)
+		v->seen = now;
+	struct flow_val out = *v;
+	struct bpf_fib_lookup fib;
+	long rc = route(skb, &fib, p, out.saddr, out.daddr, out.sport, out.dport, 0);
+	if (!usable(rc)) {
+		count(CNT_FIB);
+		return PASS;
+	}
+	count(reply ? CNT_REPLY : CNT_FORWARD);
+	remember_frag(p, &out, now);
+	return transmit(skb, p, &out, &fib, rc);
+}
+
 SEC("tc")
 int vipgate_natpath(struct __sk_buff *skb)
 {
@@ -656,6 +992,20 @@ int vipgate_natpath(struct __sk_buff *skb)
 	// as if untagged would pick the wrong table): the stack's.
 	if (skb->pkt_type != PACKET_HOST || skb->vlan_present)
 		return PASS;
+	{
+		void *data = (void *)(long)skb->data;
+		void *end = (void *)(long)skb->data_end;
+		struct ethhdr *eth = data;
+		if ((void *)(eth + 1) + 20 > end)
+			return PASS;
+		if (eth->h_proto == __constant_htons(ETH_P_IP) && ((struct iphdr *)(eth + 1))->protocol == IPPROTO_ICMP_)
+			return icmp_error(skb, 1);
+		if (eth->h_proto == __constant_htons(ETH_P_IP) && (((struct iphdr *)(eth + 1))->frag_off & __constant_htons(0x1fff)))
+			return frag_follow(skb);
+		if (eth->h_proto == __constant_htons(ETH_P_IPV6) && (void *)(eth + 1) + 40 <= end &&
+		    ((struct ipv6hdr *)(eth + 1))->nexthdr == IPPROTO_ICMPV6_)
+			return icmp_error(skb, 0);
+	}
 	struct parsed p = {};
 	if (parse(skb, &p) < 0)
 		return PASS;
@@ -667,49 +1017,10 @@ int vipgate_natpath(struct __sk_buff *skb)
 
 	struct flow_val *v = bpf_map_lookup_elem(&vg_flows, &p.k);
 	if (v) {
-		int reply = v->flags & FLOW_REPLY;
-		if (now - v->seen >= idle_timeout(cfg, v, p.k.proto)) {
-			// A reply entry is as live as its flow's forward entry (the server of a client
-			// that talks and seldom hears); a forward entry that idled out is dealt again.
-			if (!reply)
-				goto vip;
-			if (!reply_live(&p.k, v, &p, cfg, now))
-				return PASS; // a flow that ended: not this program's any more
-		}
-		if (p.tcp_flags & (TH_FIN | TH_RST | TH_SYN)) {
-			// TCP's ends, as conntrack follows them: a FIN or RST either way marks the flow
-			// closing; a connection's first SYN on a closing flow (the client reusing the
-			// tuple) is a new connection, dealt again (its old reply entry goes).
-			if (reply) {
-				if (p.tcp_flags & (TH_FIN | TH_RST)) {
-					v->flags |= FLOW_CLOSING;
-					mark_forward(&p, v, FLOW_CLOSING);
-				}
-			} else if ((p.tcp_flags & (TH_SYN | TH_ACK)) == TH_SYN && (v->flags & FLOW_CLOSING)) {
-				forget_reply(&p, v);
-				goto vip;
-			} else if (p.tcp_flags & (TH_FIN | TH_RST)) {
-				v->flags |= FLOW_CLOSING;
-			}
-		}
-		if (reply && !(v->flags & FLOW_REPLIED)) {
-			// The flow's first reply: its forward entry learns it is answered (once).
-			mark_forward(&p, v, FLOW_REPLIED);
-			v->flags |= FLOW_REPLIED;
-		}
-		if (now - v->seen > 1000000000ULL)
-			v->seen = now;
-		struct flow_val out = *v;
-		struct bpf_fib_lookup fib;
-		long rc = route(skb, &fib, &p, out.saddr, out.daddr, out.sport, out.dport, 0);
-		if (!usable(rc)) {
-			count(CNT_FIB);
-			return PASS;
-		}
-		count(reply ? CNT_REPLY : CNT_FORWARD);
-		return transmit(skb, &p, &out, &fib, rc);
+		int ret = known_flow(skb, &p, v, cfg, now);
+		if (ret != REDEAL)
+			return ret;
 	}
-vip:;
 	struct vip_key vk = {};
 	__builtin_memcpy(vk.addr, p.k.daddr, 16);
 	vk.port = p.k.dport;
