@@ -112,7 +112,7 @@ func (s *natPathStatus) collectors() []prometheus.Collector {
 type natPathCounters struct{ p *natpath.Path }
 
 var natPathPacketsDesc = prometheus.NewDesc("vipgate_gateway_nat_fast_path_packets_total",
-	"Packets the NAT fast path took (new, forwarded, reply) or left to the IP stack (no_backend, no_route: MTU or no usable next hop, snat_full: no free masquerade port, no_syn: a TCP packet of no flow it holds that opens none, clash: a new flow whose reply tuple a live flow holds); neigh: forwarded through the neighbour layer.",
+	"Packets the NAT fast path took (new, forwarded, reply; icmp: ICMP errors about its flows, translated; frag: later fragments of IPv4 UDP datagrams, following their first) or left to the IP stack (no_backend, no_route: MTU or no usable next hop, snat_full: no free masquerade port, no_syn: a TCP packet of no flow it holds that opens none, clash: a new flow whose reply tuple a live flow holds); neigh: forwarded through the neighbour layer.",
 	[]string{"what"}, nil)
 
 func (c natPathCounters) Describe(ch chan<- *prometheus.Desc) { ch <- natPathPacketsDesc }
@@ -123,7 +123,8 @@ func (c natPathCounters) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for what, v := range map[string]uint64{"new": n.New, "forwarded": n.Forwarded, "reply": n.Replies,
-		"no_backend": n.NoBackend, "no_route": n.NoRoute, "snat_full": n.SNATFull, "neigh": n.Neigh, "no_syn": n.NoSYN, "clash": n.Clash} {
+		"no_backend": n.NoBackend, "no_route": n.NoRoute, "snat_full": n.SNATFull, "neigh": n.Neigh, "no_syn": n.NoSYN, "clash": n.Clash,
+		"icmp": n.ICMP, "frag": n.Frag} {
 		ch <- prometheus.MustNewConstMetric(natPathPacketsDesc, prometheus.CounterValue, float64(v), what)
 	}
 }

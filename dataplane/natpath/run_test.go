@@ -258,6 +258,12 @@ func checksums(f []byte) (ipOK, l4OK bool) {
 		return
 	}
 	switch {
+	case proto == 1 && ip[0]>>4 == 4:
+		l4OK = sum16(l4, 0) == 0xffff // ICMP: no pseudo-header
+		return
+	case proto == 58:
+		l4OK = sum16(l4, pseudo(ip, proto, len(l4))) == 0xffff
+		return
 	case proto == 17 && len(l4) >= 8:
 		if binary.BigEndian.Uint16(l4[6:]) == 0 {
 			// IPv4: no checksum. IPv6: invalid whatever the sum (RFC 8200, 8.1), and the
@@ -432,6 +438,12 @@ func FuzzPacket(f *testing.F) {
 	} {
 		f.Add(frame(s))
 	}
+	// An ICMP error about the first seed's reply, and a datagram in two fragments.
+	reply := frame(pktSpec{src: ap("203.0.113.50:80"), dst: ap("198.51.100.10:42000"), proto: 17, payload: make([]byte, 40)})
+	f.Add(icmpFrame(netip.MustParseAddr("198.51.100.1"), vipV4, reply))
+	first, second := fragments(frame(pktSpec{src: ap("198.51.100.10:42002"), dst: ap("203.0.113.50:80"), proto: 17, payload: make([]byte, 200)}), 10)
+	f.Add(first)
+	f.Add(second)
 	f.Fuzz(func(t *testing.T, pkt []byte) {
 		if len(pkt) <= 14 || len(pkt) > 1500 {
 			return // the kernel's test run takes no frame without a byte after the Ethernet header
