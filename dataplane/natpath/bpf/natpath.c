@@ -757,8 +757,9 @@ static subprogram int icmp_error(struct __sk_buff *skb, int v4)
 		__u8 *ic = data + ETH_HLEN + 20;
 		struct iphdr *in = data + ETH_HLEN + 28;
 		__be16 *inp = data + ETH_HLEN + 48;
+		__u32 tot = __builtin_bswap16(ip->tot_len);
 		if (ip->version != 4 || ip->ihl != 5 || (ip->frag_off & __constant_htons(0x3fff)) || ip->ttl <= 1 ||
-		    __builtin_bswap16(ip->tot_len) > skb->len - ETH_HLEN)
+		    tot < ICMP4_NEED - ETH_HLEN || tot > skb->len - ETH_HLEN)
 			return PASS;
 		if (ic[0] != 3 && ic[0] != 11) // destination unreachable (fragmentation needed), time exceeded
 			return PASS;
@@ -781,7 +782,8 @@ static subprogram int icmp_error(struct __sk_buff *skb, int v4)
 		__u8 *ic = data + ETH_HLEN + 40;
 		struct ipv6hdr *in = data + ETH_HLEN + 48;
 		__be16 *inp = data + ETH_HLEN + 88;
-		if (ip6->version != 6 || ip6->hop_limit <= 1 || __builtin_bswap16(ip6->payload_len) > skb->len - ETH_HLEN - 40)
+		__u32 plen = __builtin_bswap16(ip6->payload_len);
+		if (ip6->version != 6 || ip6->hop_limit <= 1 || plen < ICMP6_NEED - ETH_HLEN - 40 || plen > skb->len - ETH_HLEN - 40)
 			return PASS;
 		if (ic[0] != 1 && ic[0] != 2 && ic[0] != 3) // destination unreachable, packet too big, time exceeded
 			return PASS;
@@ -893,7 +895,8 @@ static subprogram int frag_follow(struct __sk_buff *skb)
 	if (data + ETH_HLEN + 20 > end)
 		return PASS;
 	struct iphdr *ip = data + ETH_HLEN;
-	if (ip->version != 4 || ip->ihl != 5 || ip->ttl <= 1 || __builtin_bswap16(ip->tot_len) > skb->len - ETH_HLEN)
+	__u32 tot = __builtin_bswap16(ip->tot_len);
+	if (ip->version != 4 || ip->ihl != 5 || ip->ttl <= 1 || tot < 20 + 8 || tot > skb->len - ETH_HLEN)
 		return PASS;
 	struct frag_key fk = {};
 	__builtin_memcpy(fk.saddr, &ip->saddr, 4);
