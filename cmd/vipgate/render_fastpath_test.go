@@ -1,22 +1,21 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/vishvananda/netns"
 
 	"github.com/vipgate/vipgate/dataplane"
+
+	"github.com/vipgate/vipgate/test/lab"
 )
 
 // fastPathGateway is a route forwarding gateway whose nodes are on 192.0.2.0/24 and 2001:db8::/64;
@@ -202,37 +201,8 @@ func renderNetns(t *testing.T, pairs ...string) string {
 }
 
 // inNetns runs fn on an OS thread that is in the named network namespace, as `vipgate render`
-// would run there (its interface list and route lookups are netlink requests of that thread). The
-// thread stays locked to its goroutine, so it ends with it rather than serve others in that
-// namespace if the switch back failed.
-func inNetns(name string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		h, err := netns.GetFromName(name)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer h.Close()
-		if err := netns.Set(h); err != nil {
-			errc <- fmt.Errorf("entering %s: %w", name, err)
-			return
-		}
-		err = fn()
-		if serr := netns.Set(orig); serr != nil {
-			err = errors.Join(err, fmt.Errorf("leaving %s: %w", name, serr))
-		}
-		errc <- err
-	}()
-	return <-errc
-}
+// would run there (its interface list and route lookups are netlink requests of that thread).
+var inNetns = lab.InNetns
 
 // TestExplainGatewayFastPath: `vipgate explain --manifests` of a route forwarding gateway traces an
 // arriving packet through the fast path's netdev table first, as planned where explain runs (here a

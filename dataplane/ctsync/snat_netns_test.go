@@ -6,12 +6,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/vishvananda/netns"
+
+	"github.com/vipgate/vipgate/test/lab"
 )
 
 // netnsOrSkip creates a network namespace for the test (removed at its end) and returns a function
@@ -25,35 +25,7 @@ func netnsOrSkip(t *testing.T, suffix string) (func(fn func() error) error, stri
 		t.Skip("needs nft")
 	}
 	name := fmt.Sprintf("vgt%d-%s", os.Getpid(), suffix)
-	run := func(fn func() error) error {
-		errc := make(chan error)
-		go func() {
-			// The thread stays locked (and is discarded) if it cannot go back.
-			runtime.LockOSThread()
-			orig, err := netns.Get()
-			if err != nil {
-				errc <- err
-				return
-			}
-			defer orig.Close()
-			ns, err := netns.GetFromName(name)
-			if err != nil {
-				errc <- err
-				return
-			}
-			defer ns.Close()
-			if err := netns.Set(ns); err != nil {
-				errc <- err
-				return
-			}
-			err = fn()
-			if netns.Set(orig) == nil {
-				runtime.UnlockOSThread()
-			}
-			errc <- err
-		}()
-		return <-errc
-	}
+	run := func(fn func() error) error { return lab.InNetns(name, fn) }
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add: %v\n%s", err, out)
 	}

@@ -455,30 +455,51 @@ func findPrevious(cfg Config) (map[int]ebpf.ProgramID, *ebpf.Map) {
 		return map[int]ebpf.ProgramID{}, nil
 	}
 	for _, id := range old {
-		prog, err := ebpf.NewProgramFromID(id)
+		maps, err := programMaps(id)
 		if err != nil {
 			continue
 		}
-		info, err := prog.Info()
-		prog.Close()
-		if err != nil {
-			continue
-		}
-		ids, _ := info.MapIDs()
-		for _, mid := range ids {
-			m, err := ebpf.NewMapFromID(mid)
-			if err != nil {
+		var keep *ebpf.Map
+		for name, m := range maps {
+			if mi, err := m.Info(); keep == nil && err == nil && name == mapFlows && mi.Type == ebpf.LRUHash && mi.KeySize == flowKeySize &&
+				mi.ValueSize == flowValSize && mi.MaxEntries == uint32(cfg.FlowEntries) {
+				keep = m
 				continue
-			}
-			mi, err := m.Info()
-			if err == nil && mi.Name == mapFlows && mi.Type == ebpf.LRUHash && mi.KeySize == flowKeySize && mi.ValueSize == flowValSize &&
-				mi.MaxEntries == uint32(cfg.FlowEntries) {
-				return old, m
 			}
 			m.Close()
 		}
+		if keep != nil {
+			return old, keep
+		}
 	}
 	return old, nil
+}
+
+// programMaps opens the maps of program id, by name (the caller closes them).
+func programMaps(id ebpf.ProgramID) (map[string]*ebpf.Map, error) {
+	prog, err := ebpf.NewProgramFromID(id)
+	if err != nil {
+		return nil, err
+	}
+	info, err := prog.Info()
+	prog.Close()
+	if err != nil {
+		return nil, err
+	}
+	ids, _ := info.MapIDs()
+	maps := map[string]*ebpf.Map{}
+	for _, mid := range ids {
+		m, err := ebpf.NewMapFromID(mid)
+		if err != nil {
+			continue
+		}
+		if mi, err := m.Info(); err == nil {
+			maps[mi.Name] = m
+		} else {
+			m.Close()
+		}
+	}
+	return maps, nil
 }
 
 // Sync makes ports the VIP ports the program takes. A VIP port whose table or SNAT changed
@@ -907,26 +928,12 @@ func Inspect(proto uint8, src, dst netip.AddrPort) (Inspection, error) {
 		id = pid
 	}
 	slices.Sort(out.Interfaces)
-	prog, err := ebpf.NewProgramFromID(id)
+	maps, err := programMaps(id)
 	if err != nil {
 		return out, err
 	}
-	defer prog.Close()
-	info, err := prog.Info()
-	if err != nil {
-		return out, err
-	}
-	ids, _ := info.MapIDs()
-	maps := map[string]*ebpf.Map{}
-	for _, mid := range ids {
-		m, err := ebpf.NewMapFromID(mid)
-		if err != nil {
-			continue
-		}
+	for _, m := range maps {
 		defer m.Close()
-		if mi, err := m.Info(); err == nil {
-			maps[mi.Name] = m
-		}
 	}
 	vips, flows := maps[mapVIPs], maps[mapFlows]
 	if vips == nil || flows == nil {

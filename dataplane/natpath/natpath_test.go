@@ -10,15 +10,13 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
-
 	"github.com/vipgate/vipgate/dataplane/maglev"
+	"github.com/vipgate/vipgate/test/lab"
 )
 
 // The real-kernel tests: a client, a gateway and a backend host, each a network namespace of the
@@ -134,35 +132,8 @@ func newTestLabWith(t *testing.T, withRouter bool) *testLab {
 
 var labSeq atomic.Int32
 
-// in runs fn on a thread in network namespace ns.
-func in(ns string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		h, err := netns.GetFromName(ns)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer h.Close()
-		if err := netns.Set(h); err != nil {
-			errc <- err
-			return
-		}
-		err = fn()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread() // else the thread ends with the goroutine
-		}
-		errc <- err
-	}()
-	return <-errc
-}
+// in runs fn on a thread in network namespace ns (sockets it opens stay there).
+var in = lab.InNetns
 
 // load loads the program in the gateway's namespace and attaches it to both its devices.
 func (l *testLab) load(t *testing.T, cfg Config) *Path {
@@ -388,8 +359,8 @@ func csumErrors(t *testing.T, ns string) map[string]string {
 	return got
 }
 
-// tcpEcho listens on addr in ns and echoes each connection's bytes, prefixed once by its peer.
-func tcpEcho(t *testing.T, ns string, addr netip.AddrPort) {
+// tcpListen listens on addr in ns and runs handle on each connection (which it then closes).
+func tcpListen(t *testing.T, ns string, addr netip.AddrPort, handle func(net.Conn)) {
 	t.Helper()
 	var ln *net.TCPListener
 	if err := in(ns, func() error {
@@ -408,22 +379,52 @@ func tcpEcho(t *testing.T, ns string, addr netip.AddrPort) {
 			}
 			go func() {
 				defer c.Close()
-				if _, err := c.Write([]byte(c.RemoteAddr().String() + "\n")); err != nil {
-					return
-				}
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := c.Read(buf)
-					if err != nil {
-						return
-					}
-					if _, err := c.Write(buf[:n]); err != nil {
-						return
-					}
-				}
+				handle(c)
 			}()
 		}
 	}()
+}
+
+// tcpEcho listens on addr in ns and echoes each connection's bytes, prefixed once by its peer.
+func tcpEcho(t *testing.T, ns string, addr netip.AddrPort) {
+	t.Helper()
+	tcpListen(t, ns, addr, func(c net.Conn) {
+		if _, err := c.Write([]byte(c.RemoteAddr().String() + "\n")); err != nil {
+			return
+		}
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			if _, err := c.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	})
+}
+
+// tcpServe listens on addr in ns and sends payload to each connection, then closes it.
+func tcpServe(t *testing.T, ns string, addr netip.AddrPort, payload []byte) {
+	t.Helper()
+	tcpListen(t, ns, addr, func(c net.Conn) { _, _ = c.Write(payload) })
+}
+
+// dialTCP connects from namespace ns to dst.
+func dialTCP(t *testing.T, ns string, dst netip.AddrPort) *net.TCPConn {
+	t.Helper()
+	var c *net.TCPConn
+	if err := in(ns, func() error {
+		d, err := net.DialTimeout("tcp", dst.String(), 5*time.Second)
+		if err == nil {
+			c = d.(*net.TCPConn)
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("connecting to %s: %v", dst, err)
+	}
+	return c
 }
 
 // TestTCPChecksums: TCP connections through the program, both families, direct and masqueraded,
@@ -461,17 +462,7 @@ func TestTCPChecksums(t *testing.T) {
 		if _, from, err := udpAsk(l.client, 0, dst, "sum"); err != nil || from != dst {
 			t.Errorf("UDP %s: answer from %s, %v", dst, from, err)
 		}
-		var c *net.TCPConn
-		if err := in(l.client, func() error {
-			d, err := net.DialTimeout("tcp", dst.String(), 5*time.Second)
-			if err == nil {
-				c = d.(*net.TCPConn)
-			}
-			return err
-		}); err != nil {
-			t.Errorf("TCP %s: %v", dst, err)
-			continue
-		}
+		c := dialTCP(t, l.client, dst)
 		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
 		go func() { _, _ = c.Write(payload); _ = c.CloseWrite() }()
 		got, err := readAll(c)
@@ -599,16 +590,7 @@ func TestRestart(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	var c *net.TCPConn
-	if err := in(l.client, func() error {
-		d, err := net.DialTimeout("tcp", netip.AddrPortFrom(vipV4, 80).String(), 5*time.Second)
-		if err == nil {
-			c = d.(*net.TCPConn)
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	c := dialTCP(t, l.client, netip.AddrPortFrom(vipV4, 80))
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	echo := func(msg string) {
@@ -821,16 +803,7 @@ func TestPathMTU(t *testing.T) {
 	}
 	for _, dst := range []netip.AddrPort{ap(vipV4, 80), ap(vipV4, 81), ap(vipV6, 80), ap(vipV6, 81)} {
 		before, _ := p.Counters()
-		var c *net.TCPConn
-		if err := in(l.client, func() error {
-			d, err := net.DialTimeout("tcp", dst.String(), 5*time.Second)
-			if err == nil {
-				c = d.(*net.TCPConn)
-			}
-			return err
-		}); err != nil {
-			t.Fatalf("%s: %v", dst, err)
-		}
+		c := dialTCP(t, l.client, dst)
 		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
 		got, err := readAll(c)
 		c.Close()
@@ -844,32 +817,6 @@ func TestPathMTU(t *testing.T) {
 			t.Errorf("%s: no ICMP error translated: the router's MTU was not met?", dst)
 		}
 	}
-}
-
-// tcpServe listens on addr in ns and sends payload to each connection, then closes it.
-func tcpServe(t *testing.T, ns string, addr netip.AddrPort, payload []byte) {
-	t.Helper()
-	var ln *net.TCPListener
-	if err := in(ns, func() error {
-		var err error
-		ln, err = net.ListenTCP("tcp", net.TCPAddrFromAddrPort(addr))
-		return err
-	}); err != nil {
-		t.Fatalf("listen %s in %s: %v", addr, ns, err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = c.Write(payload)
-			}()
-		}
-	}()
 }
 
 // TestUDPFragments: 3,000-byte datagrams both ways through the program, direct and masqueraded:

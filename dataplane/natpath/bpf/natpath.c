@@ -314,6 +314,18 @@ struct parsed {
 #define TH_RST 0x04
 #define TH_ACK 0x10
 
+// pull_l4 makes the headers up to a transport header at l4off readable in place (a TCP header's
+// worth if the packet has it, else a UDP header's): the stack may hold a packet's headers in
+// fragments of its buffer.
+static always_inline int pull_l4(struct __sk_buff *skb, __u32 l4off)
+{
+	if ((long)skb->data + l4off + TCP_HLEN <= (long)skb->data_end)
+		return 0;
+	if (bpf_skb_pull_data(skb, l4off + TCP_HLEN) < 0 && bpf_skb_pull_data(skb, l4off + UDP_HLEN) < 0)
+		return -1;
+	return 0;
+}
+
 // parse reads skb's tuple into p; 0 when the program may take the packet.
 static always_inline int parse(struct __sk_buff *skb, struct parsed *p)
 {
@@ -323,12 +335,10 @@ static always_inline int parse(struct __sk_buff *skb, struct parsed *p)
 	if ((void *)(eth + 1) > end)
 		return -1;
 	if (eth->h_proto == __constant_htons(ETH_P_IP)) {
-		if (data + L4_OFF4 + TCP_HLEN > end) {
-			if (bpf_skb_pull_data(skb, L4_OFF4 + TCP_HLEN) < 0 && bpf_skb_pull_data(skb, L4_OFF4 + UDP_HLEN) < 0)
-				return -1;
-			data = (void *)(long)skb->data;
-			end = (void *)(long)skb->data_end;
-		}
+		if (pull_l4(skb, L4_OFF4) < 0)
+			return -1;
+		data = (void *)(long)skb->data;
+		end = (void *)(long)skb->data_end;
 		if (data + L4_OFF4 + UDP_HLEN > end)
 			return -1;
 		struct iphdr *ip = data + ETH_HLEN;
@@ -359,12 +369,10 @@ static always_inline int parse(struct __sk_buff *skb, struct parsed *p)
 		p->ttl = ip->ttl;
 		p->l4off = L4_OFF4;
 	} else if (eth->h_proto == __constant_htons(ETH_P_IPV6)) {
-		if (data + L4_OFF6 + TCP_HLEN > end) {
-			if (bpf_skb_pull_data(skb, L4_OFF6 + TCP_HLEN) < 0 && bpf_skb_pull_data(skb, L4_OFF6 + UDP_HLEN) < 0)
-				return -1;
-			data = (void *)(long)skb->data;
-			end = (void *)(long)skb->data_end;
-		}
+		if (pull_l4(skb, L4_OFF6) < 0)
+			return -1;
+		data = (void *)(long)skb->data;
+		end = (void *)(long)skb->data_end;
 		if (data + L4_OFF6 + UDP_HLEN > end)
 			return -1;
 		struct ipv6hdr *ip6 = data + ETH_HLEN;
