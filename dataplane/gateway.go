@@ -389,8 +389,9 @@ func gatewayAlgorithm(cfg GatewayConfig, svc *cluster.Service) (cluster.LBAlgori
 
 // gatewayPart turns a Service's entries into its part: a service-ips element and a Maglev table of
 // size slots in gateway-backends per entry with backends.
-// daisyEnd is when the part's daisy chaining elements expire (zero: it has none).
-func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int, ids map[netip.Addr]uint32, hist gatewayHistory, now time.Time) (p *Part, daisyEnd time.Time, err error) {
+// daisyEnd is when the part's daisy chaining elements expire (zero: it has none); nat are the
+// entries' VIP ports for the NAT fast path (GatewayConfig.NATPath), with the same tables.
+func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int, ids map[netip.Addr]uint32, hist gatewayHistory, now time.Time) (p *Part, daisyEnd time.Time, nat []natpath.VIPPort, err error) {
 	p = &Part{}
 	for _, e := range entries {
 		for _, b := range e.Draining {
@@ -408,7 +409,7 @@ func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int, ids map[ne
 		}
 		table, err := maglev.Table(names, size)
 		if err != nil {
-			return nil, time.Time{}, fmt.Errorf("%s: %w", e, err)
+			return nil, time.Time{}, nil, fmt.Errorf("%s: %w", e, err)
 		}
 		sh := e.Algorithm == cluster.LBSourceHash
 		if cfg.Forwarding == cluster.ForwardRoute {
@@ -433,6 +434,9 @@ func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int, ids map[ne
 			}
 			continue
 		}
+		if v, ok := natPort(cfg, e, table); ok {
+			nat = append(nat, v)
+		}
 		pick := [2][2]string{{ChainGatewayPick, ChainGatewayMasqPick}, {ChainGatewayPickSH, ChainGatewayMasqPickSH}}[boolInt(sh)][boolInt(e.SNAT)]
 		p.Elements = append(p.Elements, Element{Set: MapServiceIPs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Verdict: VerdictGoto, Chain: pick})
 		for slot, bi := range table {
@@ -440,7 +444,7 @@ func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int, ids map[ne
 			p.Elements = append(p.Elements, Element{Set: [2]string{MapGatewayBackends, MapGatewayBackendsSH}[boolInt(sh)], Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: b.Addr(), DataPort: b.Port()})
 		}
 	}
-	return p, daisyEnd, nil
+	return p, daisyEnd, nat, nil
 }
 
 // BuildGatewayBase builds the fixed part of a gateway table, with the set of every VIP it owns (with
@@ -662,15 +666,13 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 				}
 			}
 		}
-		part, end, err := gatewayPart(cfg, kept, size, ids, drain.hist, drain.now)
+		part, end, nat, err := gatewayPart(cfg, kept, size, ids, drain.hist, drain.now)
 		if err != nil {
 			return nil, fmt.Errorf("Service %s: %w", k, err)
 		}
 		out.Ruleset.Services[k] = part
-		if cfg.NATPath != nil {
-			if out.nat[k], err = natPorts(cfg, kept, size); err != nil {
-				return nil, fmt.Errorf("Service %s: %w", k, err)
-			}
+		if nat != nil {
+			out.nat[k] = nat
 		}
 		if !end.IsZero() {
 			out.daisyEnd[k] = end

@@ -8,7 +8,6 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane/conntrack"
-	"github.com/vipgate/vipgate/dataplane/maglev"
 	"github.com/vipgate/vipgate/dataplane/natpath"
 )
 
@@ -48,36 +47,19 @@ type NATPathProgrammer interface {
 	DeleteFlows(stale func(natpath.Flow) bool) (int, error)
 }
 
-// natPorts are the NAT fast path's VIP ports of one Service's entries: those with backends whose
-// slots Maglev picks by the flow (not source-hash), TCP and UDP, with size slots each, as
-// gatewayPart programs them.
-func natPorts(cfg GatewayConfig, entries []GatewayEntry, size int) ([]natpath.VIPPort, error) {
-	if cfg.Forwarding == cluster.ForwardRoute {
-		return nil, nil
+// natPort is the NAT fast path's VIP port of entry e, whose Maglev table (slot -> index into
+// e.Backends) gatewayPart built, if the path takes it: a port with backends whose slots Maglev
+// picks by the flow (not source-hash), TCP or UDP, and, with NoSNAT, not masqueraded.
+func natPort(cfg GatewayConfig, e GatewayEntry, table []int) (natpath.VIPPort, bool) {
+	if cfg.NATPath == nil || cfg.Forwarding == cluster.ForwardRoute || len(e.Backends) == 0 || e.Algorithm == cluster.LBSourceHash ||
+		(e.Proto != protoTCP && e.Proto != protoUDP) || e.SNAT && cfg.NATPath.NoSNAT {
+		return natpath.VIPPort{}, false
 	}
-	var out []natpath.VIPPort
-	for _, e := range entries {
-		if len(e.Backends) == 0 || e.Algorithm == cluster.LBSourceHash || (e.Proto != protoTCP && e.Proto != protoUDP) {
-			continue
-		}
-		if e.SNAT && cfg.NATPath.NoSNAT {
-			continue
-		}
-		names := make([]string, len(e.Backends))
-		for i, b := range e.Backends {
-			names[i] = b.String()
-		}
-		table, err := maglev.Table(names, size)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", e, err)
-		}
-		slots := make([]netip.AddrPort, len(table))
-		for i, bi := range table {
-			slots[i] = e.Backends[bi]
-		}
-		out = append(out, natpath.VIPPort{VIP: e.VIP, Proto: e.Proto, Port: e.Port, SNAT: e.SNAT, Table: slots})
+	slots := make([]netip.AddrPort, len(table))
+	for i, bi := range table {
+		slots[i] = e.Backends[bi]
 	}
-	return out, nil
+	return natpath.VIPPort{VIP: e.VIP, Proto: e.Proto, Port: e.Port, SNAT: e.SNAT, Table: slots}, true
 }
 
 const (
@@ -122,7 +104,7 @@ func (p *GatewayProxier) syncNATPath(fams map[cluster.Family]*GatewayRuleset, st
 		rep.NATPathDevices = len(devs)
 	}
 	if len(stale) > 0 {
-		n, err := np.Path.DeleteFlows(func(fl natpath.Flow) bool { return natFlowStale(fl, stale) })
+		n, err := np.Path.DeleteFlows(natStaleMatcher(stale))
 		if err != nil {
 			rep.NATPathWarnings = append(rep.NATPathWarnings, fmt.Sprintf("ending stale flows: %v", err))
 		}
@@ -174,6 +156,31 @@ func natPathDevices(np *GatewayNATPath) (idx []int, missing, notEther []string, 
 	}
 	slices.Sort(idx)
 	return slices.Compact(idx), missing, notEther, nil
+}
+
+// natStaleMatcher is natFlowStale over stale, with the filters that name only a backend (all the
+// gateway makes: gatewayStaleFlows) looked up in a set: one lookup per flow of a table that may
+// hold hundreds of thousands, whatever the number of filters (a drained node's are one per VIP
+// port).
+func natStaleMatcher(stale []conntrack.StaleFlow) func(natpath.Flow) bool {
+	type key struct {
+		proto uint8
+		addr  netip.Addr
+		port  uint16
+	}
+	byBackend := map[key]bool{}
+	var rest []conntrack.StaleFlow
+	for _, sf := range stale {
+		if sf.OrigDst.IsValid() || sf.OrigDstPort != 0 || !sf.ReplySrc.IsValid() {
+			rest = append(rest, sf)
+			continue
+		}
+		byBackend[key{sf.Proto, sf.ReplySrc.Unmap(), sf.ReplySrcPort}] = true // port 0: any
+	}
+	return func(f natpath.Flow) bool {
+		b := f.NewDst.Addr().Unmap()
+		return byBackend[key{f.Proto, b, f.NewDst.Port()}] || byBackend[key{f.Proto, b, 0}] || natFlowStale(f, rest)
+	}
 }
 
 // natFlowStale says whether a flow of the NAT fast path (its forward view: the client's tuple and

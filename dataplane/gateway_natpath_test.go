@@ -126,6 +126,9 @@ func TestGatewayNATPathStaleFlows(t *testing.T) {
 	stale := []conntrack.StaleFlow{{Proto: 17, OrigDst: netip.MustParseAddr("203.0.113.50"), OrigDstPort: 53, ReplySrc: netip.MustParseAddr("10.244.1.11"), ReplySrcPort: 53}}
 	var got []natpath.Flow
 	for _, f := range flows {
+		if natFlowStale(f, stale) != natStaleMatcher(stale)(f) {
+			t.Errorf("%v: the indexed matcher and the filter disagree", f)
+		}
 		if natFlowStale(f, stale) {
 			got = append(got, f)
 		}
@@ -140,6 +143,13 @@ func TestGatewayNATPathStaleFlows(t *testing.T) {
 	}
 	if natFlowStale(natpath.Flow{Proto: 6, Dst: ap("203.0.113.50:53"), NewDst: ap("10.244.1.11:53")}, stale) {
 		t.Error("a TCP flow matched a UDP stale flow")
+	}
+	// The gateway's own filters (a backend and its port) through the indexed matcher.
+	match := natStaleMatcher([]conntrack.StaleFlow{{Proto: 17, ReplySrc: netip.MustParseAddr("10.244.2.11"), ReplySrcPort: 53}})
+	for i, want := range []bool{false, true, false} {
+		if match(flows[i]) != want {
+			t.Errorf("indexed matcher, flow %v: %v, want %v", flows[i], !want, want)
+		}
 	}
 }
 
