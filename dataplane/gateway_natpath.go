@@ -52,7 +52,7 @@ type NATPathProgrammer interface {
 // picks by the flow (not source-hash), TCP or UDP, and, with NoSNAT, not masqueraded.
 func natPort(cfg GatewayConfig, e GatewayEntry, table []int) (natpath.VIPPort, bool) {
 	if cfg.NATPath == nil || cfg.Forwarding == cluster.ForwardRoute || len(e.Backends) == 0 || e.Algorithm == cluster.LBSourceHash ||
-		(e.Proto != protoTCP && e.Proto != protoUDP) || e.SNAT && cfg.NATPath.NoSNAT {
+		(e.Proto != ProtoTCP && e.Proto != ProtoUDP) || e.SNAT && cfg.NATPath.NoSNAT {
 		return natpath.VIPPort{}, false
 	}
 	slots := make([]netip.AddrPort, len(table))
@@ -61,11 +61,6 @@ func natPort(cfg GatewayConfig, e GatewayEntry, table []int) (natpath.VIPPort, b
 	}
 	return natpath.VIPPort{VIP: e.VIP, Proto: e.Proto, Port: e.Port, SNAT: e.SNAT, Table: slots}, true
 }
-
-const (
-	protoTCP = 6
-	protoUDP = 17
-)
 
 // syncNATPath brings the NAT fast path to the families' tables fams (just programmed) and ends
 // the flows of stale; what fails is reported in rep (the family's tables forward without it).
