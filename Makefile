@@ -67,6 +67,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzRuleset$$' -fuzztime $(FUZZ_RULESET) ./dataplane/
 	$(GO) test -run '^$$' -fuzz '^FuzzConflictOrder$$' -fuzztime 3000x ./dataplane/
 	$(GO) test -run '^$$' -fuzz '^FuzzPacket$$' -fuzztime $(FUZZ_PACKET) ./dataplane/natpath/
+	$(GO) test -run '^$$' -fuzz '^FuzzMembershipDatagram$$' -fuzztime 20000x ./speaker/
+	$(GO) test -run '^$$' -fuzz '^FuzzRelayDatagram$$' -fuzztime 20000x ./dataplane/ctsync/relay/
+	$(GO) test -run '^$$' -fuzz '^FuzzAuthSection$$' -fuzztime 100000x ./bgp/bfd/
 
 # demo: a lab in network namespaces (two nodes running vipgate node, two running vipgate gateway, BIRD as
 # the router), a tour of the Service types and a gateway failover.

@@ -62,7 +62,26 @@ func bfdConfig(p PeerConfig) bfd.Config {
 	if c.Multihop {
 		c.MinTTL = uint8(b.MinimumTTL)
 	}
+	c.MaxDetectTime = b.MaxDetectTime
+	// Validated before (validate.go): an error here cannot happen.
+	c.Auth, _ = bfdAuth(b.Auth)
 	return c
+}
+
+// Validate checks a: a known type (or none), and a key that fits it.
+func (a BFDAuth) Validate() error {
+	_, err := bfdAuth(a)
+	return err
+}
+
+// bfdAuth converts and checks a peer's BFD authentication.
+func bfdAuth(a BFDAuth) (bfd.Auth, error) {
+	t, err := bfd.ParseAuthType(a.Type)
+	if err != nil {
+		return bfd.Auth{}, err
+	}
+	out := bfd.Auth{Type: t, KeyID: a.KeyID, Key: a.Key}
+	return out, out.Validate()
 }
 
 // bfdStartFallback is how long a new BFD session is held at most waiting for its BGP session to be

@@ -139,7 +139,10 @@ func TestBFDHostileDatagrams(t *testing.T) {
 		{"zero_detect_mult", pair.RouterV4, 255, bfdPacket(func(b []byte) { b[2] = 0 })},
 		{"multipoint", pair.RouterV4, 255, bfdPacket(func(b []byte) { b[1] |= 0x01 })},
 		{"zero_my_discriminator", pair.RouterV4, 255, bfdPacket(func(b []byte) { binary.BigEndian.PutUint32(b[4:], 0) })},
-		{"authentication", pair.RouterV4, 255, append(bfdPacket(func(b []byte) { b[1] |= 0x04; b[3] = 26 }), 1, 2)},
+		{"auth_type", pair.RouterV4, 255, append(bfdPacket(func(b []byte) { b[1] |= 0x04; b[3] = 26 }), 1, 2)},
+		{"auth_malformed", pair.RouterV4, 255, append(bfdPacket(func(b []byte) { b[1] |= 0x04; b[3] = 26 }), 4, 28)},
+		// A well-formed keyed SHA1 packet on a session without authentication.
+		{"authentication", pair.RouterV4, 255, forgedBFD(bfd.StateDown, bfd.DiagNone, 0x1234, 0, bfd.AuthKeyedSHA1, 1, "k")},
 		{"poll_and_final", pair.RouterV4, 255, bfdPacket(func(b []byte) { b[1] |= 0x30 })},
 		{"unknown_discriminator", pair.RouterV4, 255, bfdPacket(func(b []byte) { binary.BigEndian.PutUint32(b[8:], 0xdeadbeef) })},
 		{"zero_your_discriminator", pair.RouterV4, 255, bfdPacket(func(b []byte) { b[1] = byte(bfd.StateUp) << 6 })},

@@ -119,6 +119,8 @@ func runHelper() int {
 			err = sp.SetAdvertisements(req.Ads)
 		case req.Op == "status":
 			resp.Status = sp.Status()
+		case req.Op == "bfdsessions":
+			resp.BFD = sp.bfd.Status()
 		case req.Op == "metrics":
 			resp.Metrics, err = gatherText(reg)
 		case req.Op == "shutdown":
@@ -233,6 +235,15 @@ func (r *remoteSpeaker) Status() []PeerStatus {
 	return resp.Status
 }
 
+// BFDSessions returns the Speaker's BFD sessions (discriminators, sequence numbers).
+func (r *remoteSpeaker) BFDSessions() []bfd.SessionStatus {
+	resp, err := r.call(helperRequest{Op: "bfdsessions"})
+	if err != nil {
+		r.t.Errorf("BFD sessions: %v", err)
+	}
+	return resp.BFD
+}
+
 func (r *remoteSpeaker) Metrics() string {
 	resp, err := r.call(helperRequest{Op: "metrics"})
 	if err != nil {
@@ -298,6 +309,8 @@ type datagram struct {
 	TTL     int            `json:"ttl"`
 	Payload []byte         `json:"payload"`
 	Count   int            `json:"count"`
+	// Interval paces the Count copies (zero: back to back).
+	Interval time.Duration `json:"interval,omitempty"`
 }
 
 func runSender() int {
@@ -326,7 +339,10 @@ func runSender() int {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		for range max(d.Count, 1) {
+		for i := range max(d.Count, 1) {
+			if i > 0 && d.Interval > 0 {
+				time.Sleep(d.Interval)
+			}
 			if _, err := pc.(*net.UDPConn).WriteToUDPAddrPort(d.Payload, d.To); err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				return 1

@@ -60,6 +60,24 @@ type BFDProfile struct {
 	// MinimumTTL is the lowest TTL accepted on a multi-hop session (a peer with EBGPMultiHop);
 	// 0 means 254. Single-hop sessions accept only 255 (RFC 5881 section 5).
 	MinimumTTL uint32
+	// MaxDetectTime (vipgate's, not MetalLB's) bounds the detection time the router's packets can
+	// ask for; 0 means 5s. It is never below ReceiveInterval x DetectMultiplier. See bfd.Config.
+	MaxDetectTime time.Duration
+	// Auth (vipgate's, not MetalLB's) authenticates the session's packets (RFC 5880 6.7); the
+	// zero value is none.
+	Auth BFDAuth
+}
+
+// BFDAuth is RFC 5880 keyed authentication of a BFD session. The router must have the same type,
+// key ID and key (BIRD: "authentication meticulous keyed sha1; password "..." { id N; };").
+type BFDAuth struct {
+	// Type is keyed-md5, meticulous-keyed-md5, keyed-sha1 or meticulous-keyed-sha1 (empty: no
+	// authentication). The meticulous types also stop replayed packets; prefer them.
+	Type string
+	// KeyID is the Auth Key ID both sides use for Key.
+	KeyID uint8
+	// Key is the shared secret: at most 16 bytes with MD5, 20 with SHA1.
+	Key string
 }
 
 // Advertisement is one VIP route to announce.

@@ -104,6 +104,12 @@ func validatePeer(p PeerConfig, routerID netip.Addr) error {
 		if b.MinimumTTL > 254 {
 			return fmt.Errorf("BFD minimumTtl %d is above 254", b.MinimumTTL)
 		}
+		if b.MaxDetectTime < 0 || b.MaxDetectTime > time.Hour {
+			return fmt.Errorf("BFD maximum detection time %s is negative or above 1h", b.MaxDetectTime)
+		}
+		if _, err := bfdAuth(b.Auth); err != nil {
+			return err
+		}
 	}
 	return nil
 }

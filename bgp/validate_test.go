@@ -50,6 +50,12 @@ func TestValidatePeers(t *testing.T) {
 		{"BFD multiplier too big", func(p *PeerConfig) { p.BFD = &BFDProfile{DetectMultiplier: 256} }, "detectMultiplier"},
 		{"BFD interval below 1ms", func(p *PeerConfig) { p.BFD = &BFDProfile{TransmitInterval: time.Microsecond} }, "below 1ms"},
 		{"BFD minimum TTL above 254", func(p *PeerConfig) { p.BFD = &BFDProfile{MinimumTTL: 255} }, "minimumTtl"},
+		{"BFD auth type unknown", func(p *PeerConfig) { p.BFD = &BFDProfile{Auth: BFDAuth{Type: "simple-password", Key: "x"}} }, "unknown BFD authentication type"},
+		{"BFD auth key too long", func(p *PeerConfig) {
+			p.BFD = &BFDProfile{Auth: BFDAuth{Type: "keyed-sha1", Key: "123456789012345678901"}}
+		}, "at most 20"},
+		{"BFD auth without key", func(p *PeerConfig) { p.BFD = &BFDProfile{Auth: BFDAuth{Type: "keyed-md5"}} }, "without a key"},
+		{"BFD maximum detection time negative", func(p *PeerConfig) { p.BFD = &BFDProfile{MaxDetectTime: -1} }, "maximum detection time"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -106,6 +106,8 @@ type NodeConfig struct {
 	// ExternalIPs says which addresses Services may claim besides their cluster IPs (externalIPs,
 	// LoadBalancer IPs); see ExternalIPPolicy.
 	ExternalIPs ExternalIPPolicy
+	// ServiceLimits bound what one Service may cost the node (limits.go).
+	ServiceLimits ServiceLimits
 	// Speaker configures the L2 speakers' membership (speakerconfig.go).
 	Speaker SpeakerConfig
 	// Logging is logLevel and logFormat.
@@ -172,6 +174,7 @@ type nodeConfigFile struct {
 	TableName            string               `json:"tableName"`
 	ServiceProxyName     string               `json:"serviceProxyName"`
 	ExternalIPs          externalIPPolicyFile `json:"externalIPs"`
+	ServiceLimits        serviceLimitsFile    `json:"serviceLimits"`
 	Speaker              *speakerConfigFile   `json:"speaker"`
 	LogLevel             string               `json:"logLevel"`
 	LogFormat            string               `json:"logFormat"`
@@ -237,6 +240,11 @@ type GatewayConfig struct {
 	// FlowTimeout is how long an idle flow keeps its entry in the gateways' connection table
 	// (forwarding: route; 0: DefaultFlowTimeout).
 	FlowTimeout time.Duration
+	// HashKeyFile holds the key (the membership key file's format: the first line's key) the flow
+	// hash's seed is derived from: the jhash seed of the Maglev rules and of the NAT fast path,
+	// which must be secret and equal on the gateways of a group. Default: the membership's key
+	// (speaker.memberKeyFile); without either the public default seed (a /status warning).
+	HashKeyFile string
 	// RouteFastPath forwards route mode's packets from a netdev ingress chain with fwd rather than
 	// with dup at prerouting (docs/gateway.md; default DefaultRouteFastPath with forwarding: route);
 	// RouteFastPathDevices are the interfaces VIP traffic arrives on (empty: every up interface but
@@ -270,6 +278,8 @@ type GatewayConfig struct {
 	SNATAddresses []GatewaySNATAddresses
 	// ConntrackSync replicates the gateway's conntrack table to its peer with conntrackd.
 	ConntrackSync ConntrackSync
+	// ServiceLimits bound what one Service may cost the gateway (limits.go).
+	ServiceLimits ServiceLimits
 }
 
 // GatewaySNATAddresses are one gateway's SNAT source addresses, at most one per family.
@@ -296,6 +306,11 @@ type ConntrackSync struct {
 	// StateDir holds conntrackd's config, lock file, control socket, log and pid file (default: a
 	// fresh temporary directory, removed on exit).
 	StateDir string
+	// KeyFile holds the keys that authenticate the sync datagrams between the gateways' relays, in
+	// the membership key file's format (one per line, the first signs, any verifies; default: the
+	// membership's, speaker.memberKeyFile or --member-key-file). The channel's own keys are derived
+	// from them. Without a key conntrack sync does not start.
+	KeyFile string
 }
 
 // DefaultConntrackSyncPort is conntrackd's default UDP port.
@@ -337,6 +352,7 @@ type gatewayConfigFile struct {
 	MaglevTableSize     int                `json:"maglevTableSize"`
 	DrainTimeout        string             `json:"drainTimeout"`
 	FlowTimeout         string             `json:"flowTimeout"`
+	HashKeyFile         string             `json:"hashKeyFile"`
 	RouteFastPath       *routeFastPathFile `json:"routeFastPath"`
 	NATFastPath         *natFastPathFile   `json:"natFastPath"`
 	Name                string             `json:"name"`
@@ -347,6 +363,7 @@ type gatewayConfigFile struct {
 	LogFormat           string             `json:"logFormat"`
 	SNATAddresses       []gatewaySNATFile  `json:"snatAddresses"`
 	ConntrackSync       *conntrackSyncFile `json:"conntrackSync"`
+	ServiceLimits       serviceLimitsFile  `json:"serviceLimits"`
 }
 
 // gatewaySNATFile is one entry of a GatewayConfig's snatAddresses.
@@ -364,6 +381,7 @@ type conntrackSyncFile struct {
 	Port         int    `json:"port"`
 	Conntrackd   string `json:"conntrackd"`
 	StateDir     string `json:"stateDir"`
+	KeyFile      string `json:"keyFile"`
 }
 
 // parseGatewaySync decodes snatAddresses and conntrackSync into c.
@@ -381,7 +399,7 @@ func parseGatewaySync(c *GatewayConfig, f *gatewayConfigFile) error {
 	}
 	// A conntrackSync section means "on" unless it says enabled: false.
 	c.ConntrackSync = ConntrackSync{Enabled: cs.Enabled == nil || *cs.Enabled, Interface: cs.Interface,
-		Port: cmp.Or(cs.Port, DefaultConntrackSyncPort), Conntrackd: cs.Conntrackd, StateDir: cs.StateDir}
+		Port: cmp.Or(cs.Port, DefaultConntrackSyncPort), Conntrackd: cs.Conntrackd, StateDir: cs.StateDir, KeyFile: cs.KeyFile}
 	var err error
 	if cs.Peer != "" {
 		if c.ConntrackSync.Peer, err = parseIP("conntrackSync.peer", cs.Peer); err != nil {
@@ -474,6 +492,9 @@ func (c *GatewayConfig) validateGatewaySync() error {
 	}
 	if cs.StateDir != "" && (!strings.HasPrefix(cs.StateDir, "/") || strings.ContainsAny(cs.StateDir, " \t\n\"{}#\x00") || strings.Contains(cs.StateDir, "..")) {
 		return fmt.Errorf("conntrackSync.stateDir: %q is not an absolute path without spaces, quotes, braces or '..'", cs.StateDir)
+	}
+	if cs.KeyFile != "" && (!strings.HasPrefix(cs.KeyFile, "/") || strings.ContainsAny(cs.KeyFile, "\n\x00")) {
+		return fmt.Errorf("conntrackSync.keyFile: %q is not an absolute path", cs.KeyFile)
 	}
 	// With SNAT to the gateway's own address, replies of the flows a dead gateway NATed go to a dead
 	// address: no synced state can save them.
@@ -688,6 +709,9 @@ func ParseNodeConfig(data []byte) (*NodeConfig, error) {
 	if c.ExternalIPs.AllowedCIDRs, err = parsePrefixList("externalIPs.allowedCIDRs", f.ExternalIPs.AllowedCIDRs); err != nil {
 		return nil, err
 	}
+	if c.ServiceLimits, err = parseServiceLimits(f.ServiceLimits); err != nil {
+		return nil, err
+	}
 	if len(f.NodePortAddresses) == 0 {
 		for _, a := range c.NodeIPs {
 			c.NodePortAddresses = append(c.NodePortAddresses, netip.PrefixFrom(a, a.BitLen()))
@@ -835,6 +859,7 @@ func ParseGatewayConfig(data []byte) (*GatewayConfig, error) {
 			return nil, errors.New("flowTimeout: 0 is not allowed (leave it out for the default 1h)")
 		}
 	}
+	c.HashKeyFile = f.HashKeyFile
 	if c.RouteFastPath, c.RouteFastPathDevices, err = parseRouteFastPath(f.RouteFastPath, Forwarding(f.Forwarding)); err != nil {
 		return nil, err
 	}
@@ -861,6 +886,9 @@ func ParseGatewayConfig(data []byte) (*GatewayConfig, error) {
 		c.Nodes = append(c.Nodes, node)
 	}
 	if err := parseGatewaySync(c, &f); err != nil {
+		return nil, err
+	}
+	if c.ServiceLimits, err = parseServiceLimits(f.ServiceLimits); err != nil {
 		return nil, err
 	}
 	if err := c.Validate(); err != nil {

@@ -24,6 +24,7 @@ conntrackSync:
   peer: 192.0.2.12
   interface: eth1
   stateDir: /var/lib/vipgate/ctsync
+  keyFile: /etc/vipgate/ctsync/key
 `
 
 func TestParseGatewayConntrackSync(t *testing.T) {
@@ -31,7 +32,8 @@ func TestParseGatewayConntrackSync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := ConntrackSync{Enabled: true, Interface: "eth1", Peer: netip.MustParseAddr("192.0.2.12"), Port: DefaultConntrackSyncPort, StateDir: "/var/lib/vipgate/ctsync"}
+	want := ConntrackSync{Enabled: true, Interface: "eth1", Peer: netip.MustParseAddr("192.0.2.12"), Port: DefaultConntrackSyncPort, StateDir: "/var/lib/vipgate/ctsync",
+		KeyFile: "/etc/vipgate/ctsync/key"}
 	if diff := cmp.Diff(want, c.ConntrackSync, cmpOpts); diff != "" {
 		t.Errorf("conntrackSync (-want +got)\n%s", diff)
 	}
@@ -54,6 +56,7 @@ func TestGatewayConntrackSyncErrors(t *testing.T) {
 		{"interface: eth1", "port: 70000", "conntrackSync.port"},
 		{"stateDir: /var/lib/vipgate/ctsync", "stateDir: relative", "conntrackSync.stateDir"},
 		{"stateDir: /var/lib/vipgate/ctsync", "stateDir: /var/../etc", "conntrackSync.stateDir"},
+		{"keyFile: /etc/vipgate/ctsync/key", "keyFile: key", "conntrackSync.keyFile"},
 		{"gateway: gw2, addresses: [192.0.2.241]", "gateway: gw3, addresses: [192.0.2.241]", `"gw3" is neither this gateway`},
 		{"gateway: gw2, addresses: [192.0.2.241]", "gateway: gw1, addresses: [192.0.2.241]", "listed twice"},
 		{"addresses: [192.0.2.241]", "addresses: [192.0.2.240]", "each gateway needs its own SNAT address"},

@@ -444,3 +444,34 @@ func TestExternalIPPolicyConfig(t *testing.T) {
 		t.Errorf("bad CIDR: %v", err)
 	}
 }
+
+// TestServiceLimitsConfig: the serviceLimits option of a NodeConfig and a GatewayConfig (issue
+// #27): values are kept, unset means the defaults, and a value out of range is an error naming
+// the field.
+func TestServiceLimitsConfig(t *testing.T) {
+	c, err := ParseNodeConfig([]byte(goodNodeConfig + "serviceLimits: {maxEntries: 500, maxElements: 4096}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ServiceLimits != (ServiceLimits{MaxEntries: 500, MaxElements: 4096}) {
+		t.Errorf("ServiceLimits = %+v", c.ServiceLimits)
+	}
+	if c, err = ParseNodeConfig([]byte(goodNodeConfig)); err != nil || c.ServiceLimits.WithDefaults() != (ServiceLimits{MaxEntries: DefaultMaxServiceEntries, MaxElements: DefaultMaxServiceElements}) {
+		t.Errorf("default ServiceLimits = %+v, %v", c.ServiceLimits, err)
+	}
+	for _, bad := range []string{"{maxEntries: -1}", "{maxElements: 16777217}", "{maxelements: 5}"} {
+		if _, err := ParseNodeConfig([]byte(goodNodeConfig + "serviceLimits: " + bad + "\n")); err == nil || !strings.Contains(strings.ToLower(err.Error()), "servicelimits.max") {
+			t.Errorf("serviceLimits: %s: %v", bad, err)
+		}
+	}
+	g, err := ParseGatewayConfig([]byte(goodGatewayConfig + "serviceLimits: {maxElements: 9000}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.ServiceLimits.WithDefaults() != (ServiceLimits{MaxEntries: DefaultMaxServiceEntries, MaxElements: 9000}) {
+		t.Errorf("gateway ServiceLimits = %+v", g.ServiceLimits)
+	}
+	if _, err := ParseGatewayConfig([]byte(goodGatewayConfig + "serviceLimits: {maxEntries: -5}\n")); err == nil || !strings.Contains(err.Error(), "serviceLimits.maxEntries") {
+		t.Errorf("gateway serviceLimits.maxEntries -5: %v", err)
+	}
+}

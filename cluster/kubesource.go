@@ -98,8 +98,9 @@ const EventReasonRejected = "Rejected"
 // (discovery.k8s.io), list and watch on servicecidrs (networking.k8s.io, when served) and, if
 // MetalLB's CRDs are installed, on ipaddresspools, l2advertisements, bgpadvertisements,
 // communities, bfdprofiles and bgppeers (metallb.io); create and patch on events (core); list and
-// watch on secrets and pods in its own namespace (Roles there); and access to the discovery
-// endpoints (granted to every authenticated user by default).
+// watch on pods, and on the Secrets WatchBGPSecrets names (resourceNames), in its own namespace
+// (Roles there); and access to the discovery endpoints (granted to every authenticated user by
+// default).
 type KubeSource struct {
 	cfg      *rest.Config
 	nodeName string
@@ -107,8 +108,10 @@ type KubeSource struct {
 	// proxyFilter says which Services and EndpointSlices are listed (SetServiceProxyName).
 	proxyFilter ServiceProxyFilter
 	// secretsNamespace, when set, is where the BGP password Secrets (BGPPeer passwordSecret) are
-	// read from: the node agent's own namespace, the only one its RBAC lets it read Secrets in.
+	// read from: the node agent's own namespace, the only one its RBAC lets it read Secrets in;
+	// secretNames are the only Secrets read there (bgpsecrets.go).
 	secretsNamespace string
+	secretNames      []string
 	// podsNamespace and podsSelector, when set, are where and which node agent pods are watched
 	// (WatchSpeakerPods): State.SpeakerNodes.
 	podsNamespace, podsSelector string
@@ -191,10 +194,13 @@ func (k *KubeSource) KeepMetalLBStatus() { k.keepMetalLBStatus = true }
 // label. Objects labelled service.kubernetes.io/headless are never listed. Call it before Run.
 func (k *KubeSource) SetServiceProxyName(name string) { k.proxyFilter = ServiceProxyFilter{Name: name} }
 
-// WatchBGPSecrets makes the source read the basic-auth Secrets of namespace ns (BGPPeer
-// passwordSecret, as MetalLB's speaker does in its own namespace) into State.MetalLB.Secrets. Call it
-// before Run.
-func (k *KubeSource) WatchBGPSecrets(ns string) { k.secretsNamespace = ns }
+// WatchBGPSecrets makes the source read the named basic-auth Secrets of namespace ns (BGPPeer
+// passwordSecret, as MetalLB's speaker does in its own namespace) into State.MetalLB.Secrets: those
+// names only, each by name, so that a Role can grant them by resourceNames (bgpsecrets.go). No
+// names: no Secret is read. Call it before Run.
+func (k *KubeSource) WatchBGPSecrets(ns string, names []string) {
+	k.secretsNamespace, k.secretNames = ns, slices.Clone(names)
+}
 
 // String names the source for logs: "kubernetes <API server URL>".
 func (k *KubeSource) String() string { return "kubernetes " + k.cfg.Host }
@@ -301,19 +307,17 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(*State)) error {
 	listSecrets := func() []*corev1.Secret { return nil }
 	var secretsWG sync.WaitGroup
 	defer secretsWG.Wait() // after the deferred cancel below has stopped the informer
-	if ns := k.secretsNamespace; ns != "" {
-		// Only basic-auth Secrets, only in this namespace: BGP passwords, nothing else is read.
-		secretInf := newBGPSecretInformer(client, ns)
-		if err := secretInf.SetTransform(stripManagedFields); err != nil {
-			return fmt.Errorf("secret informer: %w", err)
+	if ns := k.secretsNamespace; ns != "" && len(k.secretNames) > 0 {
+		// Only the named basic-auth Secrets, only in this namespace: BGP passwords, nothing else is read.
+		secrets, err := newBGPSecrets(client, ns, k.secretNames, k.logger)
+		if err != nil {
+			return fmt.Errorf("secret informers: %w", err)
 		}
-		if _, err := secretInf.AddEventHandler(handler); err != nil {
+		if err := secrets.start(ctx, handler, &secretsWG); err != nil {
 			return fmt.Errorf("adding informer event handler: %w", err)
 		}
-		secretsWG.Add(1)
-		go func() { defer secretsWG.Done(); secretInf.Run(ctx.Done()) }()
-		synced = append(synced, secretInf.HasSynced)
-		listSecrets = func() []*corev1.Secret { return listAll[*corev1.Secret](secretInf) }
+		synced = append(synced, secrets.hasSynced)
+		listSecrets = secrets.list
 	}
 	listSpeakerNodes := func() map[string]bool { return nil }
 	if ns := k.podsNamespace; ns != "" {

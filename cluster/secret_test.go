@@ -69,7 +69,7 @@ func TestKubeSourceBGPSecrets(t *testing.T) {
 
 	rec := newStateRecorder()
 	src := NewKubeSource(srv.RESTConfig(), "node1", hclog.NewNullLogger())
-	src.WatchBGPSecrets("vipgate-system")
+	src.WatchBGPSecrets("vipgate-system", []string{"tor", "opaque", "elsewhere"})
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- src.Run(runCtx, rec.onChange) }()

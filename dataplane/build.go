@@ -32,6 +32,8 @@ type NodeInfo struct {
 	names *nameInterner
 	// picks, if set, holds the names of the shared pickers (pickChain).
 	picks map[pickKey]string
+	// Limits bound what one Service may cost (budget.go); zero fields are the defaults.
+	Limits cluster.ServiceLimits
 }
 
 // Comments of the per-Service rules, as the rules carry them (netlink.go writes them into the rule's
@@ -94,6 +96,10 @@ func buildService(n NodeInfo, svc *cluster.Service, eps []*cluster.EndpointSlice
 	if svc.Type == cluster.TypeLoadBalancer {
 		b.lbIPs = n.Screen.screen(b.familyAddrs(svc.LoadBalancerIPs), false, &p.Refused)
 	}
+	// What the Service may cost (budget.go): its entries are known before anything is built.
+	b.limits = n.Limits.WithDefaults()
+	b.entries = serviceEntries(svc, len(b.externalIPs), len(b.lbIPs))
+	b.over = entriesOverLimit(b.limits, b.entries, len(svc.Ports))
 	// The elements are built in a reused scratch slice and kept in one of their exact size (or
 	// packed): a full sync holds ~150,000 of them, and memory the process touches for the first
 	// time is what a full sync pays most for (page faults) after the kernel's own work. Packed, the
@@ -108,9 +114,26 @@ func buildService(n NodeInfo, svc *cluster.Service, eps []*cluster.EndpointSlice
 		epScratch = endpointScratch.Get().(*[]Endpoint)
 		b.endpoints = (*epScratch)[:0]
 	}
-	targets := ResolveTargetPorts(svc.Ports, eps)
-	for j, sp := range svc.Ports {
-		b.port(sp, clusterIP, eps, targets, j)
+	if b.over == "" {
+		targets := ResolveTargetPorts(svc.Ports, eps)
+		for j, sp := range svc.Ports {
+			if !b.afford(0) {
+				break
+			}
+			b.port(sp, clusterIP, eps, targets, j)
+		}
+		b.afford(0)
+	}
+	if b.over != "" {
+		// Refused as a whole: only the cluster IP stays (its connections are rejected as on an
+		// undefined port), with the reason.
+		p.Elements = p.Elements[:1]
+		p.Chains, p.Sets, p.Entries, p.LocalEndpoints = nil, nil, nil, 0
+		if p.Backends != nil {
+			p.Backends = p.Backends[:0]
+		}
+		b.uses = b.uses[:0]
+		p.Refused = append(p.Refused, Refusal{Field: refusalFieldService, Addr: clusterIP, Reason: b.over})
 	}
 	built, backends := p.Elements, p.Backends
 	var pp *packedPart
@@ -169,6 +192,16 @@ type serviceBuilder struct {
 	// endpoints is scratch space for a port's endpoints (see portEndpoints): nil, or a slice of
 	// endpointScratch.
 	endpoints []Endpoint
+	// limits are the Service limits (defaults applied), entries the Service's entry count; over
+	// says why the Service is over them ("" while it is not), rules counts the rules of its own
+	// chains (budget.go).
+	limits  cluster.ServiceLimits
+	entries int
+	over    string
+	rules   int
+	// chainIdx indexes the part's chains by name once it has more than a few (hasChain): a
+	// Service's chains are per port, and they are looked up per entry.
+	chainIdx map[string]bool
 }
 
 func (b *serviceBuilder) familyAddrs(in []netip.Addr) []netip.Addr {
@@ -181,8 +214,15 @@ func (b *serviceBuilder) familyAddrs(in []netip.Addr) []netip.Addr {
 	return out
 }
 
-// hasChain says whether the part has its chain called name (a Service has a few at most).
+// smallChains is how many chains a part may have before hasChain indexes them.
+const smallChains = 8
+
+// hasChain says whether the part has its chain called name: a scan while it has a few (most
+// Services), an index beyond, since a Service's chains are per port and looked up per entry.
 func (b *serviceBuilder) hasChain(name string) bool {
+	if b.chainIdx != nil {
+		return b.chainIdx[name]
+	}
 	return slices.ContainsFunc(b.p.Chains, func(c *Chain) bool { return c.Name == name })
 }
 
@@ -191,6 +231,15 @@ func (b *serviceBuilder) addChain(c *Chain) {
 		return
 	}
 	b.p.Chains = append(b.p.Chains, c)
+	b.rules += len(c.Rules)
+	if b.chainIdx == nil && len(b.p.Chains) > smallChains {
+		b.chainIdx = make(map[string]bool, 2*len(b.p.Chains))
+		for _, c := range b.p.Chains {
+			b.chainIdx[c.Name] = true
+		}
+	} else if b.chainIdx != nil {
+		b.chainIdx[c.Name] = true
+	}
 }
 
 func (b *serviceBuilder) use(chain string) string {
@@ -311,6 +360,9 @@ func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slic
 		entries = append(entries, entry{nodePort: true, port: nodePort})
 	}
 	for _, e := range entries {
+		if !b.afford(0) {
+			return
+		}
 		b.p.Entries = append(b.p.Entries, EntryRef{Proto: proto, Addr: e.addr, Port: e.port, NodePort: e.nodePort, HasEndpoints: hasExternal})
 		if cat.HasAny {
 			b.vmap(e, proto, b.externalTarget(e, proto, name, externalLocal, cat, externalSet))
@@ -321,15 +373,18 @@ func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slic
 	}
 
 	// loadBalancerSourceRanges: checked before DNAT on the LoadBalancer IPs only (NodePorts are not
-	// subject to it, as in kube-proxy).
-	if len(lbIPs) > 0 && len(svc.LoadBalancerSourceRanges) > 0 {
+	// subject to it, as in kube-proxy). Ranges are per family, as kube-proxy filters them: a family
+	// without ranges of its own is open (cluster.ServiceFromAPI drops a family's ranges when it has a
+	// /0, which opens it).
+	ranges := familyRanges(svc.LoadBalancerSourceRanges, b.n.Family)
+	if len(lbIPs) > 0 && len(ranges) > 0 {
+		if !b.afford(cluster.RuleCost*(len(ranges)+len(lbIPs)+1) + len(lbIPs)) {
+			return
+		}
 		fw := perPortChain(ChainRoleFirewall, name, "")
 		var rules []Rule
 		allowFromNode := false
-		for _, r := range svc.LoadBalancerSourceRanges {
-			if familyOfPrefix(r) != b.n.Family {
-				continue
-			}
+		for _, r := range ranges {
 			rules = append(rules, Rule{Matches: []Match{{Kind: MatchSaddrInPrefix, Prefix: r.Masked()}}, Action: Action{Kind: ActReturn}})
 			for _, nip := range b.n.NodeIPs {
 				if r.Contains(nip) {
@@ -348,6 +403,17 @@ func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slic
 			b.p.Elements = append(b.p.Elements, Element{Set: MapFirewallIPs, Addr: a, Proto: proto, Port: sp.Port, Verdict: VerdictGoto, Chain: fw})
 		}
 	}
+}
+
+// familyRanges returns the prefixes of family f in ranges.
+func familyRanges(ranges []netip.Prefix, f cluster.Family) []netip.Prefix {
+	var out []netip.Prefix
+	for _, r := range ranges {
+		if familyOfPrefix(r) == f {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 func policyName(local bool) string {
@@ -394,8 +460,12 @@ func (b *serviceBuilder) pick(e entry, proto uint8, eps []Endpoint, clusterMap b
 		el.Addr = e.addr
 	}
 	if b.alg == cluster.LBMaglev {
-		// Maglev: M slots per entry, slot -> endpoint, the same table on every node.
-		size := maglev.SizeFor(len(eps))
+		// Maglev: M slots per entry, slot -> endpoint, the same table on every node; M sized to
+		// the endpoints (maglev.NodeSizeFor), and within the Service's limit.
+		size := maglev.NodeSizeFor(len(eps))
+		if !b.afford(size) {
+			return b.use(pickChainFor(cluster.LBMaglev, m, size)) // the part is refused
+		}
 		names := make([]string, len(eps))
 		for i, ep := range eps {
 			names[i] = ep.AddrPort().String()
@@ -409,6 +479,7 @@ func (b *serviceBuilder) pick(e entry, proto uint8, eps []Endpoint, clusterMap b
 		}
 		// Unreachable (maglev.SizeFor leaves room for every endpoint); random below.
 	}
+	b.afford(len(eps))
 	for i, ep := range eps {
 		el.Index, el.DataAddr, el.DataPort = uint32(i), ep.Addr, ep.Port
 		b.p.Elements = append(b.p.Elements, el)

@@ -57,15 +57,40 @@ type entryClaim struct {
 
 // claimsOf appends to out the distinct entries of a Service's part with the kind of each (a Service
 // whose external IP equals its own cluster IP claims the entry once, as a cluster IP), in the order
-// of the part's entries. A Service has a handful: a linear search, and a slice the caller reuses,
-// where a map per Service was ~5 MiB of garbage in a full sync of 10,000 Services.
+// of the part's entries. Most Services have a handful: a linear search, and a slice the caller
+// reuses, where a map per Service was ~5 MiB of garbage in a full sync of 10,000 Services. Beyond
+// smallClaims entries an index finds the duplicates, so a Service of many entries (ports x
+// addresses, up to cluster.ServiceLimits) costs time linear in them, not quadratic.
 func claimsOf(out []entryClaim, svc *cluster.Service, part *Part) []entryClaim {
+	start := len(out)
+	var index map[entryKey]int
 	for _, e := range part.Entries {
 		k := entryKey{e.NodePort, e.Addr, e.Proto, e.Port}
 		c := claim{svc: svc, external: !e.NodePort && !slices.Contains(svc.ClusterIPs, e.Addr)}
-		i := slices.IndexFunc(out, func(x entryClaim) bool { return x.k == k })
+		i := -1
+		switch {
+		case index != nil:
+			if j, ok := index[k]; ok {
+				i = j
+			}
+		case len(out)-start > smallClaims:
+			index = make(map[entryKey]int, len(part.Entries))
+			for j := start; j < len(out); j++ {
+				index[out[j].k] = j
+			}
+			if j, ok := index[k]; ok {
+				i = j
+			}
+		default:
+			if j := slices.IndexFunc(out[start:], func(x entryClaim) bool { return x.k == k }); j >= 0 {
+				i = start + j
+			}
+		}
 		switch {
 		case i < 0:
+			if index != nil {
+				index[k] = len(out)
+			}
 			out = append(out, entryClaim{k, c})
 		case out[i].c.external:
 			out[i].c = c
@@ -73,6 +98,9 @@ func claimsOf(out []entryClaim, svc *cluster.Service, part *Part) []entryClaim {
 	}
 	return out
 }
+
+// smallClaims is how many entries claimsOf searches linearly before it indexes them.
+const smallClaims = 16
 
 // add records c's claim on k and returns the Service that lost the entry to it, if it took it from
 // one (nil otherwise).

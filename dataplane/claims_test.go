@@ -386,3 +386,50 @@ func FuzzConflictOrder(f *testing.F) {
 		}
 	})
 }
+
+// TestClaimsOfManyEntries: a Service of many entries (past the linear search, claimsOf's index)
+// claims each entry once, in the order of its part, and an external IP equal to its own cluster IP
+// is claimed once, as a cluster IP, whichever comes first.
+func TestClaimsOfManyEntries(t *testing.T) {
+	svc, eps := hostileService(hostileShape{name: "many", ports: 30, externalIPs: 3, endpoints: 1})
+	svc.ExternalIPs = append(svc.ExternalIPs, svc.ClusterIPs[0]) // also its own cluster IP
+	p := BuildService(hostileNodeInfo(), svc, eps)
+	// The part lists the cluster IP entry, then the external ones, per port: put a duplicate of
+	// the cluster IP entry first, as an external claim, to see it turned into a cluster IP claim.
+	dup := p.Entries[0]
+	p.Entries = append([]EntryRef{dup}, p.Entries...)
+	got := claimsOf(nil, svc, p)
+	if want := 30 * 4; len(got) != want {
+		t.Fatalf("%d claims, want %d (30 ports x cluster IP and 3 external IPs)", len(got), want)
+	}
+	seen := map[entryKey]bool{}
+	for _, c := range got {
+		if seen[c.k] {
+			t.Errorf("%+v claimed twice", c.k)
+		}
+		seen[c.k] = true
+		if c.c.external == (c.k.addr == svc.ClusterIPs[0]) {
+			t.Errorf("%+v claimed as external %v", c.k, c.c.external)
+		}
+	}
+	if want := claimsOfLinear(svc, p); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("claimsOf differs from the linear search:\n%v\n%v", got, want)
+	}
+}
+
+// claimsOfLinear is claimsOf by a linear search only: the specification of the indexed one.
+func claimsOfLinear(svc *cluster.Service, part *Part) []entryClaim {
+	var out []entryClaim
+	for _, e := range part.Entries {
+		k := entryKey{e.NodePort, e.Addr, e.Proto, e.Port}
+		c := claim{svc: svc, external: !e.NodePort && !slices.Contains(svc.ClusterIPs, e.Addr)}
+		i := slices.IndexFunc(out, func(x entryClaim) bool { return x.k == k })
+		switch {
+		case i < 0:
+			out = append(out, entryClaim{k, c})
+		case out[i].c.external:
+			out[i].c = c
+		}
+	}
+	return out
+}

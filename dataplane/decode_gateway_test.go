@@ -12,14 +12,18 @@ import (
 // TestGatewayDecodeRoundTrip: gateway tables of every forwarding mode and SNAT setting, both
 // families, programmed into a throwaway namespace and read back: the decoder proves the jhash DNAT
 // and the routed dup rules against the encoder and returns exactly the model that was programmed.
+// With ranges, web and web6 have loadBalancerSourceRanges (the gateway's fw- chains).
 func TestGatewayDecodeRoundTrip(t *testing.T) {
 	for _, c := range []struct {
-		name string
-		cfg  GatewayConfig
+		name   string
+		cfg    GatewayConfig
+		ranges []string
 	}{
-		{"nodePort auto", GatewayConfig{Forwarding: cluster.ForwardNodePort}},
-		{"direct always", GatewayConfig{Forwarding: cluster.ForwardDirect, SNAT: cluster.SNATAlways}},
-		{"route", GatewayConfig{Forwarding: cluster.ForwardRoute}},
+		{"nodePort auto", GatewayConfig{Forwarding: cluster.ForwardNodePort}, nil},
+		{"direct always", GatewayConfig{Forwarding: cluster.ForwardDirect, SNAT: cluster.SNATAlways}, nil},
+		{"route", GatewayConfig{Forwarding: cluster.ForwardRoute}, nil},
+		{"nodePort source ranges", GatewayConfig{Forwarding: cluster.ForwardNodePort}, []string{"198.51.100.0/24", "192.0.2.128/25", "2001:db8:c::/48"}},
+		{"direct source ranges", GatewayConfig{Forwarding: cluster.ForwardDirect}, []string{"198.51.100.0/24", "2001:db8:c::/48"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, fd := testNetns(t)
@@ -30,6 +34,11 @@ func TestGatewayDecodeRoundTrip(t *testing.T) {
 				Ports:     []cluster.EndpointPort{{Protocol: cluster.TCP, Port: 8080}},
 				Endpoints: []cluster.Endpoint{{Addresses: []netip.Addr{netip.MustParseAddr("2001:db8:244:1::11")}, NodeName: "node1", Ready: true, Serving: true}}}}
 			st.Nodes["node1"].Addresses = append(st.Nodes["node1"].Addresses, netip.MustParseAddr("2001:db8:1::11"))
+			for _, r := range c.ranges {
+				for _, svc := range []*cluster.Service{v6, st.Services[cluster.ServiceKey{Namespace: "gw", Name: "web"}]} {
+					svc.LoadBalancerSourceRanges = append(svc.LoadBalancerSourceRanges, netip.MustParsePrefix(r))
+				}
+			}
 			health := Health{{gwNode1, 32001}: true}
 			prog := &NetlinkProgrammer{NetNSFd: fd}
 			p := NewGatewayProxier(hclog.NewNullLogger(), c.cfg, prog)

@@ -30,6 +30,9 @@ import (
 //	gateway-masq-pick             mark for masquerade, goto gateway-pick
 //	nat-postrouting               masquerade marked packets
 //	filter-forward/input/output   ip daddr @gateway-vips reject  (a VIP port nobody serves)
+//	filter-prerouting-pre-dnat    ct state new jump firewall-check: vmap @firewall-ips
+//	                                -> goto fw-<port>: saddr in a range return, else drop
+//	                                (only when a VIP port has loadBalancerSourceRanges: gatewayFirewall)
 //
 // gateway-backends holds a Maglev table per VIP port: (vip, proto, port, slot) -> backend, M slots
 // each. Every gateway with the same backends holds the same elements, and the slot is a fixed hash
@@ -79,6 +82,8 @@ type GatewayConfig struct {
 	// NAT fast path (gateway_natpath.go, dataplane/natpath: a tc BPF program that forwards the
 	// flows it takes without the IP stack and conntrack); nil: only the family's table.
 	NATPath *GatewayNATPath
+	// Limits bound what one Service may cost (budget.go; zero fields: the defaults).
+	Limits cluster.ServiceLimits
 }
 
 func (c GatewayConfig) withDefaults() GatewayConfig {
@@ -126,6 +131,11 @@ type GatewayEntry struct {
 	// Draining are backends that get no new flows but keep their established ones (a node marked
 	// draining, a node whose local endpoints are all terminating, endpoints on a draining node), sorted.
 	Draining []netip.AddrPort
+	// SourceRanges are the Service's loadBalancerSourceRanges of the entry's family, which the
+	// gateway enforces before DNAT (forwarding direct and nodePort: the node cannot, as the packet
+	// reaches it for a pod or a NodePort; route: empty, the node enforces them on the VIP as it
+	// arrives). Empty: open to every client, as a family without ranges of its own is (familyRanges).
+	SourceRanges []netip.Prefix
 }
 
 // String formats the entry for logs.
@@ -271,6 +281,12 @@ func GatewayServiceEntries(cfg GatewayConfig, f cluster.Family, svc *cluster.Ser
 	}
 	snat := gatewaySNAT(cfg, svc)
 	alg, _ := gatewayAlgorithm(cfg, svc)
+	var ranges []netip.Prefix
+	if cfg.Forwarding != cluster.ForwardRoute {
+		for _, r := range familyRanges(svc.LoadBalancerSourceRanges, f) {
+			ranges = append(ranges, r.Masked())
+		}
+	}
 	var out []GatewayEntry
 	targets := ResolveTargetPorts(svc.Ports, slices_)
 	for j, sp := range svc.Ports {
@@ -363,7 +379,7 @@ func GatewayServiceEntries(cfg GatewayConfig, f cluster.Family, svc *cluster.Ser
 		slices.SortFunc(draining, netip.AddrPort.Compare)
 		draining = slices.Compact(draining)
 		for _, vip := range vips {
-			out = append(out, GatewayEntry{Service: svc.Key, VIP: vip, Proto: proto, Port: sp.Port, Backends: backends, SNAT: snat, Why: why, Algorithm: alg, Draining: draining})
+			out = append(out, GatewayEntry{Service: svc.Key, VIP: vip, Proto: proto, Port: sp.Port, Backends: backends, SNAT: snat, Why: why, Algorithm: alg, Draining: draining, SourceRanges: ranges})
 		}
 	}
 	return out
@@ -394,6 +410,15 @@ func gatewayAlgorithm(cfg GatewayConfig, svc *cluster.Service) (cluster.LBAlgori
 func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int, ids map[netip.Addr]uint32, hist gatewayHistory, now time.Time) (p *Part, daisyEnd time.Time, nat []natpath.VIPPort, err error) {
 	p = &Part{}
 	for _, e := range entries {
+		if len(e.SourceRanges) > 0 {
+			// Before DNAT (gatewayFirewall): a client outside the ranges is dropped, whether the
+			// port has backends or not, as the node drops it before it rejects.
+			fw := perPortChain(ChainRoleFirewall, servicePortName(e.Service, e.Proto, e.Port), "")
+			if !slices.ContainsFunc(p.Chains, func(c *Chain) bool { return c.Name == fw }) {
+				p.Chains = append(p.Chains, &Chain{Name: fw, Rules: gatewayFirewallRules(e.SourceRanges)})
+			}
+			p.Elements = append(p.Elements, Element{Set: MapFirewallIPs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Verdict: VerdictGoto, Chain: fw})
+		}
 		for _, b := range e.Draining {
 			// Draining backends are kept: their established flows are not stale.
 			p.Backends = append(p.Backends, Backend{Proto: e.Proto, Endpoint: b})
@@ -447,15 +472,25 @@ func gatewayPart(cfg GatewayConfig, entries []GatewayEntry, size int, ids map[ne
 	return p, daisyEnd, nat, nil
 }
 
+// gatewayFirewallRules are the rules of a VIP port's fw- chain: the node's (build.go), without its
+// rules for traffic from the node itself (the gateway checks only what it receives, in prerouting).
+func gatewayFirewallRules(ranges []netip.Prefix) []Rule {
+	rules := make([]Rule, 0, len(ranges)+1)
+	for _, r := range ranges {
+		rules = append(rules, Rule{Matches: []Match{{Kind: MatchSaddrInPrefix, Prefix: r.Masked()}}, Action: Action{Kind: ActReturn}})
+	}
+	return append(rules, Rule{Action: Action{Kind: ActDrop}, Comment: commentNotInSourceRanges})
+}
+
 // BuildGatewayBase builds the fixed part of a gateway table, with the set of every VIP it owns (with
 // cfg.MaglevSize slots per VIP port, maglev.DefaultSize if 0, and no source-hash chains).
 func BuildGatewayBase(cfg GatewayConfig, f cluster.Family, vips []netip.Addr) *Part {
-	return buildGatewayBase(cfg.withDefaults(), f, vips, cmp.Or(cfg.MaglevSize, maglev.DefaultSize), false)
+	return buildGatewayBase(cfg.withDefaults(), f, vips, cmp.Or(cfg.MaglevSize, maglev.DefaultSize), false, false)
 }
 
 // buildGatewayBase is BuildGatewayBase for tables of size slots per VIP port, with the source-hash
-// chains when sh.
-func buildGatewayBase(cfg GatewayConfig, f cluster.Family, vips []netip.Addr, size int, sh bool) *Part {
+// chains when sh, and the source ranges check (gatewayFirewall) when fw.
+func buildGatewayBase(cfg GatewayConfig, f cluster.Family, vips []netip.Addr, size int, sh, fw bool) *Part {
 	if cfg.Forwarding == cluster.ForwardRoute {
 		return buildGatewayRouteBase(cfg, f, vips, size, sh)
 	}
@@ -505,8 +540,27 @@ func buildGatewayBase(cfg GatewayConfig, f cluster.Family, vips []netip.Addr, si
 	if sh {
 		p.Sets = append(p.Sets, &Set{Name: MapGatewayBackendsSH, Kind: KindTupleEndpoints, Comment: "source-hash VIP . proto . port . Maglev slot -> backend"})
 	}
+	if fw {
+		gatewayFirewall(p)
+	}
 	p.Elements = gatewayVIPElements(f, vips)
 	return p
+}
+
+// gatewayFirewall adds the loadBalancerSourceRanges check to a gateway base p (forwarding direct
+// and nodePort, when a VIP port of the family has ranges; a table without them stays as it was):
+// the node's (schema.go), a filter chain in prerouting just before DNAT whose new connections look
+// up firewall-ips, which sends a VIP port with ranges to its fw- chain (gatewayPart): return if the
+// client is in a range, else drop. Those VIP ports are not given to the NAT fast path (natPort),
+// which would forward them before this hook. The gateway's own traffic (output) is not checked.
+func gatewayFirewall(p *Part) {
+	p.Chains = append(p.Chains,
+		&Chain{Name: ChainFilterPreroutingPreDNAT, Type: FilterType, Hook: HookPrerouting, Priority: PriorityDstNAT - 10, Rules: []Rule{
+			{Matches: []Match{{Kind: MatchCtStateNew}}, Action: Action{Kind: ActJump, Chain: ChainFirewallCheck}},
+		}},
+		&Chain{Name: ChainFirewallCheck, Rules: []Rule{{Action: Action{Kind: ActVmapTuple, Map: MapFirewallIPs}}}},
+	)
+	p.Sets = append(p.Sets, &Set{Name: MapFirewallIPs, Kind: KindTupleVmap, Comment: "VIP ports subject to loadBalancerSourceRanges"})
 }
 
 // gatewayVIPElements are the gateway-vips elements of family f.
@@ -590,6 +644,7 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 		port  uint16
 	}
 	owner := map[entryID]cluster.ServiceKey{}
+	limits := cfg.Limits.WithDefaults()
 	var vips []netip.Addr
 	for _, k := range keys {
 		svc := st.Services[k]
@@ -611,7 +666,16 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 		if _, why := gatewayAlgorithm(cfg, svc); why != "" && f == cfg.Families[0] {
 			out.Conflicts = append(out.Conflicts, cluster.Rejection{Kind: "Service", Object: k.String(), Reason: why})
 		}
+		// What the Service may cost (budget.go): over a limit, it is refused as a whole.
+		if why := gatewayEntriesOverLimits(limits, svc, f); why != "" {
+			out.Conflicts = append(out.Conflicts, cluster.Rejection{Kind: "Service", Object: k.String(), Reason: why})
+			continue
+		}
 		entries := GatewayServiceEntries(cfg, f, svc, st.EndpointSlices[k], nodes, health)
+		if why := gatewayElementsOverLimits(cfg, limits, entries); why != "" {
+			out.Conflicts = append(out.Conflicts, cluster.Rejection{Kind: "Service", Object: k.String(), Reason: why})
+			continue
+		}
 		kept := entries[:0]
 		for _, e := range entries {
 			id := entryID{e.VIP, e.Proto, e.Port}
@@ -636,7 +700,7 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 	// depends only on what every gateway sees (the same backends give the same size and tables).
 	// One size keeps one picker rule binding the big map; with nodePort and route forwarding every
 	// VIP port has the same backends (the nodes) anyway.
-	size, sh := cfg.MaglevSize, false
+	size, sh, fw := cfg.MaglevSize, false, false
 	if size == 0 {
 		most := 0
 		for _, e := range out.Entries {
@@ -651,6 +715,7 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 			continue
 		}
 		sh = sh || slices.ContainsFunc(kept, func(e GatewayEntry) bool { return e.Algorithm == cluster.LBSourceHash && len(e.Backends) > 0 })
+		fw = fw || slices.ContainsFunc(kept, func(e GatewayEntry) bool { return len(e.SourceRanges) > 0 })
 		if prev != nil && prev.MaglevSize == size {
 			end, daisy := prev.daisyEnd[k]
 			if old, ok := prev.inputs[k]; ok && old.equal(out.inputs[k]) && slices.EqualFunc(prev.kept[k], kept, gatewayEntryEqual) && (!daisy || drain.now.Before(end)) {
@@ -684,13 +749,14 @@ func buildGatewayRuleset(cfg GatewayConfig, f cluster.Family, st *cluster.State,
 		}
 	}
 	slices.SortFunc(vips, netip.Addr.Compare)
-	out.Ruleset.Base = buildGatewayBase(cfg, f, vips, size, sh)
+	out.Ruleset.Base = buildGatewayBase(cfg, f, vips, size, sh, fw)
 	return out, nil
 }
 
 func gatewayEntryEqual(a, b GatewayEntry) bool {
 	return a.Service == b.Service && a.VIP == b.VIP && a.Proto == b.Proto && a.Port == b.Port && a.SNAT == b.SNAT &&
-		a.Why == b.Why && a.Algorithm == b.Algorithm && slices.Equal(a.Backends, b.Backends) && slices.Equal(a.Draining, b.Draining)
+		a.Why == b.Why && a.Algorithm == b.Algorithm && slices.Equal(a.Backends, b.Backends) && slices.Equal(a.Draining, b.Draining) &&
+		slices.Equal(a.SourceRanges, b.SourceRanges)
 }
 
 // GatewaySyncReport tells the caller what a gateway sync did.
@@ -868,6 +934,16 @@ func (p *GatewayProxier) Sync(st *cluster.State, health Health) (*GatewaySyncRep
 		}
 		d.finish()
 		tx.Sets = sets
+		if len(tx.DelSets) > 0 && old != nil {
+			// A set the base drops (firewall-ips, when the family's last source ranges go): its
+			// elements are deleted first (they hold its goto chains), which needs its kind.
+			tx.Sets = maps.Clone(sets)
+			for _, s := range old.Ruleset.Base.Sets {
+				if _, ok := tx.Sets[s.Name]; !ok && slices.Contains(tx.DelSets, s.Name) {
+					tx.Sets[s.Name] = s
+				}
+			}
+		}
 		if !tx.Empty() {
 			rep.Txs = append(rep.Txs, tx)
 		}

@@ -28,10 +28,23 @@ import (
 // cannot collide with it, and is not 99 or 200, which the render and trace tests use as unknown kinds.
 const ActDNATJhashMap ActionKind = 128
 
-// GatewayHashSeed is the jhash seed of ActDNATJhashMap. It must be fixed and equal on every gateway:
-// without an explicit seed the kernel draws a random one per rule, and two gateways would hash the same
-// flow to different slots.
-const GatewayHashSeed = maglev.HashSeed
+// GatewayHashSeed is the jhash seed of ActDNATJhashMap (and of the other jhash rules, lbalgo.go).
+// It must be fixed and equal on every gateway: without an explicit seed the kernel draws a random
+// one per rule, and two gateways would hash the same flow to different slots. It must be secret
+// too, or anyone can pick their flows' slots (and a masqueraded flow's port): a gateway derives it
+// from a key the gateways share (maglev.DeriveHashSeed) and sets it with SetGatewayHashSeed before
+// its first sync; without a key it stays maglev.DefaultHashSeed. The NAT fast path's program is
+// given the same (natpath.Config.HashSeed).
+var GatewayHashSeed = maglev.DefaultHashSeed
+
+// SetGatewayHashSeed sets GatewayHashSeed (0: maglev.DefaultHashSeed). Call it once, before the
+// first ruleset is built: it is read without a lock.
+func SetGatewayHashSeed(seed uint32) {
+	if seed == 0 {
+		seed = maglev.DefaultHashSeed
+	}
+	GatewayHashSeed = seed
+}
 
 // Payload offset of the transport source port.
 func loadSport(reg uint32) expr.Any {
@@ -42,5 +55,5 @@ func loadSport(reg uint32) expr.Any {
 // ActDNATProtoPortJhashMap) compute for a flow from src to dst with a table of m slots
 // (maglev.FlowSlot: the NAT fast path's BPF program computes the same).
 func GatewaySlot(src, dst netip.AddrPort, m uint32) uint32 {
-	return maglev.FlowSlot(src, dst, m)
+	return maglev.FlowSlot(src, dst, m, GatewayHashSeed)
 }

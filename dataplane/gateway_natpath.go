@@ -49,9 +49,11 @@ type NATPathProgrammer interface {
 
 // natPort is the NAT fast path's VIP port of entry e, whose Maglev table (slot -> index into
 // e.Backends) gatewayPart built, if the path takes it: a port with backends whose slots Maglev
-// picks by the flow (not source-hash), TCP or UDP, and, with NoSNAT, not masqueraded.
+// picks by the flow (not source-hash), TCP or UDP, and, with NoSNAT, not masqueraded. A VIP port
+// with loadBalancerSourceRanges is never given to it: the program does not know them, and the
+// family's table drops the clients outside them before DNAT (gatewayPart).
 func natPort(cfg GatewayConfig, e GatewayEntry, table []int) (natpath.VIPPort, bool) {
-	if cfg.NATPath == nil || cfg.Forwarding == cluster.ForwardRoute || len(e.Backends) == 0 || e.Algorithm == cluster.LBSourceHash ||
+	if cfg.NATPath == nil || cfg.Forwarding == cluster.ForwardRoute || len(e.Backends) == 0 || e.Algorithm == cluster.LBSourceHash || len(e.SourceRanges) > 0 ||
 		(e.Proto != ProtoTCP && e.Proto != ProtoUDP) || e.SNAT && cfg.NATPath.NoSNAT {
 		return natpath.VIPPort{}, false
 	}

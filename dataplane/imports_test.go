@@ -42,6 +42,8 @@ var importRules = []importRule{
 		"conntrack cleanup: dataplane.ConntrackView adapts a cluster.State; the leaf knows only views and StaleFlow"},
 	{"dataplane/ctsync", nil,
 		"the gateway's SNAT table and conntrackd supervision: standalone, driven by cmd/vipgate"},
+	{"dataplane/ctsync/relay", nil,
+		"the signed relay between the gateways' conntrackds (on loopback) over the LAN: sockets and a wire format only; cmd/vipgate wires it next to ctsync's supervisor"},
 	{"dataplane/maglev", nil,
 		"Maglev table construction: pure, the same on every gateway and node; the dataplane programs its tables"},
 	{"dataplane/natpath", nil,

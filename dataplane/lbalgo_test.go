@@ -130,7 +130,7 @@ func TestLBAlgorithmDecodeRoundTrip(t *testing.T) {
 					cluster.LBRandom:     "numgen random mod 2 map @endpoints",
 					cluster.LBRoundRobin: "numgen inc mod 2 0 dnat to", // nft lists the implicit == without it
 					cluster.LBSourceHash: "jhash " + ip + " saddr mod 2 seed 0x76697067 map @endpoints",
-					cluster.LBMaglev:     "jhash " + flowHashText(ip) + " mod 1021 seed 0x76697067 map @endpoints",
+					cluster.LBMaglev:     "jhash " + flowHashText(ip) + " mod 211 seed 0x76697067 map @endpoints", // 2 endpoints: maglev.NodeSizeFor(2)
 				}[alg]
 				if !strings.Contains(string(out), want) {
 					t.Errorf("IPv%d: nft list lacks %q:\n%s", fam, want, out)

@@ -37,6 +37,8 @@ type Config struct {
 	Families []cluster.Family
 	// ExternalIPs is the policy for external and LoadBalancer IPs (see AddressScreen).
 	ExternalIPs cluster.ExternalIPPolicy
+	// Limits bound what one Service may cost (budget.go; zero fields: the defaults).
+	Limits cluster.ServiceLimits
 }
 
 // SyncReport tells the caller what a sync did and what follows from it.
@@ -127,7 +129,7 @@ func (p *Proxier) nodeInfo(f cluster.Family) NodeInfo {
 	for _, c := range p.cfg.ClusterCIDRs {
 		known = known || familyOfPrefix(c) == f
 	}
-	return NodeInfo{Family: f, NodeName: p.cfg.NodeName, Zone: p.cfg.Zone, NodeIPs: p.cfg.NodeIPs, PodTrafficKnown: known}
+	return NodeInfo{Family: f, NodeName: p.cfg.NodeName, Zone: p.cfg.Zone, NodeIPs: p.cfg.NodeIPs, PodTrafficKnown: known, Limits: p.cfg.Limits}
 }
 
 func (p *Proxier) baseConfig(f cluster.Family) BaseConfig {
@@ -212,18 +214,24 @@ func (p *Proxier) Sync(st *cluster.State) (*SyncReport, error) {
 		// Withdraw every claim of the changed Services, then make their new ones. Who holds an
 		// entry afterwards depends only on who claims it, never on this order (claims.go); a
 		// Service that gains or loses an entry this way is rebuilt too (moved).
+		// What each changed Service claims is listed before any claim is withdrawn: withdrawing
+		// one Service's claim can hand the entry to another changed Service (remove takes it off
+		// that one's lost entries), whose own list would then miss it, so that a Service deleted
+		// in the same sync went on holding the entry and no one programmed it.
 		moved := map[cluster.ServiceKey]bool{}
-		for _, key := range changed {
-			var held []entryKey
+		held := make([][]entryKey, len(changed))
+		for i, key := range changed {
 			if old := fs.rs.Services[key]; old != nil {
 				for _, e := range old.Entries {
-					held = append(held, entryKey{e.NodePort, e.Addr, e.Proto, e.Port})
+					held[i] = append(held[i], entryKey{e.NodePort, e.Addr, e.Proto, e.Port})
 				}
 			}
 			for k := range fs.claims.lost[key] {
-				held = append(held, k)
+				held[i] = append(held[i], k)
 			}
-			for _, k := range held {
+		}
+		for i, key := range changed {
+			for _, k := range held[i] {
 				if s := fs.claims.remove(k, key); s != nil {
 					moved[s.Key] = true
 				}

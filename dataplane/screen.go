@@ -21,16 +21,18 @@ type AddressScreen struct {
 	NodeAddrs map[netip.Addr]bool
 }
 
-// Refusal is one address of a Service that is not programmed, and why.
+// Refusal is one address of a Service that is not programmed, and why; or, with Field "spec", the
+// whole Service (over its limits, budget.go: Addr is its cluster IP, which then rejects
+// connections, so that vipgate explain of it says why).
 type Refusal struct {
-	Field  string // "spec.externalIPs" or "status.loadBalancer.ingress"
+	Field  string // "spec.externalIPs", "status.loadBalancer.ingress" or "spec"
 	Addr   netip.Addr
 	Reason string
 }
 
 // String formats the refusal for a Rejection.
 func (r Refusal) String() string {
-	if !r.Addr.IsValid() {
+	if !r.Addr.IsValid() || r.Field == refusalFieldService {
 		// A refusal of a field, not of an address (e.g. a bad vipgate.io/lb-algorithm annotation).
 		return fmt.Sprintf("%s: %s", r.Field, r.Reason)
 	}

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -113,11 +114,22 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 			prof, ok := bfd[p.Spec.BFDProfile]
 			if !ok {
 				problems = append(problems, Problem{Object: ObjectRef{"BGPPeer", p.Namespace, p.Name}, Reason: "bfdProfile " + p.Spec.BFDProfile + " does not exist; peering without BFD"})
+			} else if auth, reason := peerBFDAuth(p, st.MetalLB.Secrets); reason != "" {
+				problems = append(problems, Problem{Object: ObjectRef{"BGPPeer", p.Namespace, p.Name}, Reason: reason + "; peering without BFD"})
 			} else {
 				pc.BFD = bfdProfile(prof)
+				pc.BFD.Auth = auth
 				if pc.BFD.EchoMode {
 					problems = append(problems, Problem{Object: ObjectRef{"BFDProfile", prof.Namespace, prof.Name},
 						Reason: "field spec.echoMode is not supported by vipgate; ignored (asynchronous mode only)", Accepted: true})
+				}
+				if v, ok := prof.Annotations[BFDMaxDetectTimeAnnotation]; ok {
+					if d, err := time.ParseDuration(v); err != nil || d <= 0 || d > time.Hour {
+						problems = append(problems, Problem{Object: ObjectRef{"BFDProfile", prof.Namespace, prof.Name},
+							Reason: fmt.Sprintf("annotation %s: %q is not a duration in (0, 1h]; using the default", BFDMaxDetectTimeAnnotation, v), Accepted: true})
+					} else {
+						pc.BFD.MaxDetectTime = d
+					}
 				}
 			}
 		}
@@ -332,6 +344,58 @@ func peerPassword(p *metallbv1beta2.BGPPeer, secrets []*corev1.Secret) (password
 	}
 	return "", fmt.Sprintf("passwordSecret %s/%s does not exist (vipgate reads Secrets of type %s with a %q key from its manifest directory, or from its own namespace through the API)",
 		ns, ref.Name, corev1.SecretTypeBasicAuth, corev1.BasicAuthPasswordKey)
+}
+
+// vipgate's BFD settings that MetalLB's BFDProfile lacks, as annotations. On a BGPPeer with a
+// bfdProfile, RFC 5880 authentication of its BFD session: the type (keyed-md5,
+// meticulous-keyed-md5, keyed-sha1, meticulous-keyed-sha1), the key ID (default 1, BIRD's for its
+// first password) and the basic-auth Secret whose "password" is the key (in the peer's namespace,
+// read like passwordSecret's). On a BFDProfile, the bound of the detection time a router's packets
+// can ask for (a Go duration; default 5s, never below receiveInterval x detectMultiplier).
+const (
+	BFDAuthAnnotation          = "vipgate.io/bfd-auth"
+	BFDAuthKeyIDAnnotation     = "vipgate.io/bfd-auth-key-id"
+	BFDAuthSecretAnnotation    = "vipgate.io/bfd-auth-secret"
+	BFDMaxDetectTimeAnnotation = "vipgate.io/bfd-max-detect-time"
+)
+
+// peerBFDAuth returns the BFD authentication a BGPPeer's annotations ask for; reason says why they
+// cannot be used (never the key itself). A peer whose authentication is unusable gets no BFD
+// session rather than an unauthenticated one.
+func peerBFDAuth(p *metallbv1beta2.BGPPeer, secrets []*corev1.Secret) (bgp.BFDAuth, string) {
+	typ, ok := p.Annotations[BFDAuthAnnotation]
+	if !ok {
+		if _, ok := p.Annotations[BFDAuthSecretAnnotation]; ok {
+			return bgp.BFDAuth{}, fmt.Sprintf("annotation %s without %s", BFDAuthSecretAnnotation, BFDAuthAnnotation)
+		}
+		return bgp.BFDAuth{}, ""
+	}
+	auth := bgp.BFDAuth{Type: typ, KeyID: 1}
+	if v, ok := p.Annotations[BFDAuthKeyIDAnnotation]; ok {
+		id, err := strconv.ParseUint(v, 10, 8)
+		if err != nil {
+			return bgp.BFDAuth{}, fmt.Sprintf("annotation %s: %q is not a key ID (0-255)", BFDAuthKeyIDAnnotation, v)
+		}
+		auth.KeyID = uint8(id)
+	}
+	name := p.Annotations[BFDAuthSecretAnnotation]
+	if name == "" {
+		return bgp.BFDAuth{}, fmt.Sprintf("annotation %s needs %s (a %s Secret with the key as %q)", BFDAuthAnnotation, BFDAuthSecretAnnotation,
+			corev1.SecretTypeBasicAuth, corev1.BasicAuthPasswordKey)
+	}
+	for _, s := range secrets {
+		if s.Namespace == p.Namespace && s.Name == name {
+			auth.Key = string(s.Data[corev1.BasicAuthPasswordKey])
+		}
+	}
+	if auth.Key == "" {
+		return bgp.BFDAuth{}, fmt.Sprintf("BFD authentication Secret %s/%s does not exist or has no %q key (vipgate reads Secrets of type %s from its manifest directory, or from its own namespace through the API)",
+			p.Namespace, name, corev1.BasicAuthPasswordKey, corev1.SecretTypeBasicAuth)
+	}
+	if err := auth.Validate(); err != nil {
+		return bgp.BFDAuth{}, fmt.Sprintf("BFD authentication (Secret %s/%s): %v", p.Namespace, name, err)
+	}
+	return auth, ""
 }
 
 func peerName(ns, name string) string {

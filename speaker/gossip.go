@@ -54,13 +54,30 @@ const never = math.MinInt64
 // knows) and ready[j] (what that proof said). Everything is conservative: a merged entry is dated
 // (age+1) units before its arrival, so information only ages as it travels, and a stale entry can
 // never come back fresh.
+//
+// A member's own word beats what others relay about it (issue 27: a member holding the key could
+// remove a live member, or keep a dead one alive, by relaying made-up entries about it). own[j] is
+// when j itself was last heard (an authenticated datagram of j, received directly):
+//
+//   - while that is younger than tStop, j's readiness is what j said; a relayed entry, however
+//     fresh it claims to be, adds liveness only (a relay cannot make a member it hears directly
+//     unready, nor ready). A member whose readiness changes tells the members that hold its word
+//     at once (gossipRound), so honest news is not held back;
+//   - a relayed entry never dates j later than tRelay after j's own word (or after this core
+//     started, while j has not been heard yet): relays add liveness bounded in time. Every member
+//     contacts every other one at least once per cycle of rounds (pick walks a permutation), so
+//     tRelay, two cycles and Dead, is never reached by a live member;
+//   - relays never make an entry older (max), so a relay cannot declare anyone dead.
 type gossipCore struct {
 	self  int
 	unit  int64 // ns per age unit
 	tStop int64 // quorum counts members with age <= tStop
 	tDead int64 // candidates are ready members with age < tDead
-	fresh []int64
-	ready []bool
+	// tRelay bounds relayed liveness after a member's own word; start is when the core started.
+	tRelay, start int64
+	fresh         []int64
+	ready         []bool
+	own           []int64
 	// The state as of the last tick (or merge): live[j] = age <= tStop, cand[j] = ready and age <
 	// tDead. nLive counts live members, self included. changed says the view must be recomputed.
 	live, cand []bool
@@ -69,6 +86,8 @@ type gossipCore struct {
 	// maxAge is the largest age of a live member seen by tick since the last reset (for the
 	// simulation's report; cheap).
 	maxAge int64
+	// perm walks the other members in a random order, cycle after cycle (see pick).
+	perm gossipPerm
 }
 
 // gossipParams are the timings of one gossip segment, derived from the options and its size.
@@ -80,6 +99,9 @@ type gossipParams struct {
 	Unit, Stop, Dead time.Duration
 	// Spread is the estimated largest age of a live member under normal gossip (A_max).
 	Spread time.Duration
+	// Relay bounds how long after a member's own word relayed entries keep it alive: two cycles
+	// of rounds (every member contacts every other one once per cycle) plus Dead.
+	Relay time.Duration
 }
 
 // gossipBudget is the traffic a member of a segment of n members may spend on gossip, in and out,
@@ -128,16 +150,18 @@ func deriveGossipParams(opts MemberOptions, tick time.Duration, n, perChunk, nam
 	stop := max(opts.DeadAfter, spread+r)
 	dead := stop + spread + r + 2*tick
 	unit := (dead/(gossipMaxUnits-8) + 100*time.Microsecond - 1) / (100 * time.Microsecond) * (100 * time.Microsecond)
-	return gossipParams{Round: r, Fanout: f, Unit: unit, Stop: stop, Dead: dead, Spread: spread}
+	cycle := time.Duration((n-1+f-1)/f) * r
+	return gossipParams{Round: r, Fanout: f, Unit: unit, Stop: stop, Dead: dead, Spread: spread, Relay: 2*cycle + dead}
 }
 
-// newGossipCore makes the knowledge of member self of a segment of n members; nothing is known of
-// the others yet.
-func newGossipCore(n, self int, p gossipParams) *gossipCore {
+// newGossipCore makes the knowledge of member self of a segment of n members, started at start;
+// nothing is known of the others yet.
+func newGossipCore(n, self int, p gossipParams, start int64) *gossipCore {
 	c := &gossipCore{self: self, unit: int64(p.Unit), tStop: int64(p.Stop), tDead: int64(p.Dead),
-		fresh: make([]int64, n), ready: make([]bool, n), live: make([]bool, n), cand: make([]bool, n), changed: true}
+		tRelay: int64(p.Relay), start: start,
+		fresh: make([]int64, n), ready: make([]bool, n), own: make([]int64, n), live: make([]bool, n), cand: make([]bool, n), changed: true}
 	for j := range c.fresh {
-		c.fresh[j] = never
+		c.fresh[j], c.own[j] = never, never
 	}
 	return c
 }
@@ -176,45 +200,62 @@ func (c *gossipCore) encode(now int64, b []byte, off, count int) []byte {
 	return b
 }
 
-// merge takes the entries [off, off+len(entries)) of a peer's vector, written with the given unit
-// (ns), received at now: fresh[j] = max(fresh[j], now - (age+1)·unit), and readiness comes with
-// the entry that wins. Our own entry is ours alone. It marks the view for recomputation only when
-// a member becomes live or a candidate, or its readiness changes (O(entries), no allocation).
-func (c *gossipCore) merge(now int64, unit int64, off int, entries []byte) {
+// merge takes the entries [off, off+len(entries)) of a vector relayed by member sender (its own
+// entry is skipped: heard records it), written with the given unit (ns), received at now:
+// fresh[j] = max(fresh[j], now - (age+1)·unit), bounded by j's own word (see gossipCore), and
+// readiness comes with the entry that wins unless j's own word is recent. Our own entry is ours
+// alone. It marks the view for recomputation only when a member becomes live or a candidate, or
+// its readiness changes (O(entries), no allocation).
+func (c *gossipCore) merge(now int64, unit int64, off int, entries []byte, sender int) {
 	for i, e := range entries {
-		c.mergeOne(now, unit, off+i, e)
+		if off+i != sender {
+			c.mergeOne(now, unit, off+i, e)
+		}
 	}
 }
 
-// mergeOne merges one received entry into member j's (see merge).
+// mergeOne merges one relayed entry into member j's (see merge).
 func (c *gossipCore) mergeOne(now int64, unit int64, j int, e byte) {
 	code := e & gossipUnknown
 	if code == gossipUnknown || j == c.self || j < 0 || j >= len(c.fresh) {
 		return
 	}
 	f := now - (codeUnits(code)+1)*unit
+	if limit := max(c.own[j], c.start) + c.tRelay; f > limit {
+		f = limit
+	}
 	if f <= c.fresh[j] {
 		return
 	}
-	c.fresh[j] = f
 	r := e&gossipReady != 0
+	if c.own[j] != never && now-c.own[j] < c.tStop {
+		r = c.ready[j] // j's own word stands
+	}
+	c.set(now, j, f, r)
+}
+
+// set dates j's freshest proof of life at f (not older than what we have), saying ready.
+func (c *gossipCore) set(now int64, j int, f int64, r bool) {
+	c.fresh[j] = max(c.fresh[j], f)
 	if r != c.ready[j] {
 		c.ready[j] = r
 		c.changed = true
 	}
+	f = c.fresh[j]
 	if !c.live[j] && now-f <= c.tStop || !c.cand[j] && r && now-f < c.tDead {
 		c.changed = true
 	}
 }
 
-// heard records a datagram of member j itself (authenticated): a proof of life at now - unit, as an
-// entry of age 0 would be.
+// heard records a datagram of member j itself (authenticated, received directly): a proof of life
+// at now - unit, as an entry of age 0 would be, and j's readiness, whatever relays said.
 func (c *gossipCore) heard(now int64, j int, ready bool) {
-	var e byte
-	if ready {
-		e = gossipReady
+	if j == c.self || j < 0 || j >= len(c.fresh) {
+		return
 	}
-	c.merge(now, c.unit, j, []byte{e})
+	f := now - c.unit
+	c.own[j] = max(c.own[j], f)
+	c.set(now, j, f, ready)
 }
 
 // tick recomputes live and cand, O(members); it reports whether the view changed since the last
@@ -245,8 +286,10 @@ func (c *gossipCore) tick(now int64) bool {
 	return ch
 }
 
-// pick fills out with up to k distinct random members other than self (and other than skip, if
-// >= 0), with rnd a source of random numbers (a *rand.Rand in production, seeded per member).
+// pick fills out with up to k distinct members other than self, with rnd a source of random
+// numbers (a *rand.Rand in production, seeded per member). The members come in a random order that
+// visits every one once per cycle (SWIM's round-robin over a shuffled list), so every member hears
+// from every other one directly at least once per cycle: what bounds relayed liveness (tRelay).
 func (c *gossipCore) pick(out []int, k int, rnd func(n int) int) []int {
 	out = out[:0]
 	n := len(c.fresh)
@@ -255,9 +298,9 @@ func (c *gossipCore) pick(out []int, k int, rnd func(n int) int) []int {
 	}
 	k = min(k, n-1)
 	for len(out) < k {
-		j := rnd(n)
-		if j == c.self {
-			continue
+		j := c.perm.next(n-1, rnd)
+		if j >= c.self {
+			j++
 		}
 		dup := false
 		for _, o := range out {
@@ -268,4 +311,31 @@ func (c *gossipCore) pick(out []int, k int, rnd func(n int) int) []int {
 		}
 	}
 	return out
+}
+
+// gossipPerm walks 0..m-1 in the order (a·i + b) mod m, a coprime with m, with a and b drawn anew
+// every cycle: a random cyclic order in O(1) memory (5,000 simulated members keep one each).
+type gossipPerm struct{ m, a, b, i int }
+
+func (p *gossipPerm) next(m int, rnd func(n int) int) int {
+	if p.m != m || p.i >= m {
+		p.m, p.i, p.b = m, 0, rnd(m)
+		p.a = 1
+		for range 64 {
+			if a := 1 + rnd(m); gcd(a, m) == 1 {
+				p.a = a
+				break
+			}
+		}
+	}
+	j := (p.a*p.i + p.b) % m
+	p.i++
+	return j
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
 }

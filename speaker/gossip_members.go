@@ -69,7 +69,7 @@ func (m *Members) setupGossipLocked(next []*segment, now time.Time) {
 			longest = max(longest, len(n))
 		}
 		p := deriveGossipParams(m.opts, m.tick(), len(g.sorted), gossipPerChunk(longest), longest)
-		gs := &gossipState{core: newGossipCore(len(g.sorted), g.selfIdx, p), p: p,
+		gs := &gossipState{core: newGossipCore(len(g.sorted), g.selfIdx, p, t), p: p,
 			byIdx: make([]*segMember, len(g.sorted)), sentIn: make([]uint32, len(g.sorted))}
 		for _, sm := range g.members {
 			gs.byIdx[sm.idx] = sm
@@ -79,13 +79,20 @@ func (m *Members) setupGossipLocked(next []*segment, now time.Time) {
 				continue
 			}
 			oc := o.gossip.core
+			// The bound on relayed liveness runs from the first core's start, not the list change.
+			gs.core.start = min(gs.core.start, oc.start)
 			for j, name := range o.sorted {
 				if oc.fresh[j] == never || j == oc.self {
 					continue
 				}
-				if k, ok := slices.BinarySearch(g.sorted, name); ok && oc.fresh[j] > gs.core.fresh[k] {
+				k, ok := slices.BinarySearch(g.sorted, name)
+				if !ok {
+					continue
+				}
+				if oc.fresh[j] > gs.core.fresh[k] {
 					gs.core.fresh[k], gs.core.ready[k] = oc.fresh[j], oc.ready[j]
 				}
+				gs.core.own[k] = max(gs.core.own[k], oc.own[j])
 			}
 		}
 		// A segment that just crossed into gossip mode starts from what the heartbeats said: each
@@ -96,6 +103,7 @@ func (m *Members) setupGossipLocked(next []*segment, now time.Time) {
 		for _, sm := range g.members {
 			if !sm.p.lastSeen.IsZero() && gs.core.fresh[sm.idx] == never {
 				gs.core.fresh[sm.idx], gs.core.ready[sm.idx] = m.nanos(sm.p.lastSeen), sm.ready
+				gs.core.own[sm.idx] = m.nanos(sm.p.lastSeen)
 			}
 		}
 		gs.core.setSelf(t, false)
@@ -125,7 +133,7 @@ func (m *Members) handleGossip(b []byte, from netip.Addr, now time.Time) dropRea
 	var p *peer
 	if r == acceptedReason {
 		hb := heartbeat{name: gc.name, counter: gc.counter, echo: gc.echo}
-		r = m.checkLocked(b, &hb, from, &p)
+		r = m.checkLocked(b, &hb, from, now, &p)
 	}
 	if r != acceptedReason {
 		m.rejectLocked(r, gc.name, from, now)
@@ -167,7 +175,7 @@ func (m *Members) handleGossip(b []byte, from netip.Addr, now time.Time) dropRea
 			gs.core.heard(t, sm.idx, gc.ready)
 			if old := m.prevLists[gc.digest]; relayed && old != nil && gc.total == len(old) && gc.offset+len(gc.entries) <= len(old) {
 				for i, e := range gc.entries {
-					if k, ok := slices.BinarySearch(sm.seg.sorted, old[gc.offset+i]); ok {
+					if k, ok := slices.BinarySearch(sm.seg.sorted, old[gc.offset+i]); ok && k != sm.idx {
 						gs.core.mergeOne(t, int64(gc.unit), k, e)
 					}
 				}
@@ -179,7 +187,7 @@ func (m *Members) handleGossip(b []byte, from netip.Addr, now time.Time) dropRea
 		}
 		gs.core.heard(t, sm.idx, gc.ready)
 		if relayed {
-			gs.core.merge(t, int64(gc.unit), gc.offset, gc.entries)
+			gs.core.merge(t, int64(gc.unit), gc.offset, gc.entries, sm.idx)
 		}
 		if gs.core.changed {
 			sm.seg.dirty, m.dirty = true, true
@@ -283,7 +291,7 @@ func (m *Members) gossipBodiesLocked(g *segment, now time.Time, reply bool) ([][
 }
 
 // gossipRound sends, for every gossip segment whose round is due (all of them if force: our ready
-// flag changed), our vector to Fanout members picked at random.
+// flag changed), our vector to the next Fanout members of our cycle (gossipCore.pick).
 func (m *Members) gossipRound(buf []byte, now time.Time, force bool) []byte {
 	m.sendMu.Lock()
 	defer m.sendMu.Unlock()
@@ -304,13 +312,24 @@ func (m *Members) gossipRound(buf []byte, now time.Time, force bool) []byte {
 			continue
 		}
 		gs.picks = gs.core.pick(gs.picks, gs.p.Fanout, m.rnd)
+		if force {
+			// Our readiness changed: the members that hold our own word (we sent to them within
+			// Stop) would keep the old one over what relays say (gossipCore), so they hear the new
+			// one from us now. At most 2·Fanout per round of the last Stop.
+			recent := uint32(gs.p.Stop/gs.p.Round) + 1
+			for j, r := range gs.sentIn {
+				if r != 0 && gs.round-r <= recent && !slices.Contains(gs.picks, j) {
+					gs.picks = append(gs.picks, j)
+				}
+			}
+		}
 		for _, j := range gs.picks {
 			sm := gs.byIdx[j]
 			if sm == nil {
 				continue
 			}
 			gs.sentIn[j] = gs.round
-			outs = append(outs, gossipOut{dst: sm.p.dst, name: sm.p.name, echo: sm.p.highest, bodies: bodies})
+			outs = append(outs, gossipOut{dst: sm.p.dst, name: sm.p.name, echo: sm.p.echoBack, bodies: bodies})
 		}
 	}
 	m.mu.Unlock()
@@ -333,7 +352,7 @@ func (m *Members) gossipReply(g *segment, idx int, now time.Time) {
 	bodies, err := m.gossipBodiesLocked(g, now, true)
 	var outs []gossipOut
 	if err == nil {
-		outs = []gossipOut{{dst: sm.p.dst, name: sm.p.name, echo: sm.p.highest, bodies: bodies}}
+		outs = []gossipOut{{dst: sm.p.dst, name: sm.p.name, echo: sm.p.echoBack, bodies: bodies}}
 	}
 	m.mu.Unlock()
 	m.gossipSendErr(err, now)

@@ -103,7 +103,7 @@ func newGossipSim(tb testing.TB, n int, opts MemberOptions) *gossipSim {
 	s.m, s.p = m, s.g.gossip.p
 	t := s.t()
 	for i := range n {
-		c := newGossipCore(n, i, s.p)
+		c := newGossipCore(n, i, s.p, t)
 		// Everyone starts having just heard everyone (the ages then spread to their steady state).
 		for j := range n {
 			c.fresh[j], c.ready[j] = t, true
@@ -147,7 +147,7 @@ func (s *gossipSim) toObserver(i int, reply bool) {
 	for off := 0; off < n; off += per {
 		cnt := min(per, n-off)
 		p.counter++
-		gc := gossipChunk{name: s.names[i], ready: true, reply: reply, counter: p.counter, echo: s.m.boot + 1,
+		gc := gossipChunk{name: s.names[i], ready: true, reply: reply, counter: p.counter, echo: s.m.boot,
 			digest: s.g.key, unit: s.p.Unit, total: n, offset: off}
 		gc.entries = p.core.encode(t, s.entries[:0], off, cnt)
 		b, err := appendGossip(s.buf[:0], &gc)
@@ -182,7 +182,7 @@ func (s *gossipSim) drain() {
 		}
 		p := s.peers[j]
 		p.core.heard(s.t(), 0, gc.ready)
-		p.core.merge(s.t(), int64(gc.unit), gc.offset, gc.entries)
+		p.core.merge(s.t(), int64(gc.unit), gc.offset, gc.entries, 0)
 		if !gc.reply && gc.offset == 0 && !slices.Contains(p.sentTo, 0) {
 			p.sentTo = append(p.sentTo, 0)
 			s.toObserver(j, true)
@@ -202,14 +202,16 @@ func (s *gossipSim) exchange(i, j int) {
 	t := s.t()
 	a, b := s.peers[i], s.peers[j]
 	s.entries = a.core.encode(t, s.entries[:0], 0, len(s.names))
-	b.core.merge(t, a.core.unit, 0, s.entries)
+	b.core.heard(t, i, true)
+	b.core.merge(t, a.core.unit, 0, s.entries, i)
 	if slices.Contains(b.sentTo, i) {
 		return
 	}
 	b.sentTo = append(b.sentTo, i)
 	b.core.setSelf(t, true)
 	s.entries = b.core.encode(t, s.entries[:0], 0, len(s.names))
-	a.core.merge(t, b.core.unit, 0, s.entries)
+	a.core.heard(t, j, true)
+	a.core.merge(t, b.core.unit, 0, s.entries, j)
 }
 
 // run advances the virtual clock by d in steps of one tick: the simulated members' rounds at their

@@ -38,20 +38,20 @@ func TestGossipAgeCode(t *testing.T) {
 // Information only ages as it travels: relayed back and forth, an entry never comes back fresher
 // than it left, and the readiness travels with the entry that wins.
 func TestGossipMergeConservative(t *testing.T) {
-	p := gossipParams{Unit: time.Millisecond, Stop: 400 * time.Millisecond, Dead: 800 * time.Millisecond}
-	a, b := newGossipCore(3, 0, p), newGossipCore(3, 1, p)
+	p := gossipParams{Unit: time.Millisecond, Stop: 400 * time.Millisecond, Dead: 800 * time.Millisecond, Relay: time.Hour}
+	a, b := newGossipCore(3, 0, p, 0), newGossipCore(3, 1, p, 0)
 	now := int64(time.Second)
 	a.setSelf(now, true)
 	a.fresh[2], a.ready[2] = now-int64(100*time.Millisecond), true
-	b.merge(now, a.unit, 0, a.encode(now, nil, 0, 3))
+	b.merge(now, a.unit, 0, a.encode(now, nil, 0, 3), -1)
 	if b.fresh[2] > a.fresh[2] || b.fresh[0] > now || !b.ready[2] || !b.ready[0] {
 		t.Fatalf("relayed entries fresher than their source: %v, %v", b.fresh, b.ready)
 	}
 	before := a.fresh[2]
 	for range 10 {
 		now += int64(3 * time.Millisecond)
-		a.merge(now, b.unit, 0, b.encode(now, nil, 0, 3))
-		b.merge(now, a.unit, 0, a.encode(now, nil, 0, 3))
+		a.merge(now, b.unit, 0, b.encode(now, nil, 0, 3), -1)
+		b.merge(now, a.unit, 0, a.encode(now, nil, 0, 3), -1)
 	}
 	if a.fresh[2] != before {
 		t.Errorf("member 2's entry came back fresher: %v, was %v", a.fresh[2], before)
@@ -59,13 +59,13 @@ func TestGossipMergeConservative(t *testing.T) {
 	// A fresher entry wins, with its readiness.
 	b.fresh[2] = now
 	b.ready[2] = false
-	a.merge(now, b.unit, 0, b.encode(now, nil, 0, 3))
+	a.merge(now, b.unit, 0, b.encode(now, nil, 0, 3), -1)
 	if a.ready[2] || a.fresh[2] <= before {
 		t.Errorf("a fresher not-ready entry did not win: fresh %v ready %v", a.fresh[2], a.ready[2])
 	}
 	// Unknown entries are skipped; our own entry is ours alone.
-	c := newGossipCore(3, 2, p)
-	a.merge(now, c.unit, 0, c.encode(now, nil, 0, 3))
+	c := newGossipCore(3, 2, p, 0)
+	a.merge(now, c.unit, 0, c.encode(now, nil, 0, 3), -1)
 	if a.fresh[2] == never || a.fresh[0] == never {
 		t.Errorf("unknown entries overwrote known ones: %v", a.fresh)
 	}

@@ -30,10 +30,10 @@ import (
 //     the silent member, if alive but cut off, stops answering DeadAfter after the last heartbeat it
 //     heard, which may be up to one interval later.
 //   - Heartbeats are authenticated (HMAC-SHA256 with a key the members share, bound to the
-//     receiver) and carry a counter that only grows, and an echo of the receiver's own counter: a
-//     forged datagram fails the MAC, a captured one is older than what the receiver already has, or
-//     (after the receiver restarted) does not echo its current incarnation. Rejected datagrams are
-//     counted and never evaluated (members_wire.go).
+//     receiver) and carry the sender's counter and an echo of the receiver's own counter: a forged
+//     datagram fails the MAC, a captured one is not newer, by (echo, counter), than what the
+//     receiver already has, or (after the receiver restarted) does not echo its current run.
+//     Rejected datagrams are counted and never evaluated (members_wire.go, checkLocked).
 //   - A member is *ready* (may announce) only while it has desired state to act on, hears a strict
 //     majority of the segment's members, itself included, and has been running for DeadAfter (so
 //     that at start-up it first hears everyone instead of believing it is alone). Its heartbeats carry that
@@ -112,9 +112,9 @@ type Members struct {
 	alive int
 	// dirty says some view must be recomputed (the segments' own dirty flags say which).
 	dirty bool
-	// forgotten keeps the highest counter of members that left the list: if one comes back, its
-	// heartbeats captured before it left are still replays.
-	forgotten map[string]uint64
+	// forgotten keeps the order of members that left the list: if one comes back, its heartbeats
+	// captured before it left are still replays.
+	forgotten map[string]peerOrder
 	// willing is set by the speaker once it can announce (it has a State): until then it tells the
 	// others it is not ready, so they keep its VIPs instead of handing them to a host that would not
 	// answer yet (a restarted node whose first sync is slow).
@@ -168,10 +168,15 @@ type peer struct {
 	name  string
 	addrs []netip.Addr
 	dst   netip.AddrPort
-	// lastSeen is when its last accepted heartbeat arrived (zero: never); highest is the highest
-	// counter it sent with a valid MAC (what we echo to it, and the floor for replays).
+	// lastSeen is when its last accepted heartbeat arrived (zero: never).
 	lastSeen time.Time
-	highest  uint64
+	// order is the (echo, counter) of its last accepted datagram: the next one must be greater
+	// (see checkLocked).
+	order peerOrder
+	// echoBack is the counter we echo to it (of its last accepted datagram, or of a genuine one
+	// that did not echo this run yet), set at echoAt.
+	echoBack uint64
+	echoAt   time.Time
 	// alive: heard within DeadAfter; vouched: within takeoverAfter (as of the last tick or datagram).
 	alive, vouched bool
 	// in are its memberships of the segments we share with it.
@@ -218,8 +223,10 @@ const (
 	DefaultDirectMembersLimit = 128
 	// DefaultGossipFanout is how many members a gossip round sends the vector to.
 	DefaultGossipFanout = 1
-	// MinKeyLen is the shortest accepted membership key (bytes).
-	MinKeyLen = 16
+	// MinKeyLen is the shortest accepted membership key, in bytes (characters of a key file line):
+	// 32 hex characters are 128 bits, the least any alphabet a key is written in (hex, base64,
+	// text) gives at this length. (16 was 64 bits for a hex key.)
+	MinKeyLen = 32
 )
 
 // ErrNoMemberKey is returned by NewMembers without a key and without Insecure.
@@ -296,7 +303,7 @@ func newMembers(log hclog.Logger, self string, opts MemberOptions, conn packetCo
 			Help: "Membership heartbeats accepted (authenticated, fresh, from a member's address)."}),
 		sendErrs: prometheus.NewCounter(prometheus.CounterOpts{Name: "vipgate_speaker_heartbeat_send_errors_total",
 			Help: "Heartbeats that could not be built (larger than the datagram bound): an error, never a cut."}),
-		byName: map[string]*peer{}, forgotten: map[string]uint64{}, sendNow: make(chan struct{}, 1),
+		byName: map[string]*peer{}, forgotten: map[string]peerOrder{}, sendNow: make(chan struct{}, 1),
 		lastLog: map[dropReason]time.Time{}, suppressed: map[dropReason]int{},
 		view: View{Candidates: map[string]bool{}, Total: 1, Heard: 1}}
 	m.counter = m.boot
@@ -319,7 +326,7 @@ func checkKeys(keys [][]byte, insecure bool) ([][]byte, error) {
 	}
 	for i, k := range keys {
 		if len(k) < MinKeyLen {
-			return nil, fmt.Errorf("membership key %d is %d bytes long, want at least %d (e.g. openssl rand -hex 32)", i+1, len(k), MinKeyLen)
+			return nil, fmt.Errorf("membership key %d is %d bytes long, want at least %d (128 bits as hex; e.g. openssl rand -hex 32)", i+1, len(k), MinKeyLen)
 		}
 	}
 	return slices.Clone(keys), nil
@@ -459,7 +466,7 @@ func (m *Members) setMembershipLocked(peers map[string][]netip.Addr, segLists []
 	}
 	for n, p := range m.byName {
 		if _, ok := want[n]; !ok {
-			m.forgotten[n] = p.highest
+			m.forgotten[n] = p.order
 		}
 	}
 	byName := make(map[string]*peer, len(want))
@@ -467,7 +474,7 @@ func (m *Members) setMembershipLocked(peers map[string][]netip.Addr, segLists []
 	for n, as := range want {
 		p := m.byName[n]
 		if p == nil {
-			p = &peer{name: n, highest: m.forgotten[n]}
+			p = &peer{name: n, order: m.forgotten[n]}
 			delete(m.forgotten, n)
 		}
 		p.addrs = as
@@ -670,7 +677,7 @@ func (m *Members) prepareLocked(os []outgoing) ([]outgoing, error) {
 		for _, sm := range g.members {
 			o.dsts = append(o.dsts, sm.p.dst)
 			o.names = append(o.names, sm.p.name)
-			o.echo = append(o.echo, sm.p.highest)
+			o.echo = append(o.echo, sm.p.echoBack)
 		}
 		os = append(os, o)
 	}
@@ -750,7 +757,7 @@ func (m *Members) handle(b []byte, from netip.Addr, now time.Time) dropReason {
 	m.mu.Lock()
 	var p *peer
 	if r == acceptedReason {
-		r = m.checkLocked(b, &hb, from, &p)
+		r = m.checkLocked(b, &hb, from, now, &p)
 	}
 	if r != acceptedReason {
 		m.rejectLocked(r, hb.name, from, now)
@@ -825,9 +832,40 @@ func (m *Members) touchLocked(p *peer, now time.Time) {
 	}
 }
 
-// checkLocked authenticates a parsed heartbeat; on success *pp is its sender and its counter has
+// peerOrder orders a member's datagrams: by the echo they carry (our own counter, which only grows
+// during our run), then by the sender's counter.
+type peerOrder struct{ echo, counter uint64 }
+
+// checkLocked authenticates a parsed heartbeat; on success *pp is its sender and its order has
 // been recorded.
-func (m *Members) checkLocked(b []byte, hb *heartbeat, from netip.Addr, pp **peer) dropReason {
+//
+// Freshness and order come from the echo, i.e. from our own counter, not from the sender's: a
+// datagram counts only if it echoes a counter of this run of ours (between our boot counter and the
+// last one we sent), and only if (echo, counter) is greater than in the last datagram accepted from
+// that member. A replay carries an echo and a counter we have already seen; a datagram captured
+// before our restart echoes another run's counter. The sender's counter only orders the datagrams it
+// sent between two of ours. So nothing a sender's counter says can lock it out: not a forged counter
+// of 2^64-1 (its next genuine datagram echoes a counter we sent after the forgery was accepted, and
+// the forger cannot echo one we have not sent yet), nor a restart with its clock behind (its new
+// counters are smaller, its echoes newer). Before, the counter alone was compared, and either left
+// the member's datagrams "replays" until the receiver restarted (issue 27).
+//
+// A genuine datagram that does not echo this run (the sender has not heard us since we started, or
+// echoes a counter we never sent: a keyed forger made us accept one of its own) is not evaluated,
+// but, once we have accepted nothing from the sender for DeadAfter, its counter is echoed from then
+// on, so the sender's next datagram counts: a greater counter replaces the echo at once, a smaller
+// one (a restart with the clock behind) once the echo has not been refreshed for DeadAfter.
+//
+// While the sender is heard (a datagram accepted within DeadAfter), such datagrams change nothing:
+// a datagram that does not echo this run may be a replay, of any age, and one of a previous run of
+// the sender (whose counters are larger if it restarted with its clock behind) would otherwise set
+// the echo to a counter the sender's current run refuses, so the sender would stop hearing us
+// while the replays go on (TestReplayedOldRunNoEchoPoison). Nothing is lost by waiting: a sender
+// that restarted is accepted as soon as it echoes our counters (it takes them from our datagrams,
+// which do not echo its new run), and the echo is then its new counter; only a member that stopped
+// echoing our run while we still accept it (a keyed forger made it refuse us) needs the DeadAfter
+// until its counter is taken.
+func (m *Members) checkLocked(b []byte, hb *heartbeat, from netip.Addr, now time.Time, pp **peer) dropReason {
 	p := m.byName[hb.name]
 	if p == nil {
 		return dropNotMember
@@ -838,15 +876,17 @@ func (m *Members) checkLocked(b []byte, hb *heartbeat, from netip.Addr, pp **pee
 	if !verify(m.keys, m.self, b) {
 		return dropBadMAC
 	}
-	if hb.counter <= p.highest {
-		return dropReplay
-	}
-	// Genuine and new: echo it from now on (how the sender learns we heard it since our start),
-	// even if it does not count yet.
-	p.highest = hb.counter
-	if hb.echo < m.boot {
+	if hb.echo < m.boot || hb.echo > m.counter {
+		if now.Sub(p.lastSeen) >= m.opts.DeadAfter && (hb.counter > p.echoBack || now.Sub(p.echoAt) >= m.opts.DeadAfter) {
+			p.echoBack, p.echoAt = hb.counter, now
+		}
 		return dropUnfreshed
 	}
+	if o := p.order; hb.echo < o.echo || hb.echo == o.echo && hb.counter <= o.counter {
+		return dropReplay
+	}
+	p.order = peerOrder{echo: hb.echo, counter: hb.counter}
+	p.echoBack, p.echoAt = hb.counter, now
 	*pp = p
 	return acceptedReason
 }

@@ -194,11 +194,13 @@ func counterValue(c prometheus.Counter) float64 {
 }
 
 func TestParseMemberKeys(t *testing.T) {
-	keys, err := ParseMemberKeys([]byte("# rotation in progress\n 0123456789abcdef0123 \n\nfedcba9876543210fedc\n"))
-	if err != nil || len(keys) != 2 || string(keys[0]) != "0123456789abcdef0123" || string(keys[1]) != "fedcba9876543210fedc" {
+	k1, k2 := strings.Repeat("0123456789abcdef", 2), strings.Repeat("fedcba9876543210", 2)
+	keys, err := ParseMemberKeys([]byte("# rotation in progress\n " + k1 + " \n\n" + k2 + "\n"))
+	if err != nil || len(keys) != 2 || string(keys[0]) != k1 || string(keys[1]) != k2 {
 		t.Errorf("two keys: %q %v", keys, err)
 	}
-	for _, bad := range []string{"", "\n# only a comment\n", "short\n"} {
+	// 16 hex characters are 64 bits (accepted before); 32 are the least for 128.
+	for _, bad := range []string{"", "\n# only a comment\n", "short\n", "0123456789abcdef\n", k1[:31] + "\n"} {
 		if _, err := ParseMemberKeys([]byte(bad)); err == nil {
 			t.Errorf("%q accepted", bad)
 		}

@@ -162,7 +162,7 @@ func TestMembersIncrementalMatchesModel(t *testing.T) {
 				digest++
 			}
 			counter[from]++
-			hb := heartbeat{name: from, ready: rng.IntN(5) != 0, counter: counter[from], echo: m.boot + 1, digest: digest, heard: bits}
+			hb := heartbeat{name: from, ready: rng.IntN(5) != 0, counter: counter[from], echo: m.boot, digest: digest, heard: bits}
 			b, _ := appendHeartbeat(nil, &hb)
 			b = mac(key, m.self, b, b)
 			if got := m.handle(b, addr[from], now); got != acceptedReason {

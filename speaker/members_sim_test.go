@@ -96,7 +96,7 @@ func (s *simSegment) datagram(i int) []byte {
 		}
 		heard = s.heardNow
 	}
-	hb := heartbeat{name: s.names[i], ready: true, counter: s.counter[i], echo: s.m.boot + 1, digest: s.m.segs[0].key, heard: heard}
+	hb := heartbeat{name: s.names[i], ready: true, counter: s.counter[i], echo: s.m.boot, digest: s.m.segs[0].key, heard: heard}
 	b, _ := appendHeartbeat(make([]byte, 0, MaxHeartbeat), &hb)
 	return mac(s.key, s.names[0], b, b)
 }
@@ -241,7 +241,7 @@ func BenchmarkHeartbeat(b *testing.B) {
 				if k == 0 {
 					s.m.mu.Lock()
 					for _, p := range s.m.peers {
-						p.highest = 0
+						p.order = peerOrder{}
 					}
 					s.m.mu.Unlock()
 				}
@@ -269,7 +269,7 @@ func BenchmarkHeartbeat(b *testing.B) {
 		b.Run(fmt.Sprintf("change/members=%d", n), func(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				s.counter[1]++
-				hb := heartbeat{name: s.names[1], ready: i%2 == 0, counter: s.counter[1], echo: s.m.boot + 1, digest: s.m.segs[0].key, heard: s.heard}
+				hb := heartbeat{name: s.names[1], ready: i%2 == 0, counter: s.counter[1], echo: s.m.boot, digest: s.m.segs[0].key, heard: s.heard}
 				d, _ := appendHeartbeat(nil, &hb)
 				d = mac(s.key, s.names[0], d, d)
 				s.m.handle(d, s.addrs[1], s.now)

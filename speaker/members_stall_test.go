@@ -32,7 +32,7 @@ func TestMembersStallGrace(t *testing.T) {
 		n := len(m.segs[0].sorted)
 		m.mu.Unlock()
 		counter[from]++
-		hb := heartbeat{name: from, ready: true, counter: counter[from], echo: m.boot + 1, digest: digest, heard: newBitmap(n)}
+		hb := heartbeat{name: from, ready: true, counter: counter[from], echo: m.boot, digest: digest, heard: newBitmap(n)}
 		b, _ := appendHeartbeat(nil, &hb)
 		b = mac(key, m.self, b, b)
 		if got := m.handle(b, addr[from], at); got != acceptedReason {

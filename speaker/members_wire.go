@@ -15,8 +15,8 @@ import (
 //	magic   "VGH3"                       4 bytes
 //	flags   bit 0: the sender is ready   1 byte
 //	nameLen, name (the sender)           1 + up to 253 bytes
-//	counter                              8 bytes: the sender's boot time (unix ns) + a sequence, so
-//	                                     it only grows, also across the sender's restarts
+//	counter                              8 bytes: the sender's boot time (unix ns) + a sequence: it
+//	                                     grows with every datagram of one run of the sender
 //	echo                                 8 bytes: the highest counter the sender has accepted from
 //	                                     the receiver (0: none yet)
 //	digest                               8 bytes: sha256 of the sender's sorted member list
@@ -25,10 +25,13 @@ import (
 //	mac                                  32 bytes: HMAC-SHA256(key, receiver name || 0 || all the above)
 //
 // The MAC covers everything, and the receiver's name too, so a datagram for n2 does not verify at
-// n3. The counter makes a captured datagram useless to the receiver it was meant for (only a
-// greater counter is accepted); the echo makes datagrams captured before the receiver's own restart
-// useless as well: the receiver accepts liveness only from datagrams echoing a counter of its
-// current incarnation, i.e. sent after the sender heard it since it started.
+// n3. The echo makes a captured datagram useless: the receiver accepts a datagram only if it echoes
+// a counter of its current run (between its boot counter and the last one it sent, so a datagram
+// captured before its restart does not count, whatever the clocks), and only if (echo, counter) is
+// greater than in the last datagram it accepted from that sender (a replay is not). The receiver's
+// own counter is what orders the datagrams; the sender's only orders those sent between two of the
+// receiver's, so no counter value, forged or after a restart with the clock behind, locks a sender
+// out (Members.checkLocked).
 const (
 	heartbeatMagic = "VGH3"
 	macSize        = sha256.Size
@@ -181,7 +184,8 @@ func trailingZeros8(w byte) int {
 }
 
 // ParseMemberKeys reads a membership key file: one key per line (blank lines and lines starting
-// with # are skipped); the first key signs, every key verifies. A Kubernetes Secret created with
+// with # are skipped), each at least MinKeyLen characters; the first key signs, every key verifies.
+// ReadMemberKeyFile checks the file itself first. A Kubernetes Secret created with
 // `--from-literal=key=$(openssl rand -hex 32)` and mounted as a file is such a file with one key;
 // during a rotation it holds two lines (new key first once every member has both).
 func ParseMemberKeys(data []byte) ([][]byte, error) {
@@ -192,7 +196,7 @@ func ParseMemberKeys(data []byte) ([][]byte, error) {
 			continue
 		}
 		if len(line) < MinKeyLen {
-			return nil, fmt.Errorf("line %d: a %d-byte key, want at least %d (e.g. openssl rand -hex 32)", i+1, len(line), MinKeyLen)
+			return nil, fmt.Errorf("line %d: a %d-character key, want at least %d (128 bits as hex; e.g. openssl rand -hex 32)", i+1, len(line), MinKeyLen)
 		}
 		keys = append(keys, []byte(line))
 	}

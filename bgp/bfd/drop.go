@@ -24,8 +24,11 @@ const (
 	DropDetectMult
 	DropMultipoint
 	DropZeroMyDiscr
-	// DropAuth: the A bit is set; vipgate's sessions use no authentication.
-	DropAuth
+	// DropAuthMalformed: the Authentication Section is shorter than its header, or its Auth Len
+	// is not its type's or does not end where the packet does.
+	DropAuthMalformed
+	// DropAuthType: the Authentication Section is Simple Password or of an undefined type.
+	DropAuthType
 	// DropPollFinal: both Poll and Final set.
 	DropPollFinal
 	// DropUnknownDiscr: Your Discriminator names no session of ours.
@@ -38,10 +41,24 @@ const (
 	DropLocalAdminDown
 	// DropHeld: our session is held (not started yet: its BGP session was never Established).
 	DropHeld
+	// DropAuth: the packet's authentication does not match its session's: the A bit on a
+	// session without authentication, none on a session with it, or another Auth Type.
+	DropAuth
+	// DropAuthKeyID: the Auth Key ID is not the session's.
+	DropAuthKeyID
+	// DropAuthDigest: the digest is wrong (another key, or a packet changed on the way).
+	DropAuthDigest
+	// DropAuthSeq: the sequence number is outside the window of RFC 5880 6.7.3/6.7.4: a replayed
+	// or too old packet (meticulous: not above the last one).
+	DropAuthSeq
 	// DropStaleRemote: the packet comes from a remote session other than the one ours is bound
 	// to, and is not a new remote session starting (Down, Your Discriminator zero); typically the
 	// last packets of a session the router has just replaced.
 	DropStaleRemote
+	// DropSuccessorHeld: a new remote session announced itself (Down, Your Discriminator zero)
+	// while ours is Up with another, without authentication: remembered, not acted on until the
+	// current remote session goes away (a blind sender on the link can send this packet).
+	DropSuccessorHeld
 	numDropReasons
 )
 
@@ -56,7 +73,12 @@ var dropNames = [numDropReasons]string{
 	DropDetectMult:     "zero_detect_mult",
 	DropMultipoint:     "multipoint",
 	DropZeroMyDiscr:    "zero_my_discriminator",
+	DropAuthMalformed:  "auth_malformed",
+	DropAuthType:       "auth_type",
 	DropAuth:           "authentication",
+	DropAuthKeyID:      "auth_key_id",
+	DropAuthDigest:     "auth_digest",
+	DropAuthSeq:        "auth_sequence",
 	DropPollFinal:      "poll_and_final",
 	DropUnknownDiscr:   "unknown_discriminator",
 	DropWrongSource:    "wrong_source",
@@ -64,6 +86,7 @@ var dropNames = [numDropReasons]string{
 	DropLocalAdminDown: "local_admin_down",
 	DropHeld:           "session_not_started",
 	DropStaleRemote:    "stale_remote_session",
+	DropSuccessorHeld:  "successor_held",
 }
 
 // String is the reason as used in the metric label.

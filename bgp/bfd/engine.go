@@ -39,21 +39,48 @@ func (e *engine) set(now time.Time, cfg Config, a *actions) *session {
 			if s.cfg.Hold != cfg.Hold {
 				e.gen++
 			}
+			authChanged := s.cfg.Auth != cfg.Auth
 			s.update(now, cfg)
+			if authChanged && cfg.Auth.Type != AuthNone {
+				// The peer's packets under the old key say nothing about the new one: a new
+				// discriminator makes the ones recorded before unusable (see authenticate).
+				e.renewDiscr(s)
+			}
 			return s
 		}
 		e.forget(s)
 	}
 	e.gen++
-	var d uint32
-	for d == 0 || e.byDiscr[d] != nil {
-		d = e.newDiscr()
-	}
+	d := e.freeDiscr()
 	s := newSession(cfg, d, now, e.jitter)
+	s.renew = e.renewDiscr
 	e.byPeer[cfg.Peer] = s
 	e.byDiscr[d] = s
 	a.events = append(a.events, Event{Kind: EventState, Peer: cfg.Peer, From: StateDown, To: StateDown, RemoteState: StateDown, LocalDiscr: d})
 	return s
+}
+
+// freeDiscr returns a random discriminator no session uses.
+func (e *engine) freeDiscr() uint32 {
+	var d uint32
+	for d == 0 || e.byDiscr[d] != nil {
+		d = e.newDiscr()
+	}
+	return d
+}
+
+// renewDiscr gives an authenticated session a new local discriminator and forgets the peer's
+// sequence numbers: every packet recorded under the old one (Init, Up, anything naming it) then
+// fails the discriminator lookup, so none can be replayed to bring the session Up or keep it Up.
+// The peer learns the new one from our next packet (RFC 5880 6.8.6: bfd.RemoteDiscr is set from
+// every packet's My Discriminator).
+func (e *engine) renewDiscr(s *session) {
+	if e.byDiscr[s.localDiscr] == s {
+		delete(e.byDiscr, s.localDiscr)
+	}
+	s.localDiscr = e.freeDiscr()
+	e.byDiscr[s.localDiscr] = s
+	s.auth.forget()
 }
 
 // remove retires the session of peer: it sends AdminDown and is deleted afterwards.
@@ -107,6 +134,15 @@ func (e *engine) receive(now, at time.Time, src netip.Addr, ttl int, multihop bo
 		}
 	} else if p.State != StateDown && p.State != StateAdminDown {
 		return DropZeroYourDiscr
+	}
+	// Authentication (RFC 5880 6.8.6) before anything of the packet is believed. The
+	// discriminator checks above leak nothing a peer does not see on the wire.
+	// The sequence number is kept for two detection times at their bound, so never forgotten
+	// before the detection time expires (which gives the session a new discriminator anyway):
+	// the packet may lengthen the detection time, and a window forgotten while Up would take
+	// a replay.
+	if why := s.auth.authenticate(at, s.cfg.Auth, s.maxDetect(), s.state == StateUp, &p); why != DropNone {
+		return why
 	}
 	return s.receive(now, at, p, a)
 }

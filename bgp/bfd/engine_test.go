@@ -172,10 +172,15 @@ func TestRemoteReplacesSession(t *testing.T) {
 		// failure is what a must report; none for every way FRR does it.
 		failure   Failure
 		staleDrop bool
+		// held: the new session's first packet came while the old one was live, and was held
+		// (successor_held) until the old one went away; a silent replacement then waits for
+		// the old session's detection time (300 ms here) before the new handshake.
+		held  bool
+		after time.Duration
 	}{
-		{how: "silent"},
+		{how: "silent", held: true, after: 300 * ms},
 		{how: "admindown-first"},
-		{how: "admindown-late", staleDrop: true},
+		{how: "admindown-late", held: true},
 		{how: "down-first"},
 		// A Down that says the peer's detection time expired is the peer telling us the path
 		// failed, even if a new session follows: reported.
@@ -203,12 +208,15 @@ func TestRemoteReplacesSession(t *testing.T) {
 				t.Errorf("failures %v, want %v", fs, want)
 			}
 			for _, ev := range a.events {
-				if ev.Kind == EventState && ev.To == StateUp && ev.at > at && ev.at-at > 10*ms {
-					t.Errorf("up again %v after the replacement, want a few round trips", ev.at-at)
+				if ev.Kind == EventState && ev.To == StateUp && ev.at > at && ev.at-at > tc.after+10*ms {
+					t.Errorf("up again %v after the replacement, want a few round trips after %v", ev.at-at, tc.after)
 				}
 			}
 			if got := a.drops[DropStaleRemote] > 0; got != tc.staleDrop {
 				t.Errorf("stale-remote drops %d, want some: %v", a.drops[DropStaleRemote], tc.staleDrop)
+			}
+			if got := a.drops[DropSuccessorHeld] > 0; got != tc.held {
+				t.Errorf("successor-held drops %d, want some: %v", a.drops[DropSuccessorHeld], tc.held)
 			}
 		})
 	}
@@ -321,7 +329,7 @@ func TestDemultiplexDrops(t *testing.T) {
 		{"another remote session, up", b.addr, 255, func(p *Packet) { p.MyDiscr++ }, DropStaleRemote},
 		{"another remote session, admindown", b.addr, 255, func(p *Packet) { p.MyDiscr++; p.State = StateAdminDown }, DropStaleRemote},
 		{"another remote session, down, bound to us", b.addr, 255, func(p *Packet) { p.MyDiscr++; p.State = StateDown }, DropStaleRemote},
-		{"authentication", b.addr, 255, func(p *Packet) { p.AuthPresent = true }, DropLength},
+		{"authentication on a session without", b.addr, 255, func(p *Packet) { p.AuthPresent = true; p.Auth = AuthSection{Type: AuthKeyedSHA1} }, DropAuth},
 		{"valid", b.addr, 255, nil, DropNone},
 	} {
 		p := good

@@ -60,8 +60,8 @@ func (d Diag) String() string {
 	return "unknown"
 }
 
-// Packet is a BFD Control packet (RFC 5880 section 4.1). vipgate sends no Authentication Section
-// and discards packets that carry one.
+// Packet is a BFD Control packet (RFC 5880 section 4.1), with its Authentication Section when
+// AuthPresent (keyed MD5 or SHA1 only: section 4.3, 4.4).
 type Packet struct {
 	Diag  Diag
 	State State
@@ -77,6 +77,8 @@ type Packet struct {
 	MyDiscr, YourDiscr              uint32
 	// The intervals travel in microseconds.
 	DesiredMinTx, RequiredMinRx, RequiredMinEchoRx time.Duration
+	// Auth is the Authentication Section, when AuthPresent.
+	Auth AuthSection
 }
 
 const (
@@ -108,11 +110,18 @@ func (p *Packet) Append(b []byte) []byte {
 			flags |= f.bit
 		}
 	}
-	b = append(b, version<<5|byte(p.Diag)&0x1f, flags, p.DetectMult, packetLen)
+	length := packetLen
+	if p.AuthPresent {
+		length += p.Auth.len()
+	}
+	b = append(b, version<<5|byte(p.Diag)&0x1f, flags, p.DetectMult, byte(length))
 	b = binary.BigEndian.AppendUint32(b, p.MyDiscr)
 	b = binary.BigEndian.AppendUint32(b, p.YourDiscr)
 	for _, d := range [...]time.Duration{p.DesiredMinTx, p.RequiredMinRx, p.RequiredMinEchoRx} {
 		b = binary.BigEndian.AppendUint32(b, wireInterval(d))
+	}
+	if p.AuthPresent {
+		b = p.Auth.append(b)
 	}
 	return b
 }
@@ -128,9 +137,10 @@ func wireInterval(d time.Duration) uint32 {
 }
 
 // Parse decodes a Control packet and applies the checks of RFC 5880 section 6.8.6 that need no
-// session: version, lengths, Detect Mult, Multipoint, My Discriminator, and authentication (which
-// vipgate does not use, so any packet with the A bit is discarded). Every field is read from b
-// within its bounds; the cost is the same for any input.
+// session: version, lengths, Detect Mult, Multipoint, My Discriminator, and the shape of the
+// Authentication Section (a keyed MD5 or SHA1 one, filling the packet to its Length; the digest
+// and the sequence number are the session's to check). Every field is read from b within its
+// bounds; the cost is the same for any input.
 func Parse(b []byte) (Packet, DropReason) {
 	if len(b) < packetLen {
 		return Packet{}, DropShort
@@ -166,11 +176,18 @@ func Parse(b []byte) (Packet, DropReason) {
 		return Packet{}, DropMultipoint
 	case p.MyDiscr == 0:
 		return Packet{}, DropZeroMyDiscr
-	case p.AuthPresent:
-		return Packet{}, DropAuth
 	case p.Poll && p.Final:
 		// RFC 5880 6.5: a packet never carries both; such a sender is broken.
 		return Packet{}, DropPollFinal
+	case !p.AuthPresent:
+		// Bytes after Length are not part of the packet (RFC 5880 6.8.6 only bounds Length
+		// by the datagram).
+		return p, DropNone
 	}
+	a, why := parseAuth(b[packetLen:length])
+	if why != DropNone {
+		return Packet{}, why
+	}
+	p.Auth = a
 	return p, DropNone
 }

@@ -40,6 +40,11 @@ type SessionStatus struct {
 	// created; Failures the failures reported to the client.
 	Transitions [4]uint64
 	Failures    uint64
+	// Auth is the session's authentication type; RcvAuthSeq the last sequence number received
+	// from the peer, while AuthSeqKnown (RFC 5880 6.8.1).
+	Auth         AuthType
+	AuthSeqKnown bool
+	RcvAuthSeq   uint32
 }
 
 // Server runs BFD sessions over UDP: one goroutine owns every session (the engine) and the sending
@@ -196,6 +201,11 @@ func Validate(c Config) error {
 		return errors.New("BFD interval above 1h")
 	case c.DesiredMinTx != 0 && c.DesiredMinTx < time.Millisecond || c.RequiredMinRx != 0 && c.RequiredMinRx < time.Millisecond:
 		return errors.New("BFD interval below 1ms")
+	case c.MaxDetectTime < 0 || c.MaxDetectTime > time.Hour:
+		return errors.New("BFD maximum detection time negative or above 1h")
+	}
+	if err := c.Auth.Validate(); err != nil {
+		return err
 	}
 	return nil
 }
@@ -257,6 +267,7 @@ func (ss *session) status() SessionStatus {
 		LocalDiscr: ss.localDiscr, RemoteDiscr: ss.remoteDiscr,
 		TxInterval: ss.txInterval(), DetectTime: ss.detectTime(),
 		Transitions: ss.transitions, Failures: ss.failures,
+		Auth: ss.cfg.Auth.Type, AuthSeqKnown: ss.auth.seqKnown, RcvAuthSeq: ss.auth.rcvSeq,
 	}
 }
 
@@ -424,7 +435,11 @@ func (s *Server) send(now time.Time, o outPacket) {
 		}
 		snd.conn = conn
 	}
-	s.buf = o.p.Append(s.buf[:0])
+	if o.p.AuthPresent {
+		s.buf = o.p.AppendSigned(s.buf[:0], o.s.cfg.Auth.Key)
+	} else {
+		s.buf = o.p.Append(s.buf[:0])
+	}
 	if _, err := snd.conn.WriteToUDPAddrPort(s.buf, snd.dst); err != nil {
 		s.warnf("send/"+o.s.cfg.Peer.String(), "sending a BFD packet", "peer", o.s.cfg.Peer, "err", err)
 	}

@@ -23,6 +23,13 @@ type Config struct {
 	// MinTTL instead of exactly 255. For eBGP multi-hop peers.
 	Multihop bool
 	MinTTL   uint8
+	// MaxDetectTime bounds the detection time: the peer's packets set it (its Detect Mult times
+	// its Desired Min TX Interval, RFC 5880 6.8.4) and can claim up to 255 x 71 minutes, which
+	// would keep a dead peer's session Up for 12.7 days. Zero means DefaultMaxDetectTime. The
+	// bound is never below our own RequiredMinRx x DetectMult (see maxDetect).
+	MaxDetectTime time.Duration
+	// Auth authenticates the session's packets (RFC 5880 section 6.7); zero: none.
+	Auth Auth
 	// Hold keeps the session silent: it sends nothing and ignores what it receives, until a Set
 	// without Hold starts it. A speaker holds a peer's session until the BGP session is first
 	// Established (see package bgp).
@@ -39,6 +46,10 @@ const (
 	// DefaultMinTTL is the minimum TTL of a multi-hop session's packets when MinTTL is zero
 	// (FRR's default: one hop).
 	DefaultMinTTL = 254
+	// DefaultMaxDetectTime is the bound of the detection time when Config.MaxDetectTime is zero:
+	// above what a peer needs at the 1 s slow rate with a multiplier of 3 to 5, far below the
+	// days a forged packet could claim.
+	DefaultMaxDetectTime = 5 * time.Second
 	// retirePackets is how many AdminDown packets a removed session sends that was Up (one if it
 	// was not), so that the peer's client does not take the removal for a failure.
 	retirePackets = 3
@@ -54,6 +65,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.DetectMult == 0 {
 		c.DetectMult = DefaultDetectMult
+	}
+	if c.MaxDetectTime <= 0 {
+		c.MaxDetectTime = DefaultMaxDetectTime
 	}
 	if c.Multihop && c.MinTTL == 0 {
 		c.MinTTL = DefaultMinTTL
@@ -169,10 +183,21 @@ type session struct {
 
 	// upRemote is the remote discriminator of the current Up period (or of the last one).
 	upRemote uint32
+	// remoteConfirmed is set once the bound remote session (remoteDiscr) has sent a packet
+	// naming our discriminator: it reads our packets. A binding made by a packet with Your
+	// Discriminator zero alone may be anyone's (see receive).
+	remoteConfirmed bool
 	// graceUntil is set while a session the peer tore down or replaced has until then to come Up
 	// again before the failure is reported; graceFrom is the remote discriminator we were Up with.
 	graceUntil time.Time
 	graceFrom  uint32
+	// successor is a new remote session that announced itself (Down, Your Discriminator zero)
+	// while we were Up with another, on a session without authentication: first seen at
+	// successorFirst, last at successorAt. It is only taken once the current remote session goes
+	// away (its goodbye, or its detection time), because anyone on the link can send that packet
+	// without knowing a discriminator.
+	successor                   uint32
+	successorFirst, successorAt time.Time
 
 	// retire counts the AdminDown packets left to send once the session has been removed;
 	// retired is set when it has sent them and can be deleted.
@@ -182,6 +207,11 @@ type session struct {
 	// transitions counts the entries into each state; failures the failures reported.
 	transitions [4]uint64
 	failures    uint64
+
+	// auth holds the authentication sequence numbers (auth.go); renew gives the session a new
+	// local discriminator (the engine's renewDiscr), nil outside an engine.
+	auth  authState
+	renew func(*session)
 
 	jitter func() float64
 }
@@ -197,6 +227,11 @@ func newSession(cfg Config, discr uint32, now time.Time, jitter func() float64) 
 		remoteDetectMult: cfg.DetectMult,
 		jitter:           jitter,
 	}
+	if cfg.Auth.Type != AuthNone {
+		// RFC 5880 6.8.1: bfd.XmitAuthSeq starts at a random value (it protects against
+		// replay, not guessing: it is on the wire).
+		s.auth.xmitSeq = uint32(jitter() * (1 << 32))
+	}
 	s.txAdvertised = max(cfg.DesiredMinTx, slowTx)
 	s.rxAdvertised = cfg.RequiredMinRx
 	s.txInUse, s.rxInUse = s.txAdvertised, s.rxAdvertised
@@ -208,12 +243,29 @@ func newSession(cfg Config, discr uint32, now time.Time, jitter func() float64) 
 	return s
 }
 
-// txInterval is the transmit interval before jitter: the slower of ours and the peer's wish.
-func (s *session) txInterval() time.Duration { return max(s.txInUse, s.remoteMinRx) }
+// txInterval is the transmit interval before jitter: the slower of ours and the peer's wish, the
+// peer's bounded like the detection time (a forged Required Min RX Interval of 71 minutes must not
+// silence us either; a real peer that slow needs a larger MaxDetectTime).
+func (s *session) txInterval() time.Duration {
+	return max(s.txInUse, min(s.remoteMinRx, s.maxDetect()))
+}
 
-// detectTime is RFC 5880 6.8.4 for asynchronous mode.
+// detectTime is RFC 5880 6.8.4 for asynchronous mode, bounded by maxDetect: the peer's Detect
+// Mult and Desired Min TX Interval come from its packets, unauthenticated unless Auth is set, and
+// one packet claiming 255 x 2^32-1 us would otherwise put the detection of a dead peer 12.7 days
+// off. A peer sending as slowly as it may still meets the bound as long as it sends at least once
+// per maxDetect; only a peer pacing slower than that (which our profile never asked for) sees its
+// session time out, and is told so by our Down (diagnostic "control detection time expired").
 func (s *session) detectTime() time.Duration {
-	return time.Duration(s.remoteDetectMult) * max(s.rxInUse, s.remoteDesiredTx)
+	return min(time.Duration(s.remoteDetectMult)*max(s.rxInUse, s.remoteDesiredTx), s.maxDetect())
+}
+
+// maxDetect is the bound of the detection time: Config.MaxDetectTime, but never below what our
+// own profile asks for (RequiredMinRx x DetectMult, with the receive interval in use during a
+// Poll Sequence), so a slow profile keeps working without setting it.
+func (s *session) maxDetect() time.Duration {
+	mult := time.Duration(s.cfg.DetectMult)
+	return max(s.cfg.MaxDetectTime, mult*s.cfg.RequiredMinRx, mult*s.rxInUse)
 }
 
 // canSendPeriodic reports whether periodic packets are allowed (RFC 5880 6.8.7).
@@ -240,8 +292,10 @@ func (s *session) jittered(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * (0.75 + spread*s.jitter()))
 }
 
+// packet is the next packet to send; with authentication it takes the next sequence number (the
+// digest is computed on the way out, by AppendSigned with the key).
 func (s *session) packet(final bool) Packet {
-	return Packet{
+	p := Packet{
 		Diag:          s.diag,
 		State:         s.state,
 		Poll:          s.poll && !final,
@@ -253,6 +307,15 @@ func (s *session) packet(final bool) Packet {
 		RequiredMinRx: s.rxAdvertised,
 		// RequiredMinEchoRx 0: we do not loop Echo packets back.
 	}
+	if t := s.cfg.Auth.Type; t != AuthNone {
+		// Every keyed type takes one sequence number per packet: the meticulous ones must
+		// (RFC 5880 6.7.3/6.7.4), the others may, and the receiver's window of 3 x Detect Mult
+		// then covers up to that many lost packets.
+		p.AuthPresent = true
+		p.Auth = AuthSection{Type: t, KeyID: s.cfg.Auth.KeyID, Seq: s.auth.xmitSeq}
+		s.auth.xmitSeq++
+	}
+	return p
 }
 
 // schedule sets the next periodic packet one jittered interval after now.
@@ -294,6 +357,7 @@ func (s *session) setState(now time.Time, to State, diag Diag, a *actions, ev Ev
 		s.diag = DiagNone
 		s.upRemote = s.remoteDiscr
 		s.graceUntil, s.graceFrom = time.Time{}, 0
+		s.successor = 0
 		// Leave the 1 s slow rate for the configured one with a Poll Sequence. A faster rate
 		// applies at once (the peer may shorten its detection time as soon as it reads ours).
 		s.setIntervals(s.cfg.DesiredMinTx, s.cfg.RequiredMinRx)
@@ -325,6 +389,10 @@ func (s *session) setIntervals(tx, rx time.Duration) {
 	s.txInUse, s.rxInUse = tx, rx
 }
 
+// slowDetect is our detection time of a peer at the 1 s slow rate with our multiplier: the least
+// grace a torn-down session gets, whatever the bound.
+func (s *session) slowDetect() time.Duration { return time.Duration(s.cfg.DetectMult) * slowTx }
+
 // fail reports a failure to the client.
 func (s *session) fail(f Failure, a *actions) {
 	s.failures++
@@ -352,13 +420,40 @@ func (s *session) receive(now, at time.Time, p Packet, a *actions) DropReason {
 	// replaced its session, as FRR does when BGP comes up after BFD. Anything else from another
 	// discriminator is the tail of a session that is gone (its AdminDown or Down arriving after
 	// its successor's packets) and would only tear the new binding down.
+	//
+	// Without authentication, that new session's first packet needs no discriminator at all: a
+	// blind sender on the link could make us drop a live session with one packet (we would bind
+	// to its made-up discriminator, drop the real peer's packets as stale, and the peer would
+	// time us out). So while Up with a live remote session, its successor is only remembered, and
+	// taken when the current one says goodbye or its detection time expires.
+	//
+	// While not Up, a binding made only by packets with Your Discriminator zero (nobody has named
+	// our discriminator yet) gives way to a remote session in Init or Up that names it: that one
+	// reads our packets, where a blind sender's made-up discriminator (or a replayed one) would
+	// keep our Init answering a session that does not exist and hold the real peer off.
 	replaced := false
 	if s.remoteDiscr != 0 && p.MyDiscr != s.remoteDiscr {
-		if p.YourDiscr != 0 || p.State != StateDown {
+		switch {
+		case p.YourDiscr != 0 && (p.State == StateInit || p.State == StateUp) && !s.remoteConfirmed && s.state != StateUp:
+			// Taken: it names us, the binding it replaces never did.
+		case p.YourDiscr != 0 || p.State != StateDown:
 			return DropStaleRemote
+		case s.state == StateUp && s.cfg.Auth.Type == AuthNone:
+			if s.successor == 0 || s.successorAt.Before(at.Add(-max(s.detectTime(), s.slowDetect()))) {
+				// The grace of a replacement runs from when a successor first spoke
+				// (expire): another made-up discriminator does not restart it.
+				s.successorFirst = at
+			}
+			s.successor, s.successorAt = p.MyDiscr, at
+			return DropSuccessorHeld
+		default:
+			replaced = true
 		}
-		replaced = true
 	}
+	if p.MyDiscr != s.remoteDiscr {
+		s.remoteConfirmed = false
+	}
+	s.remoteConfirmed = s.remoteConfirmed || p.YourDiscr != 0
 	s.remoteDiscr = p.MyDiscr
 	s.remoteState = p.State
 	s.remoteDiag = p.Diag
@@ -383,8 +478,9 @@ func (s *session) receive(now, at time.Time, p Packet, a *actions) DropReason {
 			changed = false
 		}
 		s.graceUntil, s.graceFrom = time.Time{}, 0
-		// The peer's session is gone: answer its successor with Your Discriminator zero.
-		s.remoteDiscr = 0
+		// The peer's session is gone: answer its successor (with Your Discriminator zero if
+		// it has not spoken yet).
+		s.remoteDiscr, s.remoteConfirmed = s.takeSuccessor(at), false
 	case s.state == StateDown && p.State == StateDown:
 		s.setState(now, StateInit, DiagNone, a, ev)
 	case s.state == StateDown && p.State == StateInit, s.state == StateInit && (p.State == StateInit || p.State == StateUp):
@@ -400,7 +496,8 @@ func (s *session) receive(now, at time.Time, p Packet, a *actions) DropReason {
 			// Re-handshake (with the new session if there is one); it is a failure only if the
 			// session is not Up again within a detection time at the slow rate, counted like the
 			// detection time from the packet's arrival.
-			grace := time.Duration(p.DetectMult) * max(s.rxInUse, p.DesiredMinTx, slowTx)
+			// Bounded as the detection time is: the packet's timers are the peer's word.
+			grace := min(time.Duration(p.DetectMult)*max(s.rxInUse, p.DesiredMinTx, slowTx), max(s.maxDetect(), s.slowDetect()))
 			ev.Grace, ev.Replaced, ev.ReplacedFrom = grace, replaced, s.upRemote
 			s.setState(now, StateDown, DiagNeighborDown, a, ev)
 			s.graceFrom = s.upRemote
@@ -409,7 +506,7 @@ func (s *session) receive(now, at time.Time, p Packet, a *actions) DropReason {
 				// The peer's session is going away: answer its successor with Your
 				// Discriminator zero, which it can match (FRR drops a packet naming a
 				// discriminator it no longer has).
-				s.remoteDiscr = 0
+				s.remoteDiscr, s.remoteConfirmed = s.takeSuccessor(at), false
 			}
 		} else {
 			s.setState(now, StateDown, DiagNeighborDown, a, ev)
@@ -483,8 +580,25 @@ func (s *session) expire(now, at time.Time, a *actions) {
 		wasUp := s.state == StateUp
 		ev := Event{RemoteState: s.remoteState, RemoteDiag: s.remoteDiag}
 		// RFC 5880 6.8.1: a detection time without packets forgets the remote session.
-		s.remoteDiscr, s.remoteState, s.remoteDemand = 0, StateDown, false
-		if s.state == StateInit || s.state == StateUp {
+		s.remoteDiscr, s.remoteState, s.remoteDemand, s.remoteConfirmed = 0, StateDown, false, false
+		if s.cfg.Auth.Type != AuthNone && s.renew != nil {
+			// With authentication, the next remote session also gets a new local
+			// discriminator, so the dead one's recorded packets cannot be replayed (auth.go).
+			s.renew(s)
+		}
+		firstSeen := s.successorFirst
+		if succ := s.takeSuccessor(at); succ != 0 && wasUp && at.Before(firstSeen.Add(s.slowDetect())) {
+			// The peer replaced its session without a goodbye: as a replacement (see
+			// receive), a failure only if not Up again within a detection time at the slow
+			// rate from when the successor first spoke (a grace already over is none: the
+			// expiry is a plain failure).
+			grace := s.slowDetect()
+			s.remoteDiscr, s.remoteConfirmed = succ, false
+			ev.Grace, ev.Replaced, ev.ReplacedFrom = grace, true, s.upRemote
+			s.setState(now, StateDown, DiagDetectTimeExpired, a, ev)
+			s.graceFrom, s.graceUntil = s.upRemote, firstSeen.Add(grace)
+			s.transmit(now, false, a)
+		} else if s.state == StateInit || s.state == StateUp {
 			s.setState(now, StateDown, DiagDetectTimeExpired, a, ev)
 			if wasUp {
 				s.fail(FailureDetectTimeExpired, a)
@@ -498,6 +612,17 @@ func (s *session) expire(now, at time.Time, a *actions) {
 		s.fail(FailureNotBackUp, a)
 		s.graceUntil, s.graceFrom = time.Time{}, 0
 	}
+}
+
+// takeSuccessor returns the successor remote session if it spoke recently (within a detection
+// time at the slow rate: it sends every second while Down), and forgets it; zero if none.
+func (s *session) takeSuccessor(at time.Time) uint32 {
+	d := s.successor
+	if d == 0 || s.successorAt.Before(at.Add(-max(s.detectTime(), s.slowDetect()))) {
+		d = 0
+	}
+	s.successor = 0
+	return d
 }
 
 // expiring reports whether the detection time or the grace has run out at now.
@@ -521,12 +646,16 @@ func (s *session) update(now time.Time, cfg Config) {
 	cfg = cfg.withDefaults()
 	old := s.cfg
 	s.cfg = cfg
+	if cfg.Auth != old.Auth {
+		// A new key or type: the peer's sequence numbers under the old one mean nothing.
+		s.auth.forget()
+	}
 	if cfg.Hold && !old.Hold {
 		// Back to the state of a new session, silently (no failure: the owner asked for it).
 		if s.state != StateDown {
 			s.setState(now, StateDown, DiagAdminDown, &actions{}, Event{})
 		}
-		s.remoteDiscr, s.remoteState, s.remoteDemand, s.remoteMinRx = 0, StateDown, false, time.Microsecond
+		s.remoteDiscr, s.remoteState, s.remoteDemand, s.remoteMinRx, s.remoteConfirmed = 0, StateDown, false, time.Microsecond, false
 		s.detectAt, s.graceUntil, s.graceFrom = time.Time{}, time.Time{}, 0
 	}
 	s.setIntervals(cfg.DesiredMinTx, cfg.RequiredMinRx)

@@ -75,7 +75,7 @@ func (s *sim) elapsed() time.Duration { return s.now.Sub(t0) }
 // apply dispatches what node n's engine asked for.
 func (s *sim) apply(n *simNode, a *actions) {
 	for _, o := range a.send {
-		s.transmit(n, o.s.cfg.Peer, o.p, 255)
+		s.transmitKeyed(n, o.s.cfg.Peer, o.p, 255, o.s.cfg.Auth.Key)
 	}
 	for _, ev := range a.events {
 		n.events = append(n.events, timedEvent{s.elapsed(), ev})
@@ -83,6 +83,11 @@ func (s *sim) apply(n *simNode, a *actions) {
 }
 
 func (s *sim) transmit(n *simNode, to netip.Addr, p Packet, ttl int) {
+	s.transmitKeyed(n, to, p, ttl, "")
+}
+
+// transmitKeyed sends p, signed with key when it carries an Authentication Section.
+func (s *sim) transmitKeyed(n *simNode, to netip.Addr, p Packet, ttl int, key string) {
 	if n.filter != nil && !n.filter(&p) {
 		return
 	}
@@ -90,7 +95,11 @@ func (s *sim) transmit(n *simNode, to netip.Addr, p Packet, ttl int) {
 	if n.drop {
 		return
 	}
-	s.flights = append(s.flights, flight{at: s.now.Add(s.latency), from: n.addr, to: to, ttl: ttl, b: p.Append(nil)})
+	b := p.Append(nil)
+	if p.AuthPresent {
+		b = p.AppendSigned(nil, key)
+	}
+	s.flights = append(s.flights, flight{at: s.now.Add(s.latency), from: n.addr, to: to, ttl: ttl, b: b})
 }
 
 // set configures a session on n.

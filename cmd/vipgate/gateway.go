@@ -94,6 +94,7 @@ func gatewayDataplaneConfig(cfg *cluster.GatewayConfig) dataplane.GatewayConfig 
 		DrainTimeout: cfg.DrainTimeout, // 0: the dataplane's default (5m)
 		FlowTimeout:  cfg.FlowTimeout,  // 0: the dataplane's default (1h)
 		FastPath:     gatewayFastPath(cfg),
+		Limits:       cfg.ServiceLimits,
 	}
 }
 
@@ -144,7 +145,10 @@ func runGateway(args []string) error {
 		dpCfg.FastPath.OmitMissing = true
 	}
 	var natStatus *natPathStatus
-	dpCfg.NATPath, natStatus = startNATPath(cfg, log)
+	dpCfg.NATPath, natStatus, err = startNATPath(cfg, nf.speaker, log)
+	if err != nil {
+		return err
+	}
 	defer natStatus.close()
 	gw := dataplane.NewGatewayProxier(log.Named("dataplane"), dpCfg, prog)
 
@@ -176,7 +180,7 @@ func runGateway(args []string) error {
 	}
 	admin.setVIPLister(spk.spk)
 	// SNAT addresses and conntrackd (gateway_ctsync.go): the NAT state outlives a gateway's death.
-	stopCtSync, ctSup, err := startGatewayConntrackSync(ctx, cfg, log, spk, admin)
+	stopCtSync, ctSup, err := startGatewayConntrackSync(ctx, cfg, nf.speaker, log, spk, admin)
 	if err != nil {
 		return err
 	}
@@ -217,8 +221,9 @@ func runGateway(args []string) error {
 			}
 		}
 	}
+	// The seed warning concerns every mode (the jhash rules use it too); the rest is the NAT path's.
+	admin.addWarnings(natStatus.warnings)
 	if cfg.Forwarding != cluster.ForwardRoute {
-		admin.addWarnings(natStatus.warnings)
 		for _, c := range natStatus.collectors() {
 			if err := nodeRegistry().Register(c); err != nil {
 				log.Warn("NAT fast path metric not registered", "err", err)

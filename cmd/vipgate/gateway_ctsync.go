@@ -1,18 +1,22 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane/ctsync"
+	"github.com/vipgate/vipgate/dataplane/ctsync/relay"
 	"github.com/vipgate/vipgate/l2"
 )
 
@@ -32,7 +36,7 @@ const snatSettle = 5 * time.Second
 // table stays, like vipgate's own rules) and the conntrackd supervisor (nil without conntrack
 // sync), whose Resynced holds the announcements back. With neither configured it removes a SNAT
 // table a previous run left and does nothing else.
-func startGatewayConntrackSync(ctx context.Context, cfg *cluster.GatewayConfig, log hclog.Logger, spk *gatewaySpeaker, admin *adminServer) (func(), *ctsync.Supervisor, error) {
+func startGatewayConntrackSync(ctx context.Context, cfg *cluster.GatewayConfig, flags speakerFlags, log hclog.Logger, spk *gatewaySpeaker, admin *adminServer) (func(), *ctsync.Supervisor, error) {
 	log = log.Named("ctsync")
 	own := cfg.SNATAddressesOf(cfg.Name)
 	mark := uint32(1) << uint(cluster.DefaultMasqueradeBit)
@@ -58,7 +62,7 @@ func startGatewayConntrackSync(ctx context.Context, cfg *cluster.GatewayConfig, 
 	if cfg.ConntrackSync.Enabled {
 		var done func()
 		var err error
-		if sup, done, err = startConntrackd(ctx, cfg, log); err != nil {
+		if sup, done, err = startConntrackd(ctx, cfg, flags, log); err != nil {
 			stop()
 			return nil, nil, err
 		}
@@ -92,9 +96,36 @@ func (c ctsyncStatus) Warnings() []string {
 	return append(out, "conntrack sync: "+c.sup.Status().String())
 }
 
-// startConntrackd writes conntrackd's config and supervises it until ctx ends.
-func startConntrackd(ctx context.Context, cfg *cluster.GatewayConfig, log hclog.Logger) (*ctsync.Supervisor, func(), error) {
+// errNoSyncKey is startConntrackd's refusal without a key.
+var errNoSyncKey = errors.New("conntrackSync: the sync channel needs a key: set conntrackSync.keyFile, or the membership's " +
+	"speaker.memberKeyFile (or --member-key-file), whose keys it then derives its own from; " +
+	"conntrackd's channel has no authentication, and vipgate runs it only behind its signed relay")
+
+// ctsyncKeyFile is the key file of the sync relay: conntrackSync.keyFile, else the membership's.
+func ctsyncKeyFile(cfg *cluster.GatewayConfig, flags speakerFlags) (string, error) {
+	if f := cfg.ConntrackSync.KeyFile; f != "" {
+		return f, nil
+	}
+	if f, _ := memberSettings(flags, cfg.Speaker); f != "" {
+		return f, nil
+	}
+	return "", errNoSyncKey
+}
+
+// startConntrackd writes conntrackd's config and supervises it until ctx ends, with the relay that
+// carries its datagrams to the peer, signed (dataplane/ctsync/relay): conntrackd itself listens
+// on loopback only.
+func startConntrackd(ctx context.Context, cfg *cluster.GatewayConfig, flags speakerFlags, log hclog.Logger) (*ctsync.Supervisor, func(), error) {
 	cs := cfg.ConntrackSync
+	// Fail closed: no key, no sync.
+	keyFile, err := ctsyncKeyFile(cfg, flags)
+	if err != nil {
+		return nil, nil, err
+	}
+	keys, err := readMemberKeys(keyFile)
+	if err != nil {
+		return nil, nil, fmt.Errorf("conntrackSync: %w", err)
+	}
 	local := cs.LocalAddress
 	if !local.IsValid() {
 		for _, a := range cfg.GatewayIPs {
@@ -131,12 +162,49 @@ func startConntrackd(ctx context.Context, cfg *cluster.GatewayConfig, log hclog.
 		cleanup()
 		return nil, nil, err
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		sup.Run(ctx)
-	}()
-	return sup, func() { <-done; cleanup() }, nil
+	port := uint16(cs.Port)
+	rl, err := relay.New(log.Named("relay"), relay.Config{
+		Local: netip.AddrPortFrom(local, port), Peer: netip.AddrPortFrom(cs.Peer, port),
+		Listen: netip.AddrPortFrom(ctsync.RelayAddress, port), Daemon: netip.AddrPortFrom(ctsync.DaemonAddress, port),
+		Keys: keys}, nodeRegistry())
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); rl.Run(ctx) }()
+	go func() { defer wg.Done(); reloadSyncKeys(ctx, log, keyFile, keys, rl) }()
+	go func() { defer wg.Done(); sup.Run(ctx) }()
+	return sup, func() { wg.Wait(); cleanup() }, nil
+}
+
+// reloadSyncKeys reads the key file again every memberKeyReload (as the membership does) and hands
+// changed keys to the relay: a rotated Secret takes effect without a restart. A broken file keeps
+// the old keys.
+func reloadSyncKeys(ctx context.Context, log hclog.Logger, path string, keys [][]byte, rl *relay.Relay) {
+	t := time.NewTicker(memberKeyReload)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		next, err := readMemberKeys(path)
+		if err == nil && slices.EqualFunc(keys, next, bytes.Equal) {
+			continue
+		}
+		if err == nil {
+			err = rl.SetKeys(next)
+		}
+		if err != nil {
+			log.Error("conntrack sync: keeping the previous keys", "err", err)
+			continue
+		}
+		keys = next
+		log.Info("conntrack sync: keys reloaded", "keys", len(keys))
+	}
 }
 
 // watchGatewayPeers follows the membership's view of the gateways every snatOwnerPoll until ctx

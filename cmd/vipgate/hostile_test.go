@@ -184,8 +184,60 @@ func hostileCorpus() []hostileCase {
 			pick("10.244.2.66", "2001:db8:244:2::66"), pick("10.244.2.67", "2001:db8:244:2::67"), 1)
 		out = append(out, hostileCase{name: fam + " two externalIP claims, the younger sorts first", manifests: young + old,
 			object: "Service default/aaa-young", reason: "it was created first", probes: probe(vip, "80/tcp")})
+		// Issue #27: Services whose cost is a product of their fields (ports x addresses x slots)
+		// are refused as a whole, over the node's serviceLimits; the configured limit is used.
+		cip := pick("10.96.0.203", "2001:db8:96::cb")
+		out = append(out,
+			hostileCase{name: fam + " 400 externalIPs x 200 ports", manifests: costlyService(fam, cip, 400, 200, ""),
+				object: "Service default/aaa-costly", reason: "serviceLimits.maxEntries 20000", probes: probe(cip, "1000/tcp", "1199/tcp")},
+			hostileCase{name: fam + " maglev over a configured maxElements", manifests: costlyService(fam, cip, 0, 40, "maglev"),
+				config: "serviceLimits: {maxElements: 4000}\n",
+				object: "Service default/aaa-costly", reason: "serviceLimits.maxElements 4000", probes: probe(cip, "1000/tcp")},
+		)
 	}
 	return out
+}
+
+// costlyService is a Service of default with n externalIPs (IPv4: 198.51.100.0/24 and on; IPv6:
+// 2001:db8:e::/64) and the given number of ports, the given lb-algorithm, and one endpoint (the
+// attacker's).
+func costlyService(family, cip string, n, ports int, alg string) string {
+	var ips, sp, ep []string
+	for i := range n {
+		if family == "IPv4" {
+			ips = append(ips, fmt.Sprintf("%q", netip.AddrFrom4([4]byte{198, 51, byte(100 + i/250), byte(1 + i%250)}).String()))
+		} else {
+			ips = append(ips, fmt.Sprintf(`"2001:db8:e::%x"`, i+1))
+		}
+	}
+	for i := range ports {
+		sp = append(sp, fmt.Sprintf("{name: p%d, port: %d}", i, 1000+i))
+		ep = append(ep, fmt.Sprintf("{name: p%d, port: %d}", i, 8000+i))
+	}
+	addr := "10.244.2.66"
+	if family == "IPv6" {
+		addr = "2001:db8:244:2::66"
+	}
+	ann := ""
+	if alg != "" {
+		ann = fmt.Sprintf(", annotations: {vipgate.io/lb-algorithm: %s}", alg)
+	}
+	return fmt.Sprintf(`---
+apiVersion: v1
+kind: Service
+metadata: {name: aaa-costly, namespace: default, creationTimestamp: "2020-01-01T00:00:00Z", uid: 0000-costly%s}
+spec:
+  clusterIP: %q
+  externalIPs: [%s]
+  ports: [%s]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: aaa-costly-a, namespace: default, labels: {kubernetes.io/service-name: aaa-costly}}
+addressType: %s
+ports: [%s]
+endpoints: [{addresses: [%q]}]
+`, ann, cip, strings.Join(ips, ", "), strings.Join(sp, ", "), family, strings.Join(ep, ", "), addr)
 }
 
 // renderCase renders the victim and one hostile case like `vipgate render`, and returns the node's

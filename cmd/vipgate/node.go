@@ -46,6 +46,8 @@ type nodeFlags struct {
 	config, manifests, kubeconfig, logLevel string
 	cleanup, allowWorldWritable             bool
 	speaker                                 speakerFlags
+	// bgpSecrets are the Secrets of vipgate's namespace the Kubernetes source reads (source.go).
+	bgpSecrets string
 }
 
 func parseNodeFlags(name, help string, args []string) (*nodeFlags, error) {
@@ -58,6 +60,7 @@ func parseNodeFlags(name, help string, args []string) (*nodeFlags, error) {
 	fs.BoolVar(&f.cleanup, "cleanup", false, "delete vipgate's nftables tables and exit")
 	f.speaker.addFlags(fs)
 	fs.BoolVar(&f.allowWorldWritable, "allow-world-writable-manifests", false, "accept a manifest directory anyone can write to (unsafe)")
+	fs.StringVar(&f.bgpSecrets, "bgp-password-secrets", "", "comma-separated names of the basic-auth Secrets in vipgate's namespace (POD_NAMESPACE) that BGPPeers name (passwordSecret, vipgate.io/bfd-auth-secret); the only Secrets read, each by name (grant them in the Role by resourceNames)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), help)
 		fs.PrintDefaults()
@@ -291,5 +294,6 @@ func dataplaneConfig(cfg *cluster.NodeConfig, log hclog.Logger) dataplane.Config
 		MasqueradeAll: cfg.MasqueradeAll,
 		MasqueradeBit: cfg.MasqueradeBit,
 		ExternalIPs:   cfg.ExternalIPs,
+		Limits:        cfg.ServiceLimits,
 	}
 }

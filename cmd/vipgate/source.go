@@ -6,9 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/go-logr/logr"
 	"github.com/hashicorp/go-hclog"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -74,9 +76,20 @@ func newSource(nf *nodeFlags, log hclog.Logger) (source, error) {
 	routeKlog(kubeLog.Named("client-go"))
 	ks := cluster.NewKubeSource(restCfg, nodeName, kubeLog)
 	// BGPPeer passwordSecret: the basic-auth Secrets of vipgate's own namespace (POD_NAMESPACE from
-	// the downward API; the RBAC grants Secrets there only), as MetalLB's speaker reads its own.
+	// the downward API), as MetalLB's speaker reads its own; only those --bgp-password-secrets
+	// names, each by name (the RBAC grants them by resourceNames).
 	if ns := os.Getenv(podNamespaceEnv); ns != "" {
-		ks.WatchBGPSecrets(ns)
+		var names []string
+		for _, n := range strings.Split(nf.bgpSecrets, ",") {
+			if n = strings.TrimSpace(n); n == "" {
+				continue
+			}
+			if errs := validation.IsDNS1123Subdomain(n); len(errs) > 0 {
+				return nil, fmt.Errorf("--bgp-password-secrets: %q is not a Secret name: %s", n, strings.Join(errs, "; "))
+			}
+			names = append(names, n)
+		}
+		ks.WatchBGPSecrets(ns, names)
 	}
 	return kubeSource{ks}, nil
 }

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"net/netip"
 	"os"
 	"slices"
@@ -307,17 +306,10 @@ func (s *l2Speaker) Stop() {
 	s.ctrl.Stop()
 }
 
-// readMemberKeys reads a membership key file (speaker.ParseMemberKeys).
+// readMemberKeys reads a membership key file (speaker.ReadMemberKeyFile: a regular file, not
+// readable by others, keys of at least 128 bits).
 func readMemberKeys(path string) ([][]byte, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("reading the membership key file: %w", err)
-	}
-	keys, err := speaker.ParseMemberKeys(data)
-	if err != nil {
-		return nil, fmt.Errorf("membership key file %s: %w", path, err)
-	}
-	return keys, nil
+	return speaker.ReadMemberKeyFile(path)
 }
 
 // reloadKeys reads the key file again every memberKeyReload and hands changed keys to the

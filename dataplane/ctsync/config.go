@@ -14,10 +14,21 @@ import (
 	"strings"
 )
 
+// conntrackd's side of the sync relay (package relay, under this one): conntrackd listens on
+// DaemonAddress and sends to RelayAddress, both on loopback, with Config.Port. Nothing from the LAN
+// reaches either: the kernel drops a packet from outside to a loopback address (a martian). Only
+// the relay listens on the LAN, and it hands conntrackd only what the peer's relay signed.
+var (
+	DaemonAddress = netip.MustParseAddr("127.0.0.1")
+	RelayAddress  = netip.MustParseAddr("127.0.0.2")
+)
+
 // Config is what conntrackd needs to know.
 type Config struct {
-	// Interface carries the sync messages; LocalAddress is this gateway's address on it, Peer the
-	// other gateway's, Port the UDP port (both ends use the same).
+	// Interface carries the sync messages (conntrackd sizes its datagrams to its MTU: the relay
+	// sends them on it); LocalAddress is this gateway's address on it, Peer the other gateway's,
+	// where the relays listen; Port the UDP port (both ends use the same), of the relays on the
+	// LAN and of conntrackd and its relay on loopback.
 	Interface    string
 	LocalAddress netip.Addr
 	Peer         netip.Addr
@@ -63,6 +74,10 @@ var safePath = regexp.MustCompile(`^/[A-Za-z0-9_./+-]*$`)
 //   - StartupResync on: a gateway that (re)starts asks its peer for the whole table, so a gateway
 //     coming back holds the flows that moved to the peer while it was away (and were created there).
 //   - Unicast UDP: a pair needs no multicast; it works across routed links too.
+//   - On loopback only (DaemonAddress, RelayAddress): FTFW has no authentication, and whatever
+//     reaches conntrackd's port goes into the kernel table or asks for a dump; vipgate's relay
+//     carries the datagrams to the peer, signed. Interface stays the sync link: conntrackd packs
+//     its datagrams up to that interface's MTU (loopback's would be 64 KiB).
 //   - Filter From Kernelspace: TCP, UDP and SCTP only, and not the gateway's own traffic.
 //   - Systemd off, Syslog off, its own log file: vipgate supervises it, not systemd.
 func Render(c Config) (string, error) {
@@ -70,10 +85,6 @@ func Render(c Config) (string, error) {
 		return "", err
 	}
 	p := PathsOf(c.Dir)
-	fam := "IPv4"
-	if c.Peer.Is6() {
-		fam = "IPv6"
-	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `# Written by vipgate gateway (conntrackSync); overwritten at every start.
 Sync {
@@ -82,8 +93,8 @@ Sync {
 		StartupResync on
 	}
 	UDP {
-		%s_address %s
-		%s_Destination_Address %s
+		IPv4_address %s
+		IPv4_Destination_Address %s
 		Port %d
 		Interface %s
 		SndSocketBuffer 1249280
@@ -110,8 +121,8 @@ General {
 			UDP
 			SCTP
 		}
-`, fam, c.LocalAddress, fam, c.Peer, c.Port, c.Interface, p.Log, p.Lock, p.Socket)
-	ignore := []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback(), c.LocalAddress, c.Peer}
+`, DaemonAddress, RelayAddress, c.Port, c.Interface, p.Log, p.Lock, p.Socket)
+	ignore := []netip.Addr{DaemonAddress, RelayAddress, netip.IPv6Loopback(), c.LocalAddress, c.Peer}
 	for _, a := range c.Ignore {
 		if a.IsValid() && !contains(ignore, a.Unmap()) {
 			ignore = append(ignore, a.Unmap())

@@ -2,6 +2,7 @@ package ctsync
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -24,13 +25,14 @@ func TestRender(t *testing.T) {
 	}
 	for _, want := range []string{
 		"Mode FTFW {\n\t\tDisableExternalCache on\n\t\tStartupResync on\n\t}",
-		"IPv4_address 192.0.2.11\n\t\tIPv4_Destination_Address 192.0.2.12\n\t\tPort 3780\n\t\tInterface eth1\n",
+		// On loopback only: the relay carries the datagrams to the peer (package relay).
+		"IPv4_address 127.0.0.1\n\t\tIPv4_Destination_Address 127.0.0.2\n\t\tPort 3780\n\t\tInterface eth1\n",
 		"LockFile /var/lib/vipgate/ctsync/conntrackd.lock\n",
 		"Path /var/lib/vipgate/ctsync/conntrackd.ctl\n",
 		"LogFile /var/lib/vipgate/ctsync/conntrackd.log\n",
 		"Systemd off\n",
 		"Filter From Kernelspace {",
-		"\t\t\tIPv4_address 127.0.0.1\n\t\t\tIPv6_address ::1\n\t\t\tIPv4_address 192.0.2.11\n\t\t\tIPv4_address 192.0.2.12\n\t\t\tIPv6_address 2001:db8::11\n\t\t}",
+		"\t\t\tIPv4_address 127.0.0.1\n\t\t\tIPv4_address 127.0.0.2\n\t\t\tIPv6_address ::1\n\t\t\tIPv4_address 192.0.2.11\n\t\t\tIPv4_address 192.0.2.12\n\t\t\tIPv6_address 2001:db8::11\n\t\t}",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("config lacks %q:\n%s", want, got)
@@ -41,7 +43,10 @@ func TestRender(t *testing.T) {
 		t.Errorf("config points outside its directory:\n%s", got)
 	}
 	v6, err := Render(Config{Interface: "eth1", LocalAddress: addr("2001:db8::11"), Peer: addr("2001:db8::12"), Port: 4000, Dir: "/tmp/x"})
-	if err != nil || !strings.Contains(v6, "IPv6_address 2001:db8::11\n\t\tIPv6_Destination_Address 2001:db8::12\n") {
+	// An IPv6 sync link: conntrackd still talks to its relay over IPv4 loopback (it carries both
+	// families' entries on either).
+	if err != nil || !strings.Contains(v6, "IPv4_address 127.0.0.1\n\t\tIPv4_Destination_Address 127.0.0.2\n\t\tPort 4000\n") ||
+		!strings.Contains(v6, "IPv6_address 2001:db8::12\n") || strings.Contains(v6, "IPv6_Destination_Address") {
 		t.Errorf("IPv6: %v\n%s", err, v6)
 	}
 }
@@ -148,6 +153,54 @@ func TestSupervisorRestarts(t *testing.T) {
 	}
 	if !strings.Contains(s.Status().String(), "conntrackd down since") {
 		t.Errorf("status line %q", s.Status().String())
+	}
+}
+
+// TestAnswerResyncsBounded: a peer that asks for resyncs without end (a request every 100 ms, as
+// the finding's 20 forged ones, which got 20 dumps) gets the whole table (conntrackd -R, -B) once
+// at once and once more for all the others, after the gap; nothing more.
+func TestAnswerResyncsBounded(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "fake-conntrackd")
+	record := filepath.Join(dir, "calls")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\necho \"$3\" >> "+record+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSupervisor(hclog.NewNullLogger(), Config{Interface: "eth0", LocalAddress: addr("192.0.2.11"), Peer: addr("192.0.2.12"), Port: 3780, Dir: filepath.Join(dir, "state")}, bin, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.resyncGap = 2 * time.Second
+	logPath := PathsOf(s.cfg.Dir).Log
+	request := func() {
+		f, err := os.OpenFile(logPath, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(f, "[Mon Dec  7 06:00:00 2026] (pid=1) [notice] %s\n", resyncRequested)
+		f.Close()
+	}
+	dumps := func() int {
+		b, _ := os.ReadFile(record)
+		return strings.Count(string(b), "-R")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.answerResyncs(ctx, logPath); close(done) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(200 * time.Millisecond) // answerResyncs starts at the log's end
+	for range 15 {
+		request()
+		time.Sleep(100 * time.Millisecond)
+	}
+	for deadline := time.Now().Add(10 * time.Second); dumps() < 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d table dumps, want 2", dumps())
+		}
+	}
+	time.Sleep(s.resyncGap + time.Second)
+	if n := dumps(); n != 2 {
+		t.Errorf("15 resync requests got %d table dumps, want 2", n)
 	}
 }
 

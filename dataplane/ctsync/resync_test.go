@@ -238,9 +238,10 @@ func testResyncWithConntrackd(t *testing.T, addrA, addrB, bits, family, src, dst
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
+		_, stopRelay := startRelay(t, ns, addr(local), addr(peer), 3780, [][]byte{testKey})
 		done := make(chan struct{})
 		go func() { s.Run(ctx); close(done) }()
-		stop := func() { cancel(); <-done }
+		stop := func() { cancel(); <-done; stopRelay() }
 		t.Cleanup(stop)
 		return s, stop
 	}

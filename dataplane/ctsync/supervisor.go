@@ -75,6 +75,9 @@ type Supervisor struct {
 	// wait bounds the wait for the initial resync; resynced is closed when it is over.
 	wait     ResyncWait
 	resynced chan struct{}
+	// resyncGap is the least time between two answers to the peer's resync requests
+	// (ResyncAnswerGap).
+	resyncGap time.Duration
 
 	mu     sync.Mutex
 	status Status
@@ -101,7 +104,7 @@ func NewSupervisor(log hclog.Logger, cfg Config, bin string, reg prometheus.Regi
 		return nil, fmt.Errorf("conntrack sync: writing conntrackd's config: %w", err)
 	}
 	s := &Supervisor{log: log, cfg: cfg, bin: bin, conf: conf, status: Status{Since: time.Now()},
-		wait: DefaultResyncWait, resynced: make(chan struct{}),
+		wait: DefaultResyncWait, resynced: make(chan struct{}), resyncGap: ResyncAnswerGap,
 		up: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vipgate_gateway_conntrack_sync_up",
 			Help: "1 while conntrackd, which replicates the gateway's conntrack table to its peer, runs."})}
 	if reg != nil {
@@ -267,15 +270,25 @@ func (s *Supervisor) SendTable(ctx context.Context) error {
 // this gateway's table (StartupResync).
 var resyncRequested = []byte("resync requested by other node")
 
+// ResyncAnswerGap is the least time between two whole-table sends that answer the peer's resync
+// requests (answerResyncs): requests that come meanwhile get one send when it has passed. A dump
+// costs a read of the kernel table and a datagram per ~15 entries; a peer that restarts in a loop
+// must not turn that into a flood. (The requests reach conntrackd only through the relay: signed by
+// the peer, and at most ResyncBurst at once, one per ResyncEvery after.)
+const ResyncAnswerGap = 5 * time.Second
+
 // answerResyncs follows conntrackd's log file and, whenever the peer asks for a resync, sends it the
-// whole kernel table (SendTable). conntrackd answers such a request from its cache alone, which
-// lacks the entries it injected for the peer: without this, a peer that restarted with an empty
-// table would not get back the flows it had NATed, which this gateway carried meanwhile.
+// whole kernel table (SendTable), at most once per ResyncAnswerGap. conntrackd answers such a
+// request from its cache alone, which lacks the entries it injected for the peer: without this, a
+// peer that restarted with an empty table would not get back the flows it had NATed, which this
+// gateway carried meanwhile.
 func (s *Supervisor) answerResyncs(ctx context.Context, path string) {
 	var off int64
 	if fi, err := os.Stat(path); err == nil {
 		off = fi.Size()
 	}
+	var lastAnswer time.Time
+	pending := false
 	var partial []byte
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
@@ -284,6 +297,13 @@ func (s *Supervisor) answerResyncs(ctx context.Context, path string) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if pending && time.Since(lastAnswer) >= s.resyncGap {
+			pending, lastAnswer = false, time.Now()
+			s.log.Info("the peer's conntrackd asked for a resync: sending it the whole conntrack table")
+			if err := s.SendTable(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("sending the conntrack table to the peer", "err", err)
+			}
 		}
 		f, err := os.Open(path)
 		if err != nil {
@@ -304,12 +324,9 @@ func (s *Supervisor) answerResyncs(ctx context.Context, path string) {
 		}
 		lines, rest := data[:i], data[i+1:]
 		partial = append([]byte(nil), rest[:min(len(rest), 4096)]...)
-		if !bytes.Contains(lines, resyncRequested) {
-			continue
-		}
-		s.log.Info("the peer's conntrackd asked for a resync: sending it the whole conntrack table")
-		if err := s.SendTable(ctx); err != nil && ctx.Err() == nil {
-			s.log.Warn("sending the conntrack table to the peer", "err", err)
+		if bytes.Contains(lines, resyncRequested) {
+			// Answered at the next tick, or once ResyncAnswerGap has passed since the last answer.
+			pending = true
 		}
 	}
 }

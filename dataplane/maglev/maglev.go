@@ -53,6 +53,27 @@ func SizeFor(n int) int {
 	return MaxSize
 }
 
+// NodeSizes are the table sizes NodeSizeFor chooses from: Sizes with three smaller primes in
+// front, each about double the one before and at least 100 times a backend count (101 for one
+// backend, 211 for two, 421 for four).
+var NodeSizes = append([]int{101, 211, 421}, Sizes...)
+
+// NodeSizeFor returns the table size of a node's maglev algorithm for n backends: the smallest of
+// NodeSizes that is at least 100·n, capped at MaxSize. A node builds one table per Service entry
+// (ports x addresses), so a table sized to its backends is what keeps a Service of many ports and
+// few endpoints cheap: one endpoint costs 101 elements per entry, not DefaultSize. The price is
+// that a Service growing from 1 to 2 to 4 endpoints changes its size (and every flow's slot) at
+// each doubling, as it does beyond 10 endpoints with Sizes; a node's tables are still the same on
+// every node. The gateway keeps SizeFor (its tables are the NAT fast path's too).
+func NodeSizeFor(n int) int {
+	for _, m := range NodeSizes {
+		if m >= 100*n {
+			return m
+		}
+	}
+	return MaxSize
+}
+
 // Table returns the Maglev lookup table of size m (a prime) for the named backends: entry i is
 // the index in names of the backend owning slot i. names must be distinct; their order does not
 // matter (ties are broken by name, so every caller with the same set gets the same table). With no

@@ -1,22 +1,42 @@
 package maglev
 
 import (
+	"crypto/hkdf"
+	"crypto/sha256"
 	"encoding/binary"
 	"math/bits"
 	"net/netip"
 )
 
-// HashSeed is the seed of the flow hash that picks a flow's slot (FlowSlot). It must be fixed and
-// equal on every gateway: without an explicit seed the kernel draws a random one per nftables
-// rule, and two gateways would hash the same flow to different slots.
-const HashSeed uint32 = 0x76697067 // "vipg"
+// DefaultHashSeed is the seed of the flow hash that picks a flow's slot (FlowSlot) when the
+// gateways share no key to derive one from (DeriveHashSeed). The seed must be fixed and equal on
+// every gateway: without an explicit seed the kernel draws a random one per nftables rule, and two
+// gateways would hash the same flow to different slots. This one is public: anyone can compute
+// which slot, backend and masquerade port a flow of theirs gets, and pick their source ports to
+// land on someone else's (docs/gateway.md, "NAT fast path").
+const DefaultHashSeed uint32 = 0x76697067 // "vipg"
 
-// FlowSlot returns the slot of a table of m slots that a flow from src to dst takes, as the
-// kernel's nftables rules compute it (`jhash ip saddr . th sport . ip daddr . th dport mod m seed
-// HashSeed`; IPv6: `jhash ip6 saddr . th sport`) and the gateway's NAT fast path (its BPF program)
-// too: Jhash over the fields as they sit in nftables registers (ports in network order, each
-// field padded to 4 bytes), scaled to m the way nft_jhash does.
-func FlowSlot(src, dst netip.AddrPort, m uint32) uint32 {
+// hashSeedLabel is the HKDF info of DeriveHashSeed: a seed derived from a key never equals
+// anything else derived from the same key (the membership's MACs).
+const hashSeedLabel = "vipgate flow hash seed v1"
+
+// DeriveHashSeed derives the flow hash's seed from a key the gateways share (HKDF-SHA256 with a
+// label of its own): secret as long as the key is, equal on every gateway that holds it. Never 0,
+// which nftables reads as "draw one at random".
+func DeriveHashSeed(key []byte) uint32 {
+	out, err := hkdf.Key(sha256.New, key, nil, hashSeedLabel, 4)
+	if err != nil {
+		panic(err) // only for lengths beyond 255 hashes
+	}
+	return max(binary.LittleEndian.Uint32(out), 1)
+}
+
+// FlowSlot returns the slot of a table of m slots that a flow from src to dst takes with seed,
+// as the kernel's nftables rules compute it (`jhash ip saddr . th sport . ip daddr . th dport mod
+// m seed <seed>`; IPv6: `jhash ip6 saddr . th sport`) and the gateway's NAT fast path (its BPF
+// program) too: Jhash over the fields as they sit in nftables registers (ports in network order,
+// each field padded to 4 bytes), scaled to m the way nft_jhash does.
+func FlowSlot(src, dst netip.AddrPort, m, seed uint32) uint32 {
 	var buf [40]byte
 	b := buf[:0]
 	port := func(p uint16) []byte { return []byte{byte(p >> 8), byte(p), 0, 0} }
@@ -26,7 +46,7 @@ func FlowSlot(src, dst netip.AddrPort, m uint32) uint32 {
 		b = append(b, dst.Addr().Unmap().AsSlice()...)
 		b = append(b, port(dst.Port())...)
 	}
-	return Scale(Jhash(b, HashSeed), m)
+	return Scale(Jhash(b, seed), m)
 }
 
 // Scale is the kernel's reciprocal_scale(h, m) (include/linux/math.h): h scaled into [0, m).

@@ -20,3 +20,20 @@ func TestJhashReference(t *testing.T) {
 		}
 	}
 }
+
+// DeriveHashSeed: a pure function of the key (every gateway holding it agrees), different keys
+// give different seeds, never 0 (nftables' "random"), and not the public default.
+func TestDeriveHashSeed(t *testing.T) {
+	a, b := []byte("0123456789abcdef0123456789abcdef"), []byte("0123456789abcdef0123456789abcdeF")
+	if DeriveHashSeed(a) != DeriveHashSeed(a) {
+		t.Fatal("not deterministic")
+	}
+	seen := map[uint32]bool{}
+	for _, k := range [][]byte{a, b, nil, []byte("x")} {
+		s := DeriveHashSeed(k)
+		if s == 0 || s == DefaultHashSeed || seen[s] {
+			t.Errorf("seed %#x of key %q: zero, the default, or another key's", s, k)
+		}
+		seen[s] = true
+	}
+}

@@ -7,10 +7,11 @@
 // The package is a leaf: it knows VIP ports, Maglev tables and flows, not Services. The gateway
 // (dataplane/gateway_natpath.go) gives it the VIP ports of each sync and the stale flows to end.
 //
-// Ownership: Path owns the maps' contents but the flow table's entries, which the program writes
-// (the first packet of a flow writes its two entries) and Path only reads and deletes (stale
-// flows). One goroutine calls Path's methods (the gateway's sync loop); Flows, Counters and Close
-// may be called from others.
+// Ownership: Path owns the maps' contents but the flow tables' entries, which the program writes
+// (the first packet of a flow writes its two entries among the unconfirmed flows, its
+// confirmation moves them to the established table) and Path only reads and deletes (stale
+// flows; ended ones, Sweep, which its own goroutine runs). One goroutine calls Path's methods (the
+// gateway's sync loop); Flows, Counters, Sweep and Close may be called from others.
 //
 // Lifetime: as the gateway's nftables tables, the program stays attached when the process ends
 // (tcx without a link: the kernel holds it, with its maps), and keeps forwarding with what it was
@@ -50,6 +51,8 @@ const (
 	mapVIPs     = "vg_vips"
 	mapMaglev   = "vg_maglev"
 	mapFlows    = "vg_flows"
+	mapNew      = "vg_new"
+	mapDeny     = "vg_deny"
 	mapConfig   = "vg_config"
 	mapCounters = "vg_counters"
 )
@@ -60,8 +63,9 @@ const (
 	vipValSize  = 16 // struct vip_val
 	backendSize = 20 // struct backend
 	flowKeySize = 40 // struct flow_key
-	flowValSize = 48 // struct flow_val
-	configSize  = 32 // struct config
+	flowValSize = 64 // struct flow_val
+	configSize  = 40 // struct config
+	denyKeySize = 24 // struct deny_key
 )
 
 // Flags of struct vip_val and struct flow_val.
@@ -70,6 +74,7 @@ const (
 	flowReply   = 1
 	flowSNAT    = 2
 	flowClosing = 4
+	flowReplied = 8
 )
 
 // Defaults of Config.
@@ -77,6 +82,11 @@ const (
 	DefaultFlowEntries = 262144
 	DefaultTCPTimeout  = time.Hour
 	DefaultUDPTimeout  = 2 * time.Minute
+	// DefaultHashSeed is the flow hash's seed without a key: maglev.DefaultHashSeed (the package
+	// imports nothing of the module; a test checks they are equal).
+	DefaultHashSeed = 0x76697067
+	// minNewFlowEntries is the least room for unconfirmed flows (Config.NewFlowEntries).
+	minNewFlowEntries = 1024
 	// DefaultSNATPortMin and DefaultSNATPortMax bound the masquerade ports: above Linux's default
 	// ephemeral range (32768-60999), so the gateway's own connections never hold one.
 	DefaultSNATPortMin = 61000
@@ -84,15 +94,30 @@ const (
 	// closingTimeout is how long a TCP flow that saw a FIN or RST keeps its entry idle
 	// (conntrack's TIME_WAIT; a SYN on it deals it again anyway).
 	closingTimeout = 2 * time.Minute
+	// maxDenySources bounds Config.DenySources (vg_deny's size).
+	maxDenySources = 256
 	// maxVIPPorts bounds the VIP ports (vg_vips) and the distinct Maglev tables (vg_maglev).
 	maxVIPPorts = 65536
 )
 
 // Config sizes and tunes the fast path.
 type Config struct {
-	// FlowEntries is the flow table's size in entries, two per flow (its forward and its reply
-	// entry); the least recently used are evicted when it is full. 0: DefaultFlowEntries.
+	// FlowEntries is the established flow table's size in entries, two per flow (its forward and
+	// its reply entry). Nothing evicts an established flow: while the table is full, new flows
+	// are left to the stack (conntrack). 0: DefaultFlowEntries.
 	FlowEntries int
+	// NewFlowEntries is the room for flows not confirmed yet (TCP before its handshake completes,
+	// UDP before the client's datagram after an answer), the least recently used evicted: a
+	// flood of SYNs or unanswered datagrams evicts only its own kind. 0: a quarter of
+	// FlowEntries, at least 1,024.
+	NewFlowEntries int
+	// HashSeed is the flow hash's seed, which must be the nftables rules' (the gateways' shared
+	// one, derived from their key: maglev.DeriveHashSeed). 0: DefaultHashSeed.
+	HashSeed uint32
+	// DenySources are source prefixes no client can have (the cluster's pod networks): a new flow
+	// from one is dropped, as the built-in martians are (loopback, 0.0.0.0/8, multicast, the
+	// broadcast address; IPv6 ::, ::1, ff00::/8).
+	DenySources []netip.Prefix
 	// TCPTimeout and UDPTimeout: a flow idle that long is dealt again by Maglev (a masqueraded
 	// flow gets a new port). 0: the defaults.
 	TCPTimeout, UDPTimeout time.Duration
@@ -103,6 +128,12 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	if c.FlowEntries == 0 {
 		c.FlowEntries = DefaultFlowEntries
+	}
+	if c.NewFlowEntries == 0 {
+		c.NewFlowEntries = max(c.FlowEntries/4, minNewFlowEntries)
+	}
+	if c.HashSeed == 0 {
+		c.HashSeed = DefaultHashSeed
 	}
 	if c.TCPTimeout == 0 {
 		c.TCPTimeout = DefaultTCPTimeout
@@ -122,6 +153,10 @@ func (c Config) Validate() error {
 	switch {
 	case c.FlowEntries < 2 || c.FlowEntries > 1<<26:
 		return fmt.Errorf("flow table size %d: must be 2 to %d entries", c.FlowEntries, 1<<26)
+	case c.NewFlowEntries < 2 || c.NewFlowEntries > 1<<26:
+		return fmt.Errorf("unconfirmed flow table size %d: must be 2 to %d entries", c.NewFlowEntries, 1<<26)
+	case len(c.DenySources) > maxDenySources:
+		return fmt.Errorf("%d denied source prefixes: at most %d", len(c.DenySources), maxDenySources)
 	case c.TCPTimeout < time.Second || c.UDPTimeout < time.Second:
 		return errors.New("flow timeouts must be at least 1s")
 	case c.SNATPortMin == 0 || c.SNATPortMin > c.SNATPortMax:
@@ -161,7 +196,10 @@ type Flow struct {
 	NewSrc, NewDst netip.AddrPort
 	// Reply: the entry rewrites the replies (from the backend); else the client's packets.
 	Reply bool
-	SNAT  bool
+	// Unconfirmed: the flow is not confirmed yet (TCP: its handshake has not completed; UDP: no
+	// client datagram after an answer yet), its entries among the unconfirmed flows (evicted first).
+	Unconfirmed bool
+	SNAT        bool
 	// Closing: (TCP, forward entry) a FIN or RST passed; a SYN opens a new connection.
 	Closing bool
 	// Idle is how long ago the entry was last used (to a second).
@@ -183,6 +221,10 @@ type Counters struct {
 	// ICMP errors about the program's flows, translated and forwarded; later fragments of IPv4
 	// UDP datagrams whose first fragment a flow took.
 	ICMP, Frag uint64
+	// Martian: new flows from a source no client can have, dropped. Full: new flows left to the
+	// stack because the established table was full (and flows it could not confirm). Window: TCP
+	// RSTs and FINs outside the window, forwarded without changing the flow's state.
+	Martian, Full, Window uint64
 }
 
 // Path is the loaded program and its maps.
@@ -192,8 +234,12 @@ type Path struct {
 	prog     *ebpf.Program
 	vips     *ebpf.Map
 	maglev   *ebpf.Map
-	flows    *ebpf.Map
+	flows    *ebpf.Map // established
+	newFlows *ebpf.Map // unconfirmed
 	counters *ebpf.Map
+	// stop ends the sweep (Close).
+	stop chan struct{}
+	done chan struct{}
 
 	mu sync.Mutex
 	// attached are the interfaces the program is attached to; old the programs of a previous run
@@ -244,14 +290,21 @@ func Load(cfg Config) (*Path, error) {
 		return nil, fmt.Errorf("NAT fast path: reading the program: %w", err)
 	}
 	spec.Maps[mapFlows].MaxEntries = uint32(cfg.FlowEntries)
+	spec.Maps[mapNew].MaxEntries = uint32(cfg.NewFlowEntries)
+	spec.Maps[mapDeny].MaxEntries = maxDenySources
 	spec.Maps[mapVIPs].MaxEntries = maxVIPPorts
 	spec.Maps[mapMaglev].MaxEntries = maxVIPPorts
 	spec.Maps[mapMaglev].InnerMap = innerSpec(1)
-	old, flows := findPrevious(cfg)
+	old, prev, err := findPrevious(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("NAT fast path: %w", err)
+	}
 	opts := ebpf.CollectionOptions{}
-	if flows != nil {
-		defer flows.Close()
-		opts.MapReplacements = map[string]*ebpf.Map{mapFlows: flows}
+	if prev != nil {
+		for _, m := range prev {
+			defer m.Close()
+		}
+		opts.MapReplacements = prev
 	}
 	coll, err := ebpf.NewCollectionWithOptions(spec, opts)
 	if err != nil {
@@ -262,8 +315,9 @@ func Load(cfg Config) (*Path, error) {
 		return nil, fmt.Errorf("NAT fast path: loading the program: %w", err)
 	}
 	p := &Path{cfg: cfg, coll: coll, prog: coll.Programs[progName], vips: coll.Maps[mapVIPs], maglev: coll.Maps[mapMaglev],
-		flows: coll.Maps[mapFlows], counters: coll.Maps[mapCounters],
-		attached: map[int]bool{}, old: old, Adopted: flows != nil, CanMasquerade: kernelAtLeast(6, 7),
+		flows: coll.Maps[mapFlows], newFlows: coll.Maps[mapNew], counters: coll.Maps[mapCounters],
+		stop: make(chan struct{}), done: make(chan struct{}),
+		attached: map[int]bool{}, old: old, Adopted: prev != nil, CanMasquerade: kernelAtLeast(6, 7),
 		ports: map[VIPKey]portState{}, tables: map[string]*table{}, nextID: 1}
 	var c [configSize]byte
 	binary.LittleEndian.PutUint64(c[0:], uint64(cfg.TCPTimeout))
@@ -271,11 +325,30 @@ func Load(cfg Config) (*Path, error) {
 	binary.LittleEndian.PutUint64(c[16:], uint64(min(cfg.TCPTimeout, closingTimeout)))
 	binary.LittleEndian.PutUint32(c[24:], uint32(cfg.SNATPortMin))
 	binary.LittleEndian.PutUint32(c[28:], uint32(cfg.SNATPortMax)-uint32(cfg.SNATPortMin)+1)
+	binary.LittleEndian.PutUint32(c[32:], cfg.HashSeed)
 	if err := coll.Maps[mapConfig].Put(uint32(0), c[:]); err != nil {
 		coll.Close()
 		return nil, fmt.Errorf("NAT fast path: writing its settings: %w", err)
 	}
+	for _, pfx := range cfg.DenySources {
+		if err := coll.Maps[mapDeny].Put(denyKey(pfx), uint32(1)); err != nil {
+			coll.Close()
+			return nil, fmt.Errorf("NAT fast path: denying source %s: %w", pfx, err)
+		}
+	}
+	go p.sweepLoop(sweepInterval(cfg))
 	return p, nil
+}
+
+// denyKey is prefix pfx as vg_deny's LPM trie holds it (struct deny_key).
+func denyKey(pfx netip.Prefix) []byte {
+	pfx = pfx.Masked()
+	b := make([]byte, denyKeySize)
+	a := addrBytes(pfx.Addr())
+	binary.LittleEndian.PutUint32(b, uint32(8+pfx.Bits()))
+	b[4] = family(pfx.Addr())
+	copy(b[5:], a[:])
+	return b
 }
 
 // Attach attaches the program to the ingress of the interfaces given by index (replacing a previous
@@ -419,6 +492,12 @@ func Ethernet(name string) bool {
 	return err == nil && ethernet(ifi.Index)
 }
 
+// errCannotOpen is attachedPrograms' error for an attached program this process may not open
+// (EPERM: opening a BPF object by id needs CAP_SYS_ADMIN). Such a program may be a previous run's,
+// which could then neither be replaced nor detached: a new one attached beside it would run after
+// it, and the old one would go on taking its stale VIP ports, so Load refuses instead.
+var errCannotOpen = errors.New("a program attached to tcx ingress cannot be opened (opening BPF objects by id needs CAP_SYS_ADMIN): a previous run's program could be neither replaced nor detached")
+
 // attachedPrograms finds the NAT fast path programs attached in this network namespace: the
 // program on each interface's tcx ingress named like ours.
 func attachedPrograms() (map[int]ebpf.ProgramID, error) {
@@ -434,6 +513,9 @@ func attachedPrograms() (map[int]ebpf.ProgramID, error) {
 		}
 		for _, ap := range res.Programs {
 			prog, err := ebpf.NewProgramFromID(ap.ID)
+			if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
+				return nil, fmt.Errorf("interface %s: %w", ifi.Name, errCannotOpen)
+			}
 			if err != nil {
 				continue
 			}
@@ -447,32 +529,43 @@ func attachedPrograms() (map[int]ebpf.ProgramID, error) {
 	return out, nil
 }
 
-// findPrevious finds a previous run's programs, and its flow table if this configuration can use
-// it (the same layout and size).
-func findPrevious(cfg Config) (map[int]ebpf.ProgramID, *ebpf.Map) {
+// findPrevious finds a previous run's programs, and its flow tables (established and
+// unconfirmed) if this configuration can use them (the same layout and sizes), by map name.
+func findPrevious(cfg Config) (map[int]ebpf.ProgramID, map[string]*ebpf.Map, error) {
 	old, err := attachedPrograms()
-	if err != nil || len(old) == 0 {
-		return map[int]ebpf.ProgramID{}, nil
+	if errors.Is(err, errCannotOpen) {
+		return nil, nil, err
 	}
+	if err != nil || len(old) == 0 {
+		return map[int]ebpf.ProgramID{}, nil, nil
+	}
+	want := map[string]struct {
+		typ     ebpf.MapType
+		entries int
+	}{mapFlows: {ebpf.Hash, cfg.FlowEntries}, mapNew: {ebpf.LRUHash, cfg.NewFlowEntries}}
 	for _, id := range old {
 		maps, err := programMaps(id)
 		if err != nil {
 			continue
 		}
-		var keep *ebpf.Map
+		keep := map[string]*ebpf.Map{}
 		for name, m := range maps {
-			if mi, err := m.Info(); keep == nil && err == nil && name == mapFlows && mi.Type == ebpf.LRUHash && mi.KeySize == flowKeySize &&
-				mi.ValueSize == flowValSize && mi.MaxEntries == uint32(cfg.FlowEntries) {
-				keep = m
+			w, ok := want[name]
+			if mi, err := m.Info(); ok && err == nil && mi.Type == w.typ && mi.KeySize == flowKeySize &&
+				mi.ValueSize == flowValSize && mi.MaxEntries == uint32(w.entries) {
+				keep[name] = m
 				continue
 			}
 			m.Close()
 		}
-		if keep != nil {
-			return old, keep
+		if len(keep) == len(want) {
+			return old, keep, nil
+		}
+		for _, m := range keep {
+			m.Close()
 		}
 	}
-	return old, nil
+	return old, nil, nil
 }
 
 // programMaps opens the maps of program id, by name (the caller closes them).
@@ -687,63 +780,76 @@ func (p *Path) Ports() (ports, tables int) {
 	return len(p.ports), len(p.tables)
 }
 
-// Flows lists the flow table (at most limit entries; 0: all).
+// Flows lists the flow tables, established then unconfirmed (at most limit entries; 0: all).
 func (p *Path) Flows(limit int) ([]Flow, error) {
 	var out []Flow
-	err := p.walk(func(k, v []byte, f Flow) bool {
+	err := p.walk(func(_ *ebpf.Map, k, v []byte, f Flow) bool {
 		out = append(out, f)
 		return limit == 0 || len(out) < limit
 	})
 	return out, err
 }
 
-// walk calls fn with every entry of the flow table until it returns false: batches of
-// walkBatch entries a system call (one call per entry without batch operations).
-func (p *Path) walk(fn func(k, v []byte, f Flow) bool) error {
+// walk calls fn with every entry of the flow tables (the established, then the unconfirmed)
+// until it returns false: batches of walkBatch entries a system call (one call per entry without
+// batch operations).
+func (p *Path) walk(fn func(m *ebpf.Map, k, v []byte, f Flow) bool) error {
 	now, err := coarseNow()
 	if err != nil {
 		return err
 	}
+	for _, m := range []*ebpf.Map{p.flows, p.newFlows} {
+		more, err := walkMap(m, now, m == p.newFlows, func(k, v []byte, f Flow) bool { return fn(m, k, v, f) })
+		if err != nil || !more {
+			return err
+		}
+	}
+	return nil
+}
+
+// walkMap walks one flow table (unconfirmed: its flows are); false when fn stopped it.
+func walkMap(m *ebpf.Map, now uint64, unconfirmed bool, fn func(k, v []byte, f Flow) bool) (bool, error) {
 	keys := make([][flowKeySize]byte, walkBatch)
 	vals := make([][flowValSize]byte, walkBatch)
+	decode := func(k, v []byte) Flow {
+		f := decodeFlow(k, v, now)
+		f.Unconfirmed = unconfirmed
+		return f
+	}
 	var cur ebpf.MapBatchCursor
 	for {
-		n, err := p.flows.BatchLookup(&cur, keys, vals, nil)
+		n, err := m.BatchLookup(&cur, keys, vals, nil)
 		for i := range n {
-			if !fn(keys[i][:], vals[i][:], decodeFlow(keys[i][:], vals[i][:], now)) {
-				return nil
+			if !fn(keys[i][:], vals[i][:], decode(keys[i][:], vals[i][:])) {
+				return false, nil
 			}
 		}
 		switch {
 		case errors.Is(err, ebpf.ErrKeyNotExist):
-			return nil // the end
+			return true, nil // the end
 		case errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EINVAL) && n == 0:
-			return p.walkOneByOne(fn, now)
+			var k, v []byte
+			it := m.Iterate()
+			for it.Next(&k, &v) {
+				if !fn(k, v, decode(k, v)) {
+					return false, nil
+				}
+			}
+			return true, it.Err()
 		case err != nil:
-			return fmt.Errorf("reading the flow table: %w", err)
+			return false, fmt.Errorf("reading the flow table: %w", err)
 		}
 	}
 }
 
 const walkBatch = 4096
 
-func (p *Path) walkOneByOne(fn func(k, v []byte, f Flow) bool, now uint64) error {
-	var k, v []byte
-	it := p.flows.Iterate()
-	for it.Next(&k, &v) {
-		if !fn(k, v, decodeFlow(k, v, now)) {
-			return nil
-		}
-	}
-	return it.Err()
-}
-
 // DeleteFlows deletes the flows stale says are stale: both entries of each (the client's and the
 // replies'), looked at from the forward entry. It returns how many flows it deleted.
 func (p *Path) DeleteFlows(stale func(Flow) bool) (int, error) {
-	var del [][]byte
+	del := map[*ebpf.Map][][flowKeySize]byte{}
 	n := 0
-	err := p.walk(func(k, v []byte, f Flow) bool {
+	err := p.walk(func(m *ebpf.Map, k, v []byte, f Flow) bool {
 		if f.Reply {
 			// The client's view of the flow: its forward entry's tuple, from the reply's.
 			fwd := Flow{Proto: f.Proto, Src: f.NewDst, Dst: f.NewSrc, NewDst: f.Src, SNAT: f.SNAT}
@@ -756,19 +862,24 @@ func (p *Path) DeleteFlows(stale func(Flow) bool) (int, error) {
 			}
 			n++
 		}
-		del = append(del, slices.Clone(k))
+		del[m] = append(del[m], [flowKeySize]byte(k))
 		return true
 	})
 	if err != nil {
 		return 0, err
 	}
-	// One batch delete; entries the program or the LRU deleted meanwhile are skipped one by one.
-	keys := make([][flowKeySize]byte, len(del))
-	for i, k := range del {
-		keys[i] = [flowKeySize]byte(k)
+	var errs []error
+	for m, keys := range del {
+		errs = append(errs, deleteKeys(m, keys))
 	}
+	return n, errors.Join(errs...)
+}
+
+// deleteKeys deletes keys from m: one batch; entries the program (or the LRU) deleted meanwhile
+// are skipped one by one.
+func deleteKeys(m *ebpf.Map, keys [][flowKeySize]byte) error {
 	for len(keys) > 0 {
-		done, err := p.flows.BatchDelete(keys, nil)
+		done, err := m.BatchDelete(keys, nil)
 		if err == nil {
 			break
 		}
@@ -778,19 +889,123 @@ func (p *Path) DeleteFlows(stale func(Flow) bool) (int, error) {
 		}
 		var errs []error
 		for _, k := range keys[done:] {
-			if err := p.flows.Delete(k[:]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			if err := m.Delete(k[:]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				errs = append(errs, err)
 			}
 		}
-		return n, errors.Join(errs...)
+		return errors.Join(errs...)
 	}
-	return n, nil
+	return nil
+}
+
+// idleTimeout is natpath.c's idle_timeout: how long an entry with flags may stay unused.
+func (c Config) idleTimeout(proto uint8, flags uint32) time.Duration {
+	switch {
+	case proto != unix.IPPROTO_TCP:
+		return c.UDPTimeout
+	case flags&flowClosing != 0 || flags&flowReplied == 0:
+		return min(c.TCPTimeout, closingTimeout)
+	}
+	return c.TCPTimeout
+}
+
+// partnerKey is natpath.c's partner_key: the key of the other entry of the flow of entry k, v.
+func partnerKey(k, v []byte) [flowKeySize]byte {
+	var pk [flowKeySize]byte
+	copy(pk[0:16], v[16:32])
+	copy(pk[16:32], v[0:16])
+	copy(pk[32:34], v[34:36])
+	copy(pk[34:36], v[32:34])
+	pk[36], pk[37] = k[36], k[37]
+	return pk
+}
+
+// isPartner is natpath.c's is_partner: o (at the partner key of k, v) is that entry's partner.
+func isPartner(o, k, v []byte) bool {
+	fo, fv := binary.LittleEndian.Uint32(o[36:]), binary.LittleEndian.Uint32(v[36:])
+	return (fo^fv)&flowReply != 0 && bytes.Equal(o[0:16], k[16:32]) && bytes.Equal(o[16:32], k[0:16]) &&
+		bytes.Equal(o[32:34], k[34:36]) && bytes.Equal(o[34:36], k[32:34])
+}
+
+// Sweep deletes the established flows that ended: both directions idle past their timeouts (an
+// entry whose partner is gone, once idle itself). The established table is a plain hash, so
+// nothing else takes an idle flow's entries away but the program when it meets the flow again;
+// unconfirmed flows are an LRU's, which evicts them. Load runs it every sweepInterval; it returns
+// how many entries it deleted.
+func (p *Path) Sweep() (int, error) {
+	now, err := coarseNow()
+	if err != nil {
+		return 0, err
+	}
+	live := func(k, v []byte) bool {
+		seen := binary.LittleEndian.Uint64(v[40:])
+		return now < seen || time.Duration(now-seen) < p.cfg.idleTimeout(k[36], binary.LittleEndian.Uint32(v[36:]))
+	}
+	// One batched walk collects the idle entries (few, next to the live ones); each one's
+	// partner is then looked up on its own.
+	type entry struct {
+		k [flowKeySize]byte
+		v [flowValSize]byte
+	}
+	var idle []entry
+	if _, err := walkMap(p.flows, now, false, func(k, v []byte, _ Flow) bool {
+		if !live(k, v) {
+			idle = append(idle, entry{[flowKeySize]byte(k), [flowValSize]byte(v)})
+		}
+		return true
+	}); err != nil {
+		return 0, err
+	}
+	var dead [][flowKeySize]byte
+	for _, e := range idle {
+		pk := partnerKey(e.k[:], e.v[:])
+		if o, err := p.flows.LookupBytes(pk[:]); err == nil && o != nil && isPartner(o, e.k[:], e.v[:]) && live(pk[:], o) {
+			continue
+		}
+		dead = append(dead, e.k)
+	}
+	// Each again as it is now: the program may have used the flow since the walk.
+	n := 0
+	var errs []error
+	for _, k := range dead {
+		v, err := p.flows.LookupBytes(k[:])
+		if err != nil || v == nil || live(k[:], v) {
+			continue
+		}
+		if err := p.flows.Delete(k[:]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// sweepInterval is how often Load's sweep runs: a quarter of the shortest idle timeout, 1 s to
+// 30 s (a full table turns new flows away until it makes room).
+func sweepInterval(c Config) time.Duration {
+	return min(max(min(c.UDPTimeout, c.TCPTimeout, closingTimeout)/4, time.Second), 30*time.Second)
+}
+
+func (p *Path) sweepLoop(every time.Duration) {
+	defer close(p.done)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+			_, _ = p.Sweep() // a failed sweep: the next one tries again
+		}
+	}
 }
 
 // Counters sums the program's counters.
 func (p *Path) Counters() (Counters, error) {
 	var c Counters
-	dst := []*uint64{&c.New, &c.Forwarded, &c.Replies, &c.NoBackend, &c.NoRoute, &c.SNATFull, &c.Neigh, &c.NoSYN, &c.Clash, &c.ICMP, &c.Frag}
+	dst := []*uint64{&c.New, &c.Forwarded, &c.Replies, &c.NoBackend, &c.NoRoute, &c.SNATFull, &c.Neigh, &c.NoSYN, &c.Clash, &c.ICMP, &c.Frag,
+		&c.Martian, &c.Full, &c.Window}
 	for i, d := range dst {
 		var per []uint64
 		if err := p.counters.Lookup(uint32(i), &per); err != nil {
@@ -812,6 +1027,8 @@ func (p *Path) Close() error {
 		return nil
 	}
 	p.closed = true
+	close(p.stop)
+	<-p.done
 	p.coll.Close()
 	return nil
 }
@@ -935,8 +1152,8 @@ func Inspect(proto uint8, src, dst netip.AddrPort) (Inspection, error) {
 	for _, m := range maps {
 		defer m.Close()
 	}
-	vips, flows := maps[mapVIPs], maps[mapFlows]
-	if vips == nil || flows == nil {
+	vips, flows, newFlows := maps[mapVIPs], maps[mapFlows], maps[mapNew]
+	if vips == nil || flows == nil || newFlows == nil {
 		return out, errors.New("the attached program's maps were not found")
 	}
 	val, err := vips.LookupBytes(vipKeyBytes(VIPKey{dst.Addr().Unmap(), proto, dst.Port()}))
@@ -947,13 +1164,19 @@ func Inspect(proto uint8, src, dst netip.AddrPort) (Inspection, error) {
 		out.Taken, out.SNAT = true, binary.LittleEndian.Uint32(val[8:])&vipSNAT != 0
 	}
 	k, _ := flowEntryKey(proto, src, dst)
+	unconfirmed := false
 	v, err := flows.LookupBytes(k)
+	if err == nil && v == nil {
+		unconfirmed = true
+		v, err = newFlows.LookupBytes(k)
+	}
 	if err != nil {
 		return out, err
 	}
 	if len(v) == flowValSize {
 		now, _ := coarseNow()
 		f := decodeFlow(k, v, now)
+		f.Unconfirmed = unconfirmed
 		out.Flow = &f
 	}
 	return out, nil

@@ -510,14 +510,16 @@ func readAll(c net.Conn) ([]byte, error) {
 }
 
 // TestMaglevAgreement: the program deals each new flow to the backend of the slot the nftables
-// rules compute (maglev.FlowSlot over a maglev.Table), both families: the same flow gets the same
-// backend from the program, from the family's table and from every other gateway.
+// rules compute (maglev.FlowSlot over a maglev.Table), both families, with the seed the gateways
+// derive from their shared key: the same flow gets the same backend from the program, from the
+// family's table and from every other gateway.
 func TestMaglevAgreement(t *testing.T) {
 	l := newTestLab(t)
 	for _, a := range append(append([]netip.Addr{}, podsV4...), podsV6...) {
 		udpEcho(t, l.backend, netip.AddrPortFrom(a, 8080))
 	}
-	p := l.load(t, Config{})
+	seed := maglev.DeriveHashSeed([]byte("the gateways' shared key, 32 bytes"))
+	p := l.load(t, Config{HashSeed: seed})
 	const m = 1021
 	tables := map[netip.Addr][]netip.AddrPort{}
 	var ports []VIPPort
@@ -558,7 +560,7 @@ func TestMaglevAgreement(t *testing.T) {
 			continue
 		}
 		n++
-		want := tables[f.Dst.Addr()][maglev.FlowSlot(f.Src, f.Dst, m)]
+		want := tables[f.Dst.Addr()][maglev.FlowSlot(f.Src, f.Dst, m, seed)]
 		if f.NewDst != want {
 			t.Errorf("flow %s -> %s: dealt to %s, the slot holds %s", f.Src, f.Dst, f.NewDst, want)
 		}
@@ -566,6 +568,13 @@ func TestMaglevAgreement(t *testing.T) {
 	}
 	if n != 120 || len(seen) != 6 {
 		t.Errorf("%d flows over %d backends (%v), want 120 over all 6", n, len(seen), seen)
+	}
+}
+
+// The package's default seed is maglev's (natpath imports nothing of the module).
+func TestDefaultHashSeed(t *testing.T) {
+	if DefaultHashSeed != maglev.DefaultHashSeed {
+		t.Fatalf("natpath.DefaultHashSeed %#x, maglev.DefaultHashSeed %#x", DefaultHashSeed, maglev.DefaultHashSeed)
 	}
 }
 

@@ -149,16 +149,21 @@ type pktSpec struct {
 	proto    uint8
 	ttl      uint8
 	tcpFlags uint8 // 0: PSH ACK
+	seq, ack uint32
+	window   uint16 // 0: 512
+	options  []byte // TCP options (a multiple of 4 bytes)
 	payload  []byte
 }
 
 func frame(s pktSpec) []byte {
 	l4 := make([]byte, 8)
 	if s.proto == 6 {
-		l4 = make([]byte, 20)
-		l4[12] = 5 << 4
+		l4 = append(make([]byte, 20), s.options...)
+		l4[12] = byte(len(l4)/4) << 4
 		l4[13] = cmp.Or(s.tcpFlags, 0x18) // PSH ACK
-		binary.BigEndian.PutUint16(l4[14:], 512)
+		binary.BigEndian.PutUint32(l4[4:], s.seq)
+		binary.BigEndian.PutUint32(l4[8:], s.ack)
+		binary.BigEndian.PutUint16(l4[14:], cmp.Or(s.window, 512))
 	}
 	binary.BigEndian.PutUint16(l4[0:], s.src.Port())
 	binary.BigEndian.PutUint16(l4[2:], s.dst.Port())
@@ -426,7 +431,8 @@ func readTuple(f []byte) tuple {
 
 // FuzzPacket feeds the program arbitrary frames (seeded with well-formed ones to each VIP port
 // kind, which the fuzzer mutates: headers, lengths, checksums, addresses). Whatever comes in:
-// never dropped by the program itself; left untouched unless taken; and taken, it comes out with
+// never dropped by the program itself but from a martian source (TestMartians), and then
+// untouched; left untouched unless taken; and taken, it comes out with
 // its checksums exactly as valid as they came in (the rewrite keeps a bad checksum bad, a good
 // one good) and its TTL one less.
 func FuzzPacket(f *testing.F) {
@@ -473,8 +479,12 @@ func FuzzPacket(f *testing.F) {
 			if a, b := ttlOf(pkt), ttlOf(out); b != a-1 {
 				t.Fatalf("TTL %d -> %d", a, b)
 			}
+		case actShot:
+			if !martianSource(pkt) || !bytes.Equal(out, pkt) {
+				t.Fatalf("dropped (changed %v), but not from a martian source:\nin %x", !bytes.Equal(out, pkt), pkt)
+			}
 		default:
-			t.Fatalf("verdict %d (the program never drops: it takes a packet or leaves it)\nin %x", ret, pkt)
+			t.Fatalf("verdict %d (the program never drops but martians: it takes a packet or leaves it)\nin %x", ret, pkt)
 		}
 	})
 }
@@ -496,29 +506,30 @@ func TestTCPReuse(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { _ = in(r.ns, func() error { return r.path.Sync(runVIPs) }) })
-	send := func(what string, flags uint8, want netip.AddrPort) {
+	send := func(what string, flags uint8, seq uint32, want netip.AddrPort) {
 		t.Helper()
-		ret, out := r.run(t, frame(pktSpec{src: client, dst: vip, proto: 6, tcpFlags: flags}))
+		ret, out := r.run(t, frame(pktSpec{src: client, dst: vip, proto: 6, tcpFlags: flags, seq: seq}))
 		if got := readTuple(out).dst; ret != actRedirect || got != want {
 			t.Errorf("%s: verdict %d to %s, want %s", what, ret, got, want)
 		}
 	}
 	sync(a)
-	send("SYN", 0x02, a)
+	send("SYN", 0x02, 1000, a)
 	sync(b)
-	send("SYN again (a retransmission)", 0x02, a)
-	send("data", 0x18, a)
-	send("FIN", 0x11, a)
-	send("the last ACK", 0x10, a)
-	send("a new connection's SYN on the tuple", 0x02, b)
-	send("its data", 0x18, b)
-	// The reply side closes it this time (RST from the backend), then the tuple is reused again.
-	ret, _ := r.run(t, frame(pktSpec{src: b, dst: client, proto: 6, tcpFlags: 0x14}))
+	send("SYN again (a retransmission)", 0x02, 1000, a)
+	send("data", 0x18, 1001, a)
+	send("FIN", 0x11, 1001, a)
+	send("the last ACK", 0x10, 1002, a)
+	send("a new connection's SYN on the tuple", 0x02, 5000, b)
+	send("its data", 0x18, 5001, b)
+	// The reply side closes it this time (RST from the backend, acknowledging the SYN: the
+	// backend's answer to it), then the tuple is reused again.
+	ret, _ := r.run(t, frame(pktSpec{src: b, dst: client, proto: 6, tcpFlags: 0x14, ack: 5001}))
 	if ret != actRedirect {
 		t.Fatalf("the backend's RST: verdict %d, want taken", ret)
 	}
 	sync(a)
-	send("a third connection's SYN", 0x02, a)
+	send("a third connection's SYN", 0x02, 9000, a)
 }
 
 // TestMasqueradePorts: a masquerade port belongs to a flow while its forward entry lives, however

@@ -2,8 +2,8 @@
 // controllers, no kubelets, just the API. Tests create the objects a cluster would have (Services,
 // EndpointSlices, Nodes, MetalLB resources) themselves.
 //
-// The server uses token authentication (Server.Token, a system:masters user) and AlwaysAllow
-// authorization, serves with a throwaway CA (in the kubeconfig), allocates cluster IPs from
+// The server uses token authentication (Server.Token, a system:masters user, and one token per
+// Options.Users) and AlwaysAllow authorization (RBAC with Options.RBAC), serves with a throwaway CA (in the kubeconfig), allocates cluster IPs from
 // 10.96.0.0/16, and keeps its etcd data in a fresh temporary directory per Start.
 //
 // With Options.Netns set, etcd and kube-apiserver run inside that network namespace (for example a
@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"net"
 	"net/netip"
 	"os"
@@ -61,6 +62,12 @@ type Options struct {
 	// Addr is the address kube-apiserver listens on inside Netns (required with Netns; ignored
 	// without).
 	Addr netip.Addr
+	// RBAC runs the server with RBAC authorization instead of AlwaysAllow (Server.Token stays a
+	// system:masters user, which RBAC lets do anything), for tests of what a Role grants.
+	RBAC bool
+	// Users get a bearer token each (Server.RESTConfigAs), with no group but
+	// system:authenticated: "system:serviceaccount:NS:NAME" is that ServiceAccount to RBAC.
+	Users []string
 }
 
 // Server is a running kube-apiserver with its etcd.
@@ -163,8 +170,11 @@ func Launch(opts Options, dir string, logf func(string, ...any)) (*Server, error
 		return s, err
 	}
 	s.Token = "vipgate-test-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	if err := os.WriteFile(filepath.Join(s.dir, "tokens.csv"),
-		[]byte(s.Token+",vipgate-test-admin,vipgate-test-admin,system:masters\n"), 0o600); err != nil {
+	tokens := s.Token + ",vipgate-test-admin,vipgate-test-admin,system:masters\n"
+	for i, u := range opts.Users {
+		tokens += fmt.Sprintf("%s,%s,vipgate-test-user-%d\n", s.userToken(u), u, i)
+	}
+	if err := os.WriteFile(filepath.Join(s.dir, "tokens.csv"), []byte(tokens), 0o600); err != nil {
 		return s, fmt.Errorf("writing token file: %w", err)
 	}
 	if err := s.writeKubeconfig(); err != nil {
@@ -296,6 +306,26 @@ func (s *Server) makeClients() error {
 // Options.Netns), for building other clients or a vipgate Kubernetes source.
 func (s *Server) RESTConfig() *rest.Config { return rest.CopyConfig(s.restCfg) }
 
+// userToken is the bearer token of user (one of Options.Users).
+func (s *Server) userToken(user string) string {
+	return s.Token + "-" + strconv.FormatUint(uint64(crc32.ChecksumIEEE([]byte(user))), 36)
+}
+
+// RESTConfigAs is RESTConfig authenticated as user, one of Options.Users.
+func (s *Server) RESTConfigAs(user string) *rest.Config {
+	cfg := rest.CopyConfig(s.restCfg)
+	cfg.BearerToken, cfg.BearerTokenFile = s.userToken(user), ""
+	return cfg
+}
+
+// authorizationMode is AlwaysAllow, or RBAC with Options.RBAC.
+func (s *Server) authorizationMode() string {
+	if s.opts.RBAC {
+		return "RBAC"
+	}
+	return "AlwaysAllow"
+}
+
 // startAPIServer starts kube-apiserver and waits for /readyz.
 func (s *Server) startAPIServer() error {
 	s.mu.Lock()
@@ -311,7 +341,7 @@ func (s *Server) startAPIServer() error {
 		"--tls-private-key-file", s.pki.ServingKey,
 		"--cert-dir", filepath.Join(s.dir, "certs"),
 		"--token-auth-file", filepath.Join(s.dir, "tokens.csv"),
-		"--authorization-mode", "AlwaysAllow",
+		"--authorization-mode", s.authorizationMode(),
 		"--service-cluster-ip-range", ServiceCIDR,
 		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file", s.pki.ServiceAccountKey,

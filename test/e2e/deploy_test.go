@@ -85,6 +85,11 @@ func (a apiAccess) String() string {
 	return s
 }
 
+// deployNamed is the resourceNames entry of an access the code makes by object name, with names
+// the deployment chooses (the node agent's --bgp-password-secrets): any names granted for it are
+// used, and granting none is fine (the component then reads none).
+const deployNamed = "(names the deployment lists)"
+
 // deployAPIPattern recognises one kind of API use in Go source.
 type deployAPIPattern struct {
 	what string
@@ -162,12 +167,17 @@ var deployAPIPatterns = []deployAPIPattern{
 	},
 	{
 		// coreinformers.NewFilteredSecretInformer(client, ns, ...): a standalone informer of one
-		// namespace (the component's own, cluster/bgpsecrets.go) lists and watches there.
+		// namespace (the component's own) lists and watches there. With byName(name) on the same
+		// line (cluster/bgpsecrets.go: fieldSelector metadata.name=NAME), it reads that one object,
+		// which a rule with resourceNames grants: the names are the deployment's (deployNamed).
 		what: "namespaced informer",
-		re:   regexp.MustCompile(`coreinformers\.NewFiltered(\w+)Informer\(`),
+		re:   regexp.MustCompile(`coreinformers\.NewFiltered(\w+)Informer\((.*\bbyName\()?`),
 		access: func(m []string, _ string) []apiAccess {
-			r := strings.ToLower(m[1]) + "s"
-			return []apiAccess{{Resource: r, Verb: "list", Namespaced: true}, {Resource: r, Verb: "watch", Namespaced: true}}
+			r, name := strings.ToLower(m[1])+"s", ""
+			if m[2] != "" {
+				name = deployNamed
+			}
+			return []apiAccess{{Resource: r, Verb: "list", Namespaced: true, Name: name}, {Resource: r, Verb: "watch", Namespaced: true, Name: name}}
 		},
 	},
 	{
@@ -544,13 +554,22 @@ func checkRBAC(t *testing.T, objs []deployObject) {
 		}
 		var missing, extra, ok []string
 		for a, where := range need[comp] {
-			if granted[comp][a] {
+			switch {
+			case granted[comp][a]:
 				ok = append(ok, a.String())
-			} else {
+			case a.Name == deployNamed:
+				// By names the deployment lists: granting none is fine, named grants are below.
+			default:
 				missing = append(missing, fmt.Sprintf("%s (used at %s)", a, strings.Join(slices.Compact(where), ", ")))
 			}
 		}
 		for a := range granted[comp] {
+			named := a
+			named.Name = deployNamed
+			if _, used := need[comp][named]; used && a.Name != "" {
+				ok = append(ok, a.String())
+				continue
+			}
 			if _, used := need[comp][a]; !used {
 				extra = append(extra, a.String())
 			}
@@ -577,6 +596,56 @@ func TestDeployRBACMatchesCode(t *testing.T) {
 	t.Run("chart-custom-lease", func(t *testing.T) {
 		checkRBAC(t, readObjects(t, renderChart(t, "fullnameOverride: vg\ncontroller:\n  leaseName: vg-leader\n")))
 	})
+	// BGP password Secrets: the Role grants the listed names only, and the agent is told the same.
+	t.Run("chart-bgp-secrets", func(t *testing.T) {
+		objs := readObjects(t, renderChart(t, deployVariants["custom"])) // bgp.passwordSecrets: [tor, tor-bfd]
+		checkRBAC(t, objs)
+		checkSecretNames(t, objs, []string{"tor", "tor-bfd"})
+	})
+	t.Run("manifests-no-secrets", func(t *testing.T) { checkSecretNames(t, manifestObjects(t), nil) })
+	t.Run("chart-no-secrets", func(t *testing.T) { checkSecretNames(t, readObjects(t, renderChart(t, "")), nil) })
+}
+
+// checkSecretNames: every rule of objs on Secrets names exactly names (resourceNames, none: no
+// rule on Secrets at all), and the node DaemonSet's --bgp-password-secrets lists the same.
+func checkSecretNames(t *testing.T, objs []deployObject, names []string) {
+	t.Helper()
+	rules := 0
+	for _, o := range objs {
+		var rs []rbacv1.PolicyRule
+		switch o.Kind {
+		case "Role":
+			var r rbacv1.Role
+			o.decodeInto(t, &r)
+			rs = r.Rules
+		case "ClusterRole":
+			var r rbacv1.ClusterRole
+			o.decodeInto(t, &r)
+			rs = r.Rules
+		}
+		for _, r := range rs {
+			if !slices.Contains(r.Resources, "secrets") {
+				continue
+			}
+			rules++
+			if o.Kind != "Role" || !slices.Equal(r.ResourceNames, names) || len(names) == 0 {
+				t.Errorf("%s %s grants %v on secrets with resourceNames %q, want a Role with exactly %q", o.Kind, o.Metadata.Name, r.Verbs, r.ResourceNames, names)
+			}
+		}
+	}
+	if len(names) > 0 && rules == 0 {
+		t.Errorf("no Role grants the Secrets %q", names)
+	}
+	ds, _ := daemonSetOf(t, objs)
+	var arg []string
+	for _, a := range ds.Spec.Template.Spec.Containers[0].Args {
+		if v, ok := strings.CutPrefix(a, "--bgp-password-secrets="); ok {
+			arg = strings.Split(v, ",")
+		}
+	}
+	if !slices.Equal(arg, names) {
+		t.Errorf("the node agent's --bgp-password-secrets is %q, want %q", arg, names)
+	}
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -660,6 +729,7 @@ rbac:
   create: true
 imagePullSecrets: [{name: regcred}]
 apiServer: {host: 192.0.2.10, port: 6443}
+bgp: {passwordSecrets: [tor, tor-bfd]}
 node:
   extraArgs: [--bgp-shutdown-drain=10s]
   nodeSelector: {kubernetes.io/os: linux}
@@ -1013,14 +1083,15 @@ func TestDeployDryRun(t *testing.T) {
 }
 
 // TestDeploySystemdUnit: the gateway unit passes systemd-analyze verify and bounds the
-// capabilities to the three vipgate needs.
+// capabilities to those the gateway needs (TestSystemdUnitGateway runs it under them).
 func TestDeploySystemdUnit(t *testing.T) {
 	unit, err := os.ReadFile(filepath.Join(moduleRoot(t), "deploy/systemd/vipgate-gateway.service"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]string{
-		"CapabilityBoundingSet": "CAP_NET_ADMIN CAP_NET_RAW CAP_NET_BIND_SERVICE",
+		"CapabilityBoundingSet": "CAP_NET_ADMIN CAP_NET_RAW CAP_NET_BIND_SERVICE CAP_BPF CAP_PERFMON CAP_SYS_ADMIN",
+		"StateDirectory":        "vipgate",
 		"Restart":               "always",
 		"NoNewPrivileges":       "yes",
 		"ProtectSystem":         "strict",

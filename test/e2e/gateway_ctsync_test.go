@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vipgate/vipgate/dataplane/ctsync"
 	"github.com/vipgate/vipgate/test/lab"
 	"github.com/vipgate/vipgate/test/routers"
 )
@@ -156,6 +157,37 @@ func TestGatewayConntrackSync(t *testing.T) {
 				replies, client := ctsyncStatelessCounts(t, e.l, "gw2")
 				t.Logf("gw2 after its return: %d replies to the SNAT addresses (%d of them before its route was back) and %d mid-flow client packets met no conntrack state; %s",
 					replies, atReturn, client, ctsyncResyncLine(e.procs["gw2"].Log()))
+			},
+			minSurvivors: 99,
+		},
+		{
+			// Issue #27: gw2 goes down, and a host at its address (the attacker, in gw2's
+			// namespace) runs its own conntrackd against gw1: it replicates a DNAT entry to an
+			// inside service, pushes its table and asks 20 times for a resync. gw1's relay lets none
+			// of it through (no key): nothing planted, no table sent. Then gw2 comes back and syncs,
+			// and gw1 dies as in the other scenarios.
+			name: "lan-attacker",
+			beforeKill: func(t *testing.T, e *ctsyncEnv) {
+				if err := e.procs["gw2"].Kill(); err != nil {
+					t.Fatal(err)
+				}
+				<-e.procs["gw2"].Done()
+				e.waitTakenOver("gw2")
+				ctsyncAttack(t, e)
+				e.startGateway("gw2")
+				e.waitBoth()
+				e.waitBFD()
+				for i := 0; ; i++ {
+					if pid := ctsyncPID(e.stateDirs["gw2"]); pid > 0 && pid != e.pids["gw2"] && procAlive(pid) {
+						e.pids["gw2"] = pid
+						break
+					}
+					if i > 500 {
+						t.Fatal("gw2's conntrackd did not start again")
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				time.Sleep(2 * time.Second)
 			},
 			minSurvivors: 99,
 		},
@@ -496,4 +528,74 @@ func ctsyncResyncLine(log string) string {
 		}
 	}
 	return ""
+}
+
+// ctsyncAttack is the attack of issue #27 on gw1 from gw2's namespace (gw2 down): a conntrackd of
+// the attacker's own on the LAN at gw2's address, sending to gw1's sync port, without vipgate's
+// relay and its key. It fails the test if the DNAT entry reaches gw1's kernel, if gw1's conntrackd
+// takes a resync request, or if the attacker's conntrackd gets any entry from gw1.
+func ctsyncAttack(t *testing.T, e *ctsyncEnv) {
+	t.Helper()
+	gw1, gw2 := e.gws[0], e.gws[1]
+	dir, err := os.MkdirTemp("", "vgatk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	conf, err := ctsync.Render(ctsync.Config{Interface: "eth0", LocalAddress: gw2.IPv4, Peer: gw1.IPv4, Port: 3780, Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// conntrackd as it was before the relay: on the LAN; and replicating everything.
+	conf = strings.Replace(conf, fmt.Sprintf("IPv4_address %s\n\t\tIPv4_Destination_Address %s\n", ctsync.DaemonAddress, ctsync.RelayAddress),
+		fmt.Sprintf("IPv4_address %s\n\t\tIPv4_Destination_Address %s\n", gw2.IPv4, gw1.IPv4), 1)
+	if i := strings.Index(conf, "\tFilter From Kernelspace {"); i >= 0 {
+		conf = conf[:i] + "}\n"
+	}
+	paths := ctsync.PathsOf(dir)
+	if err := os.WriteFile(paths.Config, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	gw1Log := filepath.Join(e.stateDirs[gw1.Name], "conntrackd.log")
+	resyncs := func() int {
+		b, _ := os.ReadFile(gw1Log)
+		return strings.Count(string(b), "resync requested by other node")
+	}
+	before := resyncs()
+	att, err := e.l.Start(gw2.Name, filepath.Join(dir, "attacker.log"), "conntrackd", "-C", paths.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = att.Kill(); <-att.Done() }()
+	for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(paths.Socket); err == nil {
+			break
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("the attacker's conntrackd did not start:\n%s", att.Tail(20))
+		}
+	}
+	gwSh(t, e.l, gw2.Name, "conntrack", "-I", "-p", "udp", "-s", "192.0.2.66", "-d", gw1.IPv4.String(), "--sport", "5555", "--dport", "53",
+		"--dst-nat", "10.0.0.10:9999", "-t", "600")
+	for _, flag := range []string{"-R", "-B"} {
+		gwSh(t, e.l, gw2.Name, "conntrackd", "-C", paths.Config, flag)
+	}
+	for range 20 {
+		gwSh(t, e.l, gw2.Name, "conntrackd", "-C", paths.Config, "-n")
+	}
+	// Without the relay the entry is in gw1's kernel within a second (dataplane/ctsync,
+	// TestSyncChannelAttack/on-LAN): this waits five times as long.
+	for start := time.Now(); time.Since(start) < 5*time.Second; time.Sleep(100 * time.Millisecond) {
+		if out, _ := e.l.Exec(gw1.Name, "conntrack", "-L", "-s", "192.0.2.66"); strings.Contains(out, "src=192.0.2.66") {
+			t.Fatalf("the attacker planted an entry in gw1's kernel:\n%s", out)
+		}
+	}
+	if n := resyncs() - before; n > 0 {
+		t.Errorf("gw1's conntrackd took %d of the attacker's resync requests", n)
+	}
+	stats, _ := e.l.Exec(gw2.Name, "conntrackd", "-C", paths.Config, "-s")
+	if i := strings.Index(stats, "external inject:"); i < 0 || !strings.Contains(stats[i:], "connections created:\t\t           0") {
+		t.Errorf("the attacker's conntrackd got entries from gw1:\n%s", stats)
+	}
+	t.Logf("the attacker's conntrackd at %s ran against %s: nothing planted, no resync request taken", gw2.IPv4, gw1.IPv4)
 }

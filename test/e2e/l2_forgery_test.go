@@ -178,6 +178,45 @@ metadata: {name: lan, namespace: metallb-system}
 		}
 	})
 
+	t.Run("a forged counter locks nobody out", func(t *testing.T) {
+		// A member holding the key (issue 27) sends, from node1's address, a heartbeat with counter
+		// 2^64-1 to node2, echoing node2's latest counter (it hears node2 itself: here, a capture of
+		// what node2 sends to node1). Before, node2 dropped every later heartbeat of node1 as a
+		// replay until node2 restarted: node2 heard 2 members of 3.
+		c, err := newUDPCapture(l.NS("node1"), l2MemberPort)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.close()
+		var last []byte
+		for deadline := time.Now().Add(5 * time.Second); last == nil; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("no heartbeat of node2 captured at node1")
+			}
+			for _, d := range c.from(addr("node2")) {
+				if len(d) > 6 && string(d[:4]) == "VGH3" {
+					last = d
+				}
+			}
+		}
+		hb := forgedCounter(last, "node1", "node2", keyA)
+		if err := rogue.send(spoofed{addr("node1"), addr("node2"), hb}); err != nil {
+			t.Fatal(err)
+		}
+		// Past the takeover time (0.55 s), node2 must hear all three.
+		time.Sleep(2 * time.Second)
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			heard := speakerGauge(t, l, "node2", "vipgate_speaker_members_heard")
+			if heard == 3 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node2 hears %d members, not 3, after a forged counter of 2^64-1 from node1's address", heard)
+			}
+		}
+		x.holdOwners(t, ips, all, time.Second)
+	})
+
 	t.Run("key rotation without a VIP move", func(t *testing.T) {
 		before := map[string]int{}
 		for _, n := range names {
@@ -220,7 +259,7 @@ metadata: {name: lan, namespace: metallb-system}
 		x.startWith("node3", "--member-key-file", keyFile)
 		x.waitLog([]string{"node3"}, "membership: ready=true", 1, 10*time.Second)
 		x.waitOwners(ips, all, 10*time.Second)
-		// Both others hear it again (a restarted sender's counters are higher than before).
+		// Both others hear it again (its datagrams echo the counters they sent after its restart).
 		x.waitLog([]string{"node1", "node2"}, "member can announce: node=node3", 2, 10*time.Second)
 	})
 
@@ -346,6 +385,44 @@ func forgedV3(from, to string, ready bool, counter uint64) []byte {
 	h.Write([]byte{0})
 	h.Write(b)
 	return h.Sum(b)
+}
+
+// forgedCounter is what a member holding key sends as from to to: a heartbeat with counter 2^64-1
+// that echoes to's counter and segment digest from ref, a genuine heartbeat of to (captured).
+func forgedCounter(ref []byte, from, to, key string) []byte {
+	nl := int(ref[5])
+	p := ref[6+nl:]
+	// to's own counter (what the forgery echoes), its segment digest and heard bitmap.
+	counter, digest := p[:8], p[16:24]
+	heard := p[26 : len(p)-sha256.Size]
+	b := append([]byte("VGH3"), 1, byte(len(from)))
+	b = append(b, from...)
+	b = binary.BigEndian.AppendUint64(b, ^uint64(0))
+	b = append(b, counter...)
+	b = append(b, digest...)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(heard)))
+	b = append(b, heard...)
+	h := hmac.New(sha256.New, []byte(key))
+	h.Write([]byte(to))
+	h.Write([]byte{0})
+	h.Write(b)
+	return h.Sum(b)
+}
+
+// speakerGauge reads an unlabelled gauge from a node's /metrics (-1: absent).
+func speakerGauge(t *testing.T, l *lab.Lab, node, name string) int {
+	t.Helper()
+	code, body := ndHTTP(t, l, node, "http://127.0.0.1:10249/metrics")
+	if code != 200 {
+		t.Fatalf("%s /metrics: HTTP %d", node, code)
+	}
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return int(f)
+		}
+	}
+	return -1
 }
 
 // spoofed is a UDP datagram with a chosen source address.

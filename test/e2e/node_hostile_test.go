@@ -88,6 +88,12 @@ func TestNodeHostileInput(t *testing.T) {
 	young := strings.Replace(hvAttacker("aaa-young", "10.96.5.250", "2001:db8:96::5:fa", "  externalIPs: [203.0.113.50, \"2001:db8:ff::50\"]\n", "", a2), "2020-01-01T00:00:00Z", "2026-07-01T00:00:00Z", 1)
 	add(young, hostile{"Service hostile/aaa-young", "it was created first", ""})
 	add(hvAttacker("zzz-old", "10.96.5.251", "2001:db8:96::5:fb", "  externalIPs: [203.0.113.50, \"2001:db8:ff::50\"]\n", "", a1))
+	// Issue #27, what a Service costs: 150 IPv4 and 400 IPv6 external IPs x 200 ports (30,200 and
+	// 80,200 entries; a 23 KB object) is refused as a whole over serviceLimits.maxEntries; a
+	// 500-port maglev Service of one endpoint (500 tables of 101 slots, ~4.8 MiB of kernel state a
+	// family; 1021 slots and ~46 MiB before) is programmed.
+	add(hvCostly(a2), hostile{"Service hostile/aaa-costly", "serviceLimits.maxEntries 20000", ""})
+	add(hvMaglevPorts(a1))
 	w.write("20-hostile.yaml", corpus...)
 
 	t.Run("every hostile object refused alone, with its reason", func(t *testing.T) {
@@ -107,6 +113,34 @@ func TestNodeHostileInput(t *testing.T) {
 				if !strings.HasPrefix(r.Object, "hostile/") {
 					t.Errorf("%s: an object that is not hostile is refused: %+v", node, r)
 				}
+			}
+		}
+	})
+
+	t.Run("a costly Service is refused whole, a large maglev one programmed", func(t *testing.T) {
+		for _, target := range []string{"10.96.5.60:1000", "10.96.5.60:1499", "[2001:db8:96::5:3c]:1250"} {
+			r := ndWait(t, l, "client", "tcp", target, func(r lab.ProbeResult) bool { return r.OK() })
+			if r.Pod != "a1" {
+				t.Errorf("maglev %s: %v, want a1", target, r)
+			}
+		}
+		for _, target := range []string{"203.0.113.100:1000", "[2001:db8:e::1]:1199", "10.96.5.61:1000"} {
+			r, err := l.Probe("client", "tcp", target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Pod == "a2" {
+				t.Errorf("%s reached the refused Service's pod: %v", target, r)
+			}
+		}
+		// In the kernel: no map element holds one of its addresses (each would be an entry).
+		for _, fam := range []string{"ip", "ip6"} {
+			out, err := l.Exec("node1", "nft", "list", "map", fam, "vipgate", "service-ips")
+			if err != nil {
+				t.Fatalf("nft: %v\n%s", err, out)
+			}
+			if strings.Contains(out, "203.0.113.100") || strings.Contains(out, "2001:db8:e::1 ") {
+				t.Errorf("%s service-ips holds an entry of the refused Service", fam)
 			}
 		}
 	})
@@ -250,6 +284,63 @@ addressType: IPv6
 ports: [{name: dns, port: 8080, protocol: UDP}, {name: dns-tcp, port: 8080, protocol: TCP}]
 endpoints: [{addresses: [%q], nodeName: node1}, {addresses: [%q], nodeName: node2}]
 `, a1.IPv4, b1.IPv4, a1.IPv6, b1.IPv6)
+}
+
+// hvCostly is a dual-stack Service in hostile with 150 IPv4 and 400 IPv6 external IPs and 200
+// ports, endpoint pod: more entries than any node's default serviceLimits.maxEntries in each family.
+func hvCostly(pod *lab.Pod) string {
+	var ips, ports, eports []string
+	for i := range 150 {
+		ips = append(ips, fmt.Sprintf("203.0.113.%d", 100+i))
+	}
+	for i := range 400 {
+		ips = append(ips, fmt.Sprintf("%q", fmt.Sprintf("2001:db8:e::%x", i+1)))
+	}
+	for i := range 200 {
+		ports = append(ports, fmt.Sprintf("{name: p%d, port: %d, targetPort: 8080}", i, 1000+i))
+		eports = append(eports, fmt.Sprintf("{name: p%d, port: 8080}", i))
+	}
+	return hvTwoFamilies("aaa-costly", "10.96.5.61", "2001:db8:96::5:3d", "", "  externalIPs: ["+strings.Join(ips, ", ")+"]\n",
+		strings.Join(ports, ", "), strings.Join(eports, ", "), pod)
+}
+
+// hvMaglevPorts is a dual-stack Service in hostile with 500 ports and the maglev algorithm,
+// endpoint pod.
+func hvMaglevPorts(pod *lab.Pod) string {
+	var ports, eports []string
+	for i := range 500 {
+		ports = append(ports, fmt.Sprintf("{name: p%d, port: %d, targetPort: 8080}", i, 1000+i))
+		eports = append(eports, fmt.Sprintf("{name: p%d, port: 8080}", i))
+	}
+	return hvTwoFamilies("maglev-ports", "10.96.5.60", "2001:db8:96::5:3c", ", annotations: {vipgate.io/lb-algorithm: maglev}", "",
+		strings.Join(ports, ", "), strings.Join(eports, ", "), pod)
+}
+
+// hvTwoFamilies is a dual-stack Service in hostile with its two slices, endpoint pod on node1.
+func hvTwoFamilies(name, cip4, cip6, meta, spec, ports, eports string, pod *lab.Pod) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: %[1]s, namespace: hostile%[4]s}
+spec:
+  clusterIPs: [%[2]s, %[3]q]
+  ipFamilies: [IPv4, IPv6]
+  ipFamilyPolicy: RequireDualStack
+  ports: [%[6]s]
+%[5]s---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: %[1]s-v4, namespace: hostile, labels: {kubernetes.io/service-name: %[1]s}}
+addressType: IPv4
+ports: [%[7]s]
+endpoints: [{addresses: [%[8]q], nodeName: node1}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: %[1]s-v6, namespace: hostile, labels: {kubernetes.io/service-name: %[1]s}}
+addressType: IPv6
+ports: [%[7]s]
+endpoints: [{addresses: [%[9]q], nodeName: node1}]
+`, name, cip4, cip6, meta, spec, ports, eports, pod.IPv4, pod.IPv6)
 }
 
 // hvNode is a Node object, so that every node knows the others' addresses (as with the API).

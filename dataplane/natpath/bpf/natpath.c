@@ -9,12 +9,13 @@
 // stack), and the family's table forwards it as before, so the table stays complete on its own.
 //
 // Built by `make bpf` (clang -target bpf) into natpath_bpfel.o, which natpath.go embeds; the Go
-// side (natpath.go) owns every map but the flow table's entries, which only this program writes
-// (and the Go side deletes, for stale flows).
+// side (natpath.go) owns every map but the flow tables' entries and vg_state, which only this
+// program writes (and the Go side deletes: stale flows, and established flows that ended).
 //
 // The hash that picks a new flow's Maglev slot is the nftables rule's (dataplane/gateway_ir.go,
 // GatewaySlot): jhash over saddr . sport . daddr . dport (IPv6: saddr . sport) as they sit in nft
-// registers (ports padded to 4 bytes), seed 0x76697067, scaled like nft_jhash. So the program, the
+// registers (ports padded to 4 bytes), with the rules' seed (config's hash_seed: derived from a key
+// the gateways share, or 0x76697067 without one), scaled like nft_jhash. So the program, the
 // family's table and every other gateway pick the same backend for a flow.
 
 #include <linux/bpf.h>
@@ -37,7 +38,10 @@
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_lookup_elem;
 static long (*bpf_map_update_elem)(void *map, const void *key, const void *value, __u64 flags) = (void *)BPF_FUNC_map_update_elem;
 static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_delete_elem;
+static long (*bpf_loop)(__u32 nr_loops, void *callback_fn, void *callback_ctx, __u64 flags) = (void *)BPF_FUNC_loop;
+static long (*bpf_skb_load_bytes)(const struct __sk_buff *skb, __u32 offset, void *to, __u32 len) = (void *)BPF_FUNC_skb_load_bytes;
 static __u64 (*bpf_ktime_get_coarse_ns)(void) = (void *)BPF_FUNC_ktime_get_coarse_ns;
+static __u32 (*bpf_get_prandom_u32)(void) = (void *)BPF_FUNC_get_prandom_u32;
 static long (*bpf_l4_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 from, __u64 to, __u64 flags) = (void *)BPF_FUNC_l4_csum_replace;
 static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)BPF_FUNC_redirect;
 static long (*bpf_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params, int plen, __u64 flags) = (void *)BPF_FUNC_redirect_neigh;
@@ -105,8 +109,17 @@ struct flow_key {
 #define FLOW_CLOSING 4 // a FIN or RST passed (TCP): a SYN now opens a new connection
 #define FLOW_REPLIED 8 // forward entry: a reply passed; reply entry: its forward entry knows it
 
+// WSCALE_UNKNOWN: the sender's SYN has not been seen (a reply entry before the SYN-ACK).
+#define WSCALE_UNKNOWN 0xff
+// WSCALE_NONE: (a forward entry) the client's SYN offered no window scale, so neither side
+// scales (a shift of 0: wscale & 15).
+#define WSCALE_NONE 0x10
+
 // flow_val is what a flow's packets become: the new source and destination, and when the entry
-// was last used (coarse ns; refreshed at most once a second).
+// was last used (coarse ns; refreshed at most once a second). For TCP it also follows the
+// entry's sender as conntrack's tcp_in_window does, roughly: end is the sequence number after the
+// highest segment it sent, win the window it last advertised (scaled by wscale, its SYN's
+// option), which is what the other side may send into. A RST or FIN counts only within them.
 struct flow_val {
 	__u8 saddr[16];
 	__u8 daddr[16];
@@ -114,6 +127,10 @@ struct flow_val {
 	__be16 dport;
 	__u32 flags;
 	__u64 seen;
+	__u32 end; // host order
+	__u32 win;
+	__u8 wscale;
+	__u8 pad[7];
 };
 
 // config is the program's settings (one element, written by natpath.go).
@@ -123,6 +140,15 @@ struct config {
 	__u64 closing_timeout_ns; // a closing TCP flow (FLOW_CLOSING)
 	__u32 snat_port_min; // the masquerade ports, host order
 	__u32 snat_ports;    // how many
+	__u32 hash_seed;     // the flow hash's seed (the nftables rules' jhash seed: the gateways' shared one)
+	__u32 pad;
+};
+
+// state is what the program itself keeps between packets (one element).
+struct state {
+	// full_until: the established table refused a flow (full) until then: new flows are left to
+	// the stack meanwhile rather than taken and left unconfirmed.
+	__u64 full_until;
 };
 
 // Counters, per CPU (natpath.go sums them).
@@ -138,6 +164,9 @@ enum {
 	CNT_CLASH,       // a new flow whose reply tuple a live flow holds: left to the stack
 	CNT_ICMP,        // ICMP errors about the program's flows, translated and forwarded
 	CNT_FRAG,        // later fragments of a datagram whose first fragment a flow took
+	CNT_MARTIAN,     // a new flow from a source no client can have (loopback, multicast, pods...): dropped
+	CNT_FULL,        // a new flow while the established table is full: left to the stack
+	CNT_WINDOW,      // a TCP RST or FIN outside the window: forwarded, the flow's state unchanged
 	CNT_MAX,
 };
 
@@ -158,12 +187,41 @@ struct {
 	__uint(value_size, 4);
 } vg_maglev SEC(".maps");
 
+// The flow table in two parts. vg_flows holds confirmed flows (TCP: the handshake completed;
+// UDP: answered, then the client's datagram again) and is a plain hash: nothing evicts an
+// established flow, entries go when both directions idled out (the program, when it meets one;
+// natpath.go's sweep otherwise), and when it is full a new flow is left to the stack (conntrack)
+// rather than evicting one. vg_new holds flows not confirmed yet, an LRU of its own: a flood of
+// SYNs, of unanswered datagrams or of single exchanges evicts only other unconfirmed flows. A
+// flow moves from vg_new to vg_flows when it is confirmed.
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 262144);
 	__type(key, struct flow_key);
 	__type(value, struct flow_val);
 } vg_flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct flow_key);
+	__type(value, struct flow_val);
+} vg_new SEC(".maps");
+
+// deny_key is a source prefix no client can have (the cluster's pod networks), an LPM trie key:
+// data[0] the family, data[1..17) the address (IPv4 in the first 4); prefixlen counts data's bits.
+struct deny_key {
+	__u32 prefixlen;
+	__u8 data[20];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 256);
+	__type(key, struct deny_key);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} vg_deny SEC(".maps");
 
 // frag_key is an IPv4 datagram (its addresses as it arrived, id, protocol) whose first fragment
 // a flow took; frag_val what its later fragments' addresses become, and when the first was seen.
@@ -200,6 +258,27 @@ struct {
 } vg_config SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct state);
+} vg_state SEC(".maps");
+
+// scratch is new_flow's room for the two entries it writes (per CPU: a program runs on one CPU
+// to its end), which its stack frame, under the callers', has not.
+struct scratch {
+	struct flow_val fwd;
+	struct flow_val rv;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct scratch);
+} vg_scratch SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, CNT_MAX);
 	__type(key, __u32);
@@ -213,7 +292,6 @@ static always_inline void count(__u32 what)
 		*c += 1;
 }
 
-#define SEED 0x76697067
 #define rol32(x, k) (((x) << (k)) | ((x) >> (32 - (k))))
 #define jhash_mix(a, b, c)                                                                         \
 	{                                                                                          \
@@ -236,11 +314,11 @@ static always_inline void count(__u32 what)
 	}
 
 // flow_hash is the kernel's jhash() of the nft registers of the flow, words w[0..n) (n 4 or 5),
-// read in the CPU's byte order as the kernel does (little-endian).
-static always_inline __u32 flow_hash(const __u32 *w, __u32 n)
+// read in the CPU's byte order as the kernel does (little-endian), with the nftables rules' seed.
+static always_inline __u32 flow_hash(const __u32 *w, __u32 n, __u32 seed)
 {
 	__u32 a, b, c;
-	a = b = c = 0xdeadbeef + n * 4 + SEED;
+	a = b = c = 0xdeadbeef + n * 4 + seed;
 	a += w[0];
 	b += w[1];
 	c += w[2];
@@ -307,6 +385,13 @@ struct parsed {
 	__u8 tcp_flags; // TCP: the header's flags byte (FIN 0x01, SYN 0x02, RST 0x04, ACK 0x10)
 	__u8 frag;      // IPv4 UDP: the first fragment of a datagram (its id in ipid)
 	__be16 ipid;
+	__u16 win;   // TCP: the window field
+	__u8 doff;   // TCP: the header's length in bytes
+	__u32 seq;   // TCP, host order
+	__u32 ack;   // TCP, host order
+	__u32 l4len; // the transport header and payload's length
+	__u8 est;    // its flow's entry is in the established table (vg_flows)
+	__s8 wscale; // TCP SYN: its window scale option (tcp_wscale), -1 without one
 };
 
 #define TH_FIN 0x01
@@ -368,6 +453,7 @@ static always_inline int parse(struct __sk_buff *skb, struct parsed *p)
 		p->k.family = 4;
 		p->ttl = ip->ttl;
 		p->l4off = L4_OFF4;
+		p->l4len = tot - 20;
 	} else if (eth->h_proto == __constant_htons(ETH_P_IPV6)) {
 		if (pull_l4(skb, L4_OFF6) < 0)
 			return -1;
@@ -393,6 +479,7 @@ static always_inline int parse(struct __sk_buff *skb, struct parsed *p)
 		p->k.family = 6;
 		p->ttl = ip6->hop_limit;
 		p->l4off = L4_OFF6;
+		p->l4len = plen;
 	} else {
 		return -1;
 	}
@@ -403,9 +490,16 @@ static always_inline int parse(struct __sk_buff *skb, struct parsed *p)
 	p->k.dport = ports[1];
 	if (p->k.proto == IPPROTO_TCP_) {
 		__u8 *th = data + p->l4off;
-		if ((void *)(th + 14) > end)
+		if ((void *)(th + TCP_HLEN) > end)
 			return -1;
 		p->tcp_flags = th[13];
+		p->doff = (th[12] >> 4) * 4;
+		// A header length the segment holds (what TCP input checks).
+		if (p->doff < TCP_HLEN || p->doff > p->l4len)
+			return -1;
+		p->seq = __builtin_bswap32(*(__u32 *)(th + 4));
+		p->ack = __builtin_bswap32(*(__u32 *)(th + 8));
+		p->win = __builtin_bswap16(*(__u16 *)(th + 14));
 	}
 	p->csum_off = p->l4off + (p->k.proto == IPPROTO_TCP_ ? TCP_CSUM_OFF : UDP_CSUM_OFF);
 	p->mangled0 = p->k.proto == IPPROTO_UDP_ ? BPF_F_MARK_MANGLED_0 : 0;
@@ -532,35 +626,6 @@ static always_inline int usable(long rc)
 	return rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH;
 }
 
-// mark_forward sets flag on the forward entry of the flow whose reply entry is r (a reply p).
-static always_inline void mark_forward(struct parsed *p, struct flow_val *r, __u32 flag)
-{
-	struct flow_key fk = {};
-	__builtin_memcpy(fk.saddr, r->daddr, 16);
-	__builtin_memcpy(fk.daddr, r->saddr, 16);
-	fk.sport = r->dport;
-	fk.dport = r->sport;
-	fk.proto = p->k.proto;
-	fk.family = p->k.family;
-	struct flow_val *f = bpf_map_lookup_elem(&vg_flows, &fk);
-	if (f && !(f->flags & FLOW_REPLY))
-		f->flags |= flag;
-}
-
-// forget_reply deletes the reply entry of the flow whose forward entry is f (a packet p), before
-// the flow is dealt again.
-static always_inline void forget_reply(struct parsed *p, struct flow_val *f)
-{
-	struct flow_key rk = {};
-	__builtin_memcpy(rk.saddr, f->daddr, 16);
-	__builtin_memcpy(rk.daddr, f->saddr, 16);
-	rk.sport = f->dport;
-	rk.dport = f->sport;
-	rk.proto = p->k.proto;
-	rk.family = p->k.family;
-	bpf_map_delete_elem(&vg_flows, &rk);
-}
-
 // remember_frag records, for the first fragment p of a datagram that a flow takes to v, what its
 // later fragments' addresses become.
 static always_inline void remember_frag(struct parsed *p, struct flow_val *v, __u64 now)
@@ -580,64 +645,341 @@ static always_inline void remember_frag(struct parsed *p, struct flow_val *v, __
 }
 
 #define SNAT_TRIES 8
+// REDEAL is known_flow's answer for a flow to be dealt again as a new one.
+#define REDEAL 0x7fff
 
 // idle_timeout is how long entry v of a flow of protocol proto may stay unused: TCP as conntrack
 // times out its states (a flow not answered yet or closing: 2 min, as SYN_SENT and TIME_WAIT;
-// established: flowTimeout), UDP 2 min.
-static always_inline __u64 idle_timeout(struct config *cfg, struct flow_val *v, __u8 proto)
+// established: flowTimeout), UDP 2 min. Both entries of a flow carry the flags that decide it.
+static always_inline __u64 idle_timeout(struct config *cfg, const struct flow_val *v, __u8 proto)
 {
 	if (proto != IPPROTO_TCP_)
 		return cfg->udp_timeout_ns;
-	if ((v->flags & FLOW_CLOSING) || !(v->flags & (FLOW_REPLY | FLOW_REPLIED)))
+	if ((v->flags & FLOW_CLOSING) || !(v->flags & FLOW_REPLIED))
 		return cfg->closing_timeout_ns;
 	return cfg->tcp_timeout_ns;
 }
 
-// forward_key is the key of the forward entry of the flow whose reply entry is r.
-static always_inline void forward_key(struct flow_key *fk, struct flow_val *r, struct parsed *p)
+static always_inline int fresh(struct config *cfg, const struct flow_val *v, __u8 proto, __u64 now)
 {
-	__builtin_memset(fk, 0, sizeof(*fk));
-	__builtin_memcpy(fk->saddr, r->daddr, 16);
-	__builtin_memcpy(fk->daddr, r->saddr, 16);
-	fk->sport = r->dport;
-	fk->dport = r->sport;
-	fk->proto = p->k.proto;
-	fk->family = p->k.family;
+	return now - v->seen < idle_timeout(cfg, v, proto);
 }
 
-// reply_live says whether the reply entry r at rk still belongs to a live flow: its forward entry
-// exists, still sends to rk's tuple, and is within its idle timeout. A reply entry's own use says
-// nothing of a flow whose traffic goes one way (a client's UDP stream).
-static always_inline int reply_live(struct flow_key *rk, struct flow_val *r, struct parsed *p, struct config *cfg, __u64 now)
+// lookup_flow finds the entry at k: in the established table, else among the unconfirmed flows.
+static always_inline struct flow_val *lookup_flow(const struct flow_key *k)
 {
-	struct flow_key fk;
-	forward_key(&fk, r, p);
-	struct flow_val *f = bpf_map_lookup_elem(&vg_flows, &fk);
-	if (!f || (f->flags & FLOW_REPLY))
-		return 0;
-	const __u32 *fs = (const __u32 *)f->saddr, *fd = (const __u32 *)f->daddr;
-	const __u32 *rs = (const __u32 *)rk->saddr, *rd = (const __u32 *)rk->daddr;
-	if (fd[0] != rs[0] || fd[1] != rs[1] || fd[2] != rs[2] || fd[3] != rs[3] || f->dport != rk->sport ||
-	    fs[0] != rd[0] || fs[1] != rd[1] || fs[2] != rd[2] || fs[3] != rd[3] || f->sport != rk->dport)
-		return 0;
-	return now - f->seen < idle_timeout(cfg, f, p->k.proto);
+	struct flow_val *v = bpf_map_lookup_elem(&vg_flows, k);
+	if (!v)
+		v = bpf_map_lookup_elem(&vg_new, k);
+	return v;
 }
 
-// claim_reply writes the reply entry rv at rk unless a live flow holds that tuple (0: written).
-// A stale entry there is replaced; two CPUs claiming one tuple: one wins (BPF_NOEXIST).
-static always_inline int claim_reply(struct flow_key *rk, struct flow_val *rv, struct parsed *p, struct config *cfg, __u64 now)
+// partner_key is the key of the other entry of the flow whose entry is v (at k): a forward entry's
+// reply entry, a reply entry's forward entry. Either way the tuple v rewrites to, reversed.
+static always_inline void partner_key(struct flow_key *pk, const struct flow_val *v, const struct flow_key *k)
 {
-	struct flow_val *old = bpf_map_lookup_elem(&vg_flows, rk);
+	__builtin_memset(pk, 0, sizeof(*pk));
+	__builtin_memcpy(pk->saddr, v->daddr, 16);
+	__builtin_memcpy(pk->daddr, v->saddr, 16);
+	pk->sport = v->dport;
+	pk->dport = v->sport;
+	pk->proto = k->proto;
+	pk->family = k->family;
+}
+
+// is_partner says whether o (at the partner key of the entry v at k) is that entry's partner: the
+// other kind of entry, rewriting to k's tuple reversed. A tuple claimed again by another flow
+// since is not.
+static always_inline int is_partner(const struct flow_val *o, const struct flow_key *k, const struct flow_val *v)
+{
+	const __u32 *os = (const __u32 *)o->saddr, *od = (const __u32 *)o->daddr;
+	const __u32 *ks = (const __u32 *)k->saddr, *kd = (const __u32 *)k->daddr;
+	return ((o->flags ^ v->flags) & FLOW_REPLY) && o->sport == k->dport && o->dport == k->sport &&
+	       os[0] == kd[0] && os[1] == kd[1] && os[2] == kd[2] && os[3] == kd[3] &&
+	       od[0] == ks[0] && od[1] == ks[1] && od[2] == ks[2] && od[3] == ks[3];
+}
+
+// find_partner returns the partner entry of the entry v at k, if it still exists.
+static always_inline struct flow_val *find_partner(const struct flow_key *k, const struct flow_val *v)
+{
+	struct flow_key pk;
+	partner_key(&pk, v, k);
+	struct flow_val *o = lookup_flow(&pk);
+	if (o && !is_partner(o, k, v))
+		return 0;
+	return o;
+}
+
+// flow_live says whether the flow of entry v at k is live: either direction used within its idle
+// timeout. A masquerade port (a reply tuple) stays its flow's while either its client or its
+// server talks: a client that went quiet while the server sends keeps its port.
+static subprogram int flow_live(const struct flow_key *k, const struct flow_val *v, struct config *cfg, __u64 now)
+{
+	if (fresh(cfg, v, k->proto, now))
+		return 1;
+	struct flow_val *o = find_partner(k, v);
+	return o && fresh(cfg, o, k->proto, now);
+}
+
+// forget_flow deletes the entry v at k and its partner, wherever they are.
+static subprogram void forget_flow(const struct flow_key *k, const struct flow_val *v)
+{
+	struct flow_key pk;
+	partner_key(&pk, v, k);
+	struct flow_val *o = lookup_flow(&pk);
+	if (o && is_partner(o, k, v)) {
+		bpf_map_delete_elem(&vg_flows, &pk);
+		bpf_map_delete_elem(&vg_new, &pk);
+	}
+	bpf_map_delete_elem(&vg_flows, k);
+	bpf_map_delete_elem(&vg_new, k);
+}
+
+// claim_reply writes the reply entry rv at rk (among the unconfirmed flows) unless a live flow
+// holds that tuple, confirmed or not (0: written). A dead flow's entry there is replaced; two CPUs
+// claiming one tuple: one wins (BPF_NOEXIST). The unconfirmed table is looked at first: a flow
+// confirmed meanwhile is in the established one before it leaves the other.
+static subprogram int claim_reply(struct flow_key *rk, struct flow_val *rv, struct config *cfg, __u64 now)
+{
+	struct flow_val *old = bpf_map_lookup_elem(&vg_new, rk);
 	if (old) {
-		if ((old->flags & FLOW_REPLY) && reply_live(rk, old, p, cfg, now))
+		if (flow_live(rk, old, cfg, now))
+			return -1;
+		bpf_map_delete_elem(&vg_new, rk);
+	}
+	old = bpf_map_lookup_elem(&vg_flows, rk);
+	if (old) {
+		if (flow_live(rk, old, cfg, now))
 			return -1;
 		bpf_map_delete_elem(&vg_flows, rk);
 	}
-	return bpf_map_update_elem(&vg_flows, rk, rv, BPF_NOEXIST);
+	return bpf_map_update_elem(&vg_new, rk, rv, BPF_NOEXIST);
+}
+
+#define E2BIG_ 7
+// FULL_HOLD_NS: after the established table refused a flow, new flows are left to the stack this
+// long (the sweep or ended flows make room meanwhile).
+#define FULL_HOLD_NS 1000000000ULL
+
+// promote moves the flow of entry v at k (confirmed: its handshake completed, or answered and spoken to again) from
+// the unconfirmed flows to the established table. A full table keeps it where it is (it goes on,
+// as unconfirmed) and turns new flows away to the stack for a while: established flows are never
+// evicted to make room.
+static subprogram void promote(const struct flow_key *k, const struct flow_val *v, __u64 now)
+{
+	struct flow_key pk;
+	partner_key(&pk, v, k);
+	struct flow_val *o = bpf_map_lookup_elem(&vg_new, &pk);
+	struct flow_val *self = bpf_map_lookup_elem(&vg_new, k);
+	if (!o || !self || !is_partner(o, k, v))
+		return;
+	long err = bpf_map_update_elem(&vg_flows, k, self, BPF_NOEXIST);
+	if (err == 0) {
+		err = bpf_map_update_elem(&vg_flows, &pk, o, BPF_NOEXIST);
+		if (err < 0)
+			bpf_map_delete_elem(&vg_flows, k);
+	}
+	if (err < 0) {
+		if (err == -E2BIG_) {
+			__u32 zero = 0;
+			struct state *st = bpf_map_lookup_elem(&vg_state, &zero);
+			if (st)
+				st->full_until = now + FULL_HOLD_NS;
+			count(CNT_FULL);
+		}
+		return;
+	}
+	bpf_map_delete_elem(&vg_new, k);
+	bpf_map_delete_elem(&vg_new, &pk);
+}
+
+#define TCP_OPT_MAX 40
+
+// opt_at is o[i] for a 64-byte buffer, i masked where the verifier sees it (the compiler would
+// drop a mask it can prove useless).
+static always_inline __u8 opt_at(const __u8 *o, __u32 i)
+{
+	asm volatile("%0 &= 0x3f" : "+r"(i));
+	return o[i];
+}
+
+// opt_walk is tcp_wscale's walk over a SYN's options: the options, where it is, what it found.
+struct opt_walk {
+	__u8 o[64];
+	__u32 i;
+	__s32 ws;
+};
+
+// opt_step is one step of the walk (a bpf_loop callback: verified once, whatever the options).
+static subprogram long opt_step(__u32 n, void *ctx)
+{
+	struct opt_walk *w = ctx;
+	__u32 i = w->i;
+	if (i >= TCP_OPT_MAX - 1)
+		return 1;
+	__u8 kind = opt_at(w->o, i);
+	if (kind == 0) // end of options
+		return 1;
+	if (kind == 1) { // no-op
+		w->i = i + 1;
+		return 0;
+	}
+	__u8 len = opt_at(w->o, i + 1);
+	if (kind == 3 && len == 3) {
+		__u8 shift = opt_at(w->o, i + 2);
+		w->ws = shift > 14 ? 14 : shift;
+		return 1;
+	}
+	if (len < 2)
+		return 1;
+	w->i = i + len;
+	return 0;
+}
+
+// tcp_wscale reads the window scale option of a SYN whose options (optlen bytes) start at off:
+// the shift, or -1 without one.
+static subprogram int tcp_wscale(struct __sk_buff *skb, __u32 off, __u32 optlen)
+{
+	struct opt_walk w = {};
+	w.ws = -1;
+	if (optlen == 0 || optlen > TCP_OPT_MAX)
+		return -1;
+	// What the verifier can follow: a length of 1 to 64 for a buffer of 64.
+	__u32 n1 = optlen - 1;
+	asm volatile("%0 &= 0x3f" : "+r"(n1));
+	if (bpf_skb_load_bytes(skb, off, w.o, n1 + 1) < 0)
+		return -1;
+	bpf_loop(TCP_OPT_MAX, opt_step, &w, 0);
+	return w.ws;
+}
+
+// DEFAULT_WIN: the window a RST or FIN is checked against while the receiver's is not known yet.
+#define DEFAULT_WIN 65535
+// CONFIRM is tcp_track's answer for a flow whose handshake just completed.
+#define CONFIRM 1
+
+// tcp_track follows TCP segment p on the entry v of its sender (conntrack's tcp_in_window,
+// approximated): a SYN-ACK gives the server's sequence and window scale; a RST or FIN changes the
+// flow's state only within the window the receiver would accept (RFC 5961: one a blind attacker
+// must guess), else it passes unnoticed; the client's ACK of the server's SYN confirms the flow. A
+// client's SYN on a closing flow is a new connection (REDEAL).
+static subprogram int tcp_track(struct __sk_buff *skb, struct parsed *p, struct flow_val *v)
+{
+	__u8 fl = p->tcp_flags;
+	int reply = v->flags & FLOW_REPLY;
+	// The other entry (the receiver's side) is looked up only where it is needed: an
+	// established connection's segments cost no second lookup.
+	struct flow_val *o = 0;
+	if (fl & TH_SYN) {
+		if (!(fl & TH_ACK)) {
+			// The client's SYN: retransmitted (the flow goes on), or on a closing flow a new
+			// connection reusing the tuple, dealt again (as conntrack does).
+			if (!reply && (v->flags & FLOW_CLOSING))
+				return REDEAL;
+			return 0;
+		}
+		// The server's SYN-ACK: its side of the connection, if it acknowledges exactly the
+		// client's SYN (a spoofed one, from a sender who never saw the SYN, would otherwise
+		// reset the server's sequence number so that the real handshake never confirms). Once
+		// the flow is established a SYN-ACK (retransmitted, or spoofed to reset what a RST is
+		// checked against) changes nothing.
+		if (reply && !(fl & TH_RST) && (v->wscale == WSCALE_UNKNOWN || !p->est)) {
+			o = find_partner(&p->k, v);
+			if (!o || p->ack != o->end)
+				return 0;
+			int ws = p->wscale;
+			v->end = p->seq + 1;
+			v->win = p->win;
+			// Without both sides' options neither side scales (RFC 7323).
+			v->wscale = ws < 0 || (o->wscale & WSCALE_NONE) ? 0 : ws;
+			if (ws < 0)
+				o->wscale = 0;
+		}
+		return 0;
+	}
+	if (fl & (TH_RST | TH_FIN)) {
+		o = find_partner(&p->k, v);
+		int ok;
+		if (v->wscale == WSCALE_UNKNOWN) {
+			// The server's answer to the SYN, before any SYN-ACK (a closed port): its RST
+			// acknowledges exactly the client's SYN.
+			ok = (fl & TH_ACK) && o && p->ack == o->end;
+		} else {
+			__u32 w = DEFAULT_WIN;
+			if (o && o->wscale != WSCALE_UNKNOWN)
+				w = o->win + 1;
+			__u32 d = p->seq - v->end;
+			ok = d <= w || -d <= w;
+		}
+		if (!ok) {
+			count(CNT_WINDOW);
+			return 0;
+		}
+		v->flags |= FLOW_CLOSING;
+		if (o)
+			o->flags |= FLOW_CLOSING;
+	}
+	// What the segment tells of its sender's side (its end, its window), believed only from a
+	// segment the receiver would take (conntrack's tcp_in_window, approximated): one that
+	// acknowledges what the receiver sent, no more, and no less than what the acknowledging
+	// side's window lets be in flight; whose sequence number is within the receiver's window of
+	// the sender's end; and moving that end by at most the receiver's window. A blind segment
+	// must guess both numbers to move anything, and moves the end by one window at most.
+	if (v->wscale == WSCALE_UNKNOWN || !(fl & TH_ACK))
+		return 0;
+	if (!o)
+		o = find_partner(&p->k, v);
+	if (!o || o->wscale == WSCALE_UNKNOWN)
+		return 0;
+	__u32 rw = o->win + 1; // a zero window still takes a probe's byte
+	__u32 ackwin = v->win > DEFAULT_WIN ? v->win : DEFAULT_WIN;
+	if (o->end - p->ack <= ackwin && p->seq - (v->end - rw) <= 2 * rw) {
+		__u32 e = p->seq + (p->l4len - p->doff) + ((fl & TH_FIN) ? 1 : 0);
+		if (e - v->end - 1 < rw)
+			v->end = e;
+		__u32 w = (__u32)p->win << (v->wscale & 15);
+		if (v->win != w)
+			v->win = w;
+	}
+	// An unconfirmed flow: the handshake's last ACK (or a later one) confirms it if it
+	// acknowledges exactly the server's SYN-ACK (nothing else was sent yet): a client that never
+	// saw the SYN-ACK (a spoofed source) must guess the server's sequence number, 1 in 2^32. No
+	// tolerance taken from this very segment: its own window would let a blind guess in.
+	if (!reply && !p->est && (fl & TH_ACK) && !(fl & TH_RST) && (v->flags & FLOW_REPLIED)) {
+		if (p->ack == o->end)
+			return CONFIRM;
+	}
+	return 0;
+}
+
+// martian says whether p's source is one no client can have: what IP input drops as a martian
+// source (0.0.0.0/8, 127.0.0.0/8, multicast, the broadcast address; IPv6 ::, ::1, multicast, and
+// IPv4-mapped addresses, which no IPv6 packet carries on the wire), the VIP itself (its packets'
+// destination: the address is the gateways'), and the prefixes of vg_deny (the cluster's pod
+// networks: a pod's address from outside is spoofed).
+static always_inline int martian(struct parsed *p)
+{
+	const __u8 *s = p->k.saddr;
+	const __u32 *w = (const __u32 *)s, *d = (const __u32 *)p->k.daddr;
+	if (w[0] == d[0] && w[1] == d[1] && w[2] == d[2] && w[3] == d[3])
+		return 1;
+	if (p->k.family == 4) {
+		if (s[0] == 0 || s[0] == 127 || (s[0] & 0xf0) == 0xe0 || (s[0] == 255 && s[1] == 255 && s[2] == 255 && s[3] == 255))
+			return 1;
+	} else {
+		if (s[0] == 0xff || (w[0] == 0 && w[1] == 0 && w[2] == 0 && (w[3] == 0 || w[3] == __builtin_bswap32(1))) ||
+		    (w[0] == 0 && w[1] == 0 && w[2] == __builtin_bswap32(0xffff)))
+			return 1;
+	}
+	struct deny_key dk = {};
+	dk.prefixlen = 8 + (p->k.family == 4 ? 32 : 128);
+	dk.data[0] = p->k.family;
+	__builtin_memcpy(&dk.data[1], s, 16);
+	return bpf_map_lookup_elem(&vg_deny, &dk) != 0;
 }
 
 // new_flow deals a flow to its Maglev slot's backend and writes its two entries (the client's
-// packets, the replies), masquerading when the VIP port says so.
+// packets, the replies) among the unconfirmed flows, masquerading when the VIP port says so.
 static subprogram int new_flow(struct __sk_buff *skb, struct parsed *p, struct vip_val *vip, struct config *cfg, __u64 now)
 {
 	__u32 w[5];
@@ -652,7 +994,7 @@ static subprogram int new_flow(struct __sk_buff *skb, struct parsed *p, struct v
 		w[4] = (__u32)p->k.sport;
 		n = 5;
 	}
-	__u32 h = flow_hash(w, n);
+	__u32 h = flow_hash(w, n, cfg->hash_seed);
 	__u32 slot = (__u32)(((__u64)h * vip->slots) >> 32);
 	void *table = bpf_map_lookup_elem(&vg_maglev, &vip->id);
 	if (!table)
@@ -661,15 +1003,27 @@ static subprogram int new_flow(struct __sk_buff *skb, struct parsed *p, struct v
 	if (!b || b->port == 0)
 		goto none;
 
-	struct flow_val fwd = {};
-	__builtin_memcpy(fwd.saddr, p->k.saddr, 16);
-	__builtin_memcpy(fwd.daddr, b->addr, 16);
-	fwd.sport = p->k.sport;
-	fwd.dport = b->port;
-	fwd.seen = now;
+	__u32 zero = 0;
+	struct scratch *sc = bpf_map_lookup_elem(&vg_scratch, &zero);
+	if (!sc)
+		return PASS;
+	__builtin_memset(sc, 0, sizeof(*sc));
+	struct flow_val *fwd = &sc->fwd, *rv = &sc->rv;
+	__builtin_memcpy(fwd->saddr, p->k.saddr, 16);
+	__builtin_memcpy(fwd->daddr, b->addr, 16);
+	fwd->sport = p->k.sport;
+	fwd->dport = b->port;
+	fwd->seen = now;
+	if (p->k.proto == IPPROTO_TCP_) {
+		// The client's side of the connection from its SYN (whose window is never scaled).
+		int ws = p->wscale;
+		fwd->end = p->seq + 1;
+		fwd->win = p->win;
+		fwd->wscale = ws < 0 ? WSCALE_NONE : ws;
+	}
 	int snat = vip->flags & VIP_SNAT;
 	struct bpf_fib_lookup fib;
-	long rc = route(skb, &fib, p, fwd.saddr, fwd.daddr, fwd.sport, fwd.dport, snat);
+	long rc = route(skb, &fib, p, fwd->saddr, fwd->daddr, fwd->sport, fwd->dport, snat);
 	if (!usable(rc)) {
 		count(CNT_FIB);
 		return PASS;
@@ -677,49 +1031,56 @@ static subprogram int new_flow(struct __sk_buff *skb, struct parsed *p, struct v
 
 	struct flow_key rk = {};
 	__builtin_memcpy(rk.saddr, b->addr, 16);
-	__builtin_memcpy(rk.daddr, fwd.saddr, 16);
+	__builtin_memcpy(rk.daddr, fwd->saddr, 16);
 	rk.sport = b->port;
 	rk.proto = p->k.proto;
 	rk.family = p->k.family;
-	struct flow_val rv = {};
-	__builtin_memcpy(rv.saddr, p->k.daddr, 16);
-	__builtin_memcpy(rv.daddr, p->k.saddr, 16);
-	rv.sport = p->k.dport;
-	rv.dport = p->k.sport;
-	rv.flags = FLOW_REPLY;
-	rv.seen = now;
+	__builtin_memcpy(rv->saddr, p->k.daddr, 16);
+	__builtin_memcpy(rv->daddr, p->k.saddr, 16);
+	rv->sport = p->k.dport;
+	rv->dport = p->k.sport;
+	rv->flags = FLOW_REPLY;
+	rv->seen = now;
+	rv->wscale = WSCALE_UNKNOWN;
 	if (snat) {
 		// A masquerade port whose reply tuple no live flow holds, tried at SNAT_TRIES places
-		// from one the flow's hash chooses.
-		rv.flags |= FLOW_SNAT;
-		fwd.flags |= FLOW_SNAT;
+		// from a random one. Not from the flow's hash: a service that echoes its peer's port
+		// would show a client bits of the hash seed with every connection. Only the slot must
+		// agree between gateways; a port is this gateway's own (conntrack sync carries it).
+		rv->flags |= FLOW_SNAT;
+		fwd->flags |= FLOW_SNAT;
 		if (cfg->snat_ports == 0)
 			goto full;
-		__u32 start = h % cfg->snat_ports;
+		__u32 start = bpf_get_prandom_u32() % cfg->snat_ports;
+		// The stride between tries, a prime that does not divide the port count (no count
+		// of at most 65,535 is a multiple of both): else every try would be one port.
+		__u32 stride = cfg->snat_ports % 7919 ? 7919 : 7907;
 		int i;
 		for (i = 0; i < SNAT_TRIES; i++) {
-			__u32 port = cfg->snat_port_min + (start + i * 7919) % cfg->snat_ports;
+			__u32 port = cfg->snat_port_min + (start + i * stride) % cfg->snat_ports;
 			rk.dport = __builtin_bswap16((__u16)port);
-			if (claim_reply(&rk, &rv, p, cfg, now) == 0)
+			if (claim_reply(&rk, rv, cfg, now) == 0)
 				break;
 		}
 		if (i == SNAT_TRIES)
 			goto full;
-		fwd.sport = rk.dport;
+		fwd->sport = rk.dport;
 	} else {
 		// The client's own tuple: held by a live flow of the same client port through another
 		// VIP port to the same backend, it is left to conntrack, which remaps the port.
 		rk.dport = p->k.sport;
-		if (claim_reply(&rk, &rv, p, cfg, now) < 0) {
+		if (claim_reply(&rk, rv, cfg, now) < 0) {
 			count(CNT_CLASH);
 			return PASS;
 		}
 	}
-	if (bpf_map_update_elem(&vg_flows, &p->k, &fwd, BPF_ANY) < 0)
+	if (bpf_map_update_elem(&vg_new, &p->k, fwd, BPF_ANY) < 0) {
+		bpf_map_delete_elem(&vg_new, &rk);
 		return PASS;
+	}
 	count(CNT_NEW);
-	remember_frag(p, &fwd, now);
-	return transmit(skb, p, &fwd, &fib, rc);
+	remember_frag(p, fwd, now);
+	return transmit(skb, p, fwd, &fib, rc);
 none:
 	count(CNT_NO_BACKEND);
 	return PASS;
@@ -808,7 +1169,7 @@ static subprogram int icmp_error(struct __sk_buff *skb, int v4)
 		q.k.proto = IPPROTO_ICMPV6_;
 		q.k.family = 6;
 	}
-	struct flow_val *e = bpf_map_lookup_elem(&vg_flows, &k);
+	struct flow_val *e = lookup_flow(&k);
 	if (!e)
 		return PASS;
 	struct flow_val v = *e;
@@ -945,46 +1306,52 @@ static subprogram int frag_follow(struct __sk_buff *skb)
 	return send_to(skb, &fib, rc);
 }
 
-// REDEAL is known_flow's answer for a flow to be dealt again as a new one.
-#define REDEAL 0x7fff
 
-// known_flow forwards a packet of a flow the table holds (its entry v), or says it must be
-// dealt again (REDEAL).
+// known_flow forwards a packet of a flow the tables hold (its entry v; est: in the established
+// table: p->est), or says it must be dealt again (REDEAL).
 static subprogram int known_flow(struct __sk_buff *skb, struct parsed *p, struct flow_val *v, struct config *cfg, __u64 now)
 {
 	int reply = v->flags & FLOW_REPLY;
-	if (now - v->seen >= idle_timeout(cfg, v, p->k.proto)) {
-		// A reply entry is as live as its flow's forward entry (the server of a client
-		// that talks and seldom hears); a forward entry that idled out is dealt again.
-		if (!reply)
-			return REDEAL;
-		if (!reply_live(&p->k, v, p, cfg, now))
-			return PASS; // a flow that ended: not this program's any more
+	if (!flow_live(&p->k, v, cfg, now)) {
+		// Both ways idle: the flow ended, its entries go. A client's packet is dealt again; a
+		// late reply is not this program's any more.
+		forget_flow(&p->k, v);
+		return reply ? PASS : REDEAL;
 	}
-	if (p->tcp_flags & (TH_FIN | TH_RST | TH_SYN)) {
-		// TCP's ends, as conntrack follows them: a FIN or RST either way marks the flow
-		// closing; a connection's first SYN on a closing flow (the client reusing the
-		// tuple) is a new connection, dealt again (its old reply entry goes).
-		if (reply) {
-			if (p->tcp_flags & (TH_FIN | TH_RST)) {
-				v->flags |= FLOW_CLOSING;
-				mark_forward(p, v, FLOW_CLOSING);
-			}
-		} else if ((p->tcp_flags & (TH_SYN | TH_ACK)) == TH_SYN && (v->flags & FLOW_CLOSING)) {
-			forget_reply(p, v);
+	if (!p->est && (v->flags & FLOW_SNAT) && !find_partner(&p->k, v)) {
+		// Half a masqueraded flow: the LRU evicted its other entry, so its masquerade port
+		// is free for another flow to claim. Forwarding on from that port would mix two
+		// clients' flows; the half goes, and the packet is a new flow's (or the stack's).
+		forget_flow(&p->k, v);
+		return reply ? PASS : REDEAL;
+	}
+	int confirm = 0;
+	if (p->k.proto == IPPROTO_TCP_) {
+		int r = tcp_track(skb, p, v);
+		if (r == REDEAL) {
+			forget_flow(&p->k, v);
 			return REDEAL;
-		} else if (p->tcp_flags & (TH_FIN | TH_RST)) {
-			v->flags |= FLOW_CLOSING;
 		}
+		confirm = r == CONFIRM;
+	} else {
+		// UDP: answered, and the client spoke again. A single exchange (a DNS query and its
+		// answer) stays with the unconfirmed flows, which the LRU evicts: confirmed on its
+		// answer it would hold space in the established table, which nothing evicts, for the
+		// 2 min of its timeout, and a modest rate of them would fill it.
+		confirm = !reply && (v->flags & FLOW_REPLIED);
 	}
 	if (reply && !(v->flags & FLOW_REPLIED)) {
-		// The flow's first reply: its forward entry learns it is answered (once).
-		mark_forward(p, v, FLOW_REPLIED);
+		// The flow's first reply: both entries learn it is answered (once).
+		struct flow_val *f = find_partner(&p->k, v);
+		if (f)
+			f->flags |= FLOW_REPLIED;
 		v->flags |= FLOW_REPLIED;
 	}
 	if (now - v->seen > 1000000000ULL)
 		v->seen = now;
 	struct flow_val out = *v;
+	if (confirm && !p->est)
+		promote(&p->k, &out, now);
 	struct bpf_fib_lookup fib;
 	long rc = route(skb, &fib, p, out.saddr, out.daddr, out.sport, out.dport, 0);
 	if (!usable(rc)) {
@@ -1024,9 +1391,19 @@ int vipgate_natpath(struct __sk_buff *skb)
 	struct config *cfg = bpf_map_lookup_elem(&vg_config, &zero);
 	if (!cfg)
 		return PASS;
+	// A SYN's window scale, read here: a call of its own below the paths' frames would not fit
+	// in the stack.
+	p.wscale = -1;
+	if (p.tcp_flags & TH_SYN)
+		p.wscale = tcp_wscale(skb, p.l4off + TCP_HLEN, p.doff - TCP_HLEN);
 	__u64 now = bpf_ktime_get_coarse_ns();
 
+	p.est = 1;
 	struct flow_val *v = bpf_map_lookup_elem(&vg_flows, &p.k);
+	if (!v) {
+		v = bpf_map_lookup_elem(&vg_new, &p.k);
+		p.est = 0;
+	}
 	if (v) {
 		int ret = known_flow(skb, &p, v, cfg, now);
 		if (ret != REDEAL)
@@ -1042,8 +1419,17 @@ int vipgate_natpath(struct __sk_buff *skb)
 		return PASS;
 	if (p.k.proto == IPPROTO_TCP_ && (p.tcp_flags & (TH_SYN | TH_ACK | TH_FIN | TH_RST)) != TH_SYN) {
 		// Only a connection's first SYN opens a flow here: a packet of a connection conntrack
-		// holds (one from before the program, or whose entry was evicted) stays with it.
+		// holds (one from before the program, or an unconfirmed flow evicted) stays with it.
 		count(CNT_NO_SYN);
+		return PASS;
+	}
+	if (martian(&p)) {
+		count(CNT_MARTIAN);
+		return TC_ACT_SHOT;
+	}
+	struct state *st = bpf_map_lookup_elem(&vg_state, &zero);
+	if (st && now < st->full_until) {
+		count(CNT_FULL);
 		return PASS;
 	}
 	return new_flow(skb, &p, vip, cfg, now);

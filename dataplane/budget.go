@@ -1,0 +1,130 @@
+package dataplane
+
+import (
+	"fmt"
+
+	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane/maglev"
+)
+
+// What one Service may cost (cluster.ServiceLimits). A namespace tenant writes its Service's
+// ports, externalIPs, loadBalancerSourceRanges and vipgate.io/lb-algorithm; what the node builds
+// from them is a product: entries = ports x addresses, elements = entries x (endpoints, or the
+// Maglev table's slots), firewall rules = ports x source ranges. So the builder checks the product
+// before it builds anything (MaxEntries) and its running cost while it builds (MaxElements): it
+// stops at the first entry that would go over, so a Service over the limit costs the node at most
+// the limit and one entry's work, never the product. Such a Service is refused as a whole (a
+// partial Service would be a different Service: some ports, or some addresses, answering and
+// others not), and reported with the reason like every other refusal (Part.Refused: the log, a
+// Warning Event on the Service, /status); its cluster IP stays in cluster-ips, so clients are
+// rejected at once as on an undefined port. Every other Service is built as ever.
+
+// refusalFieldService is the Refusal field of a Service refused as a whole.
+const refusalFieldService = "spec"
+
+// serviceEntries is the number of entries svc's ports make on a node with the given external and
+// LoadBalancer IPs of one family: each port on the cluster IP, each address and its NodePort.
+func serviceEntries(svc *cluster.Service, externalIPs, lbIPs int) int {
+	perIP := 1 + externalIPs + lbIPs
+	n := 0
+	for _, sp := range svc.Ports {
+		if ProtoNumber(sp.Protocol) == 0 || sp.Port == 0 {
+			continue
+		}
+		n += perIP
+		if sp.NodePort != 0 && (svc.Type == cluster.TypeNodePort || svc.Type == cluster.TypeLoadBalancer) {
+			n++
+		}
+	}
+	return n
+}
+
+// entriesOverLimit says why a Service of entries entries (ports ports) is over limits, "" if it is
+// not.
+func entriesOverLimit(limits cluster.ServiceLimits, entries, ports int) string {
+	if entries <= limits.MaxEntries {
+		return ""
+	}
+	return fmt.Sprintf("the Service is not programmed: its %d ports make %d entries (ports x addresses), more than serviceLimits.maxEntries %d",
+		ports, entries, limits.MaxEntries)
+}
+
+// elementsOverLimit says why a Service is over limits.MaxElements.
+func elementsOverLimit(limits cluster.ServiceLimits, entries int) string {
+	return fmt.Sprintf("the Service is not programmed: its %d entries need more nftables elements than serviceLimits.maxElements %d (rules count %d each)",
+		entries, limits.MaxElements, cluster.RuleCost)
+}
+
+// cost is what the part built so far costs, in elements (rules count cluster.RuleCost each).
+func (b *serviceBuilder) cost() int {
+	return len(b.p.Elements) + len(b.p.Sets) + cluster.RuleCost*b.rules
+}
+
+// afford says whether the part may grow by more elements within the Service's limit; once it may
+// not, the Service is over (b.over says why) and the builder adds nothing more.
+func (b *serviceBuilder) afford(more int) bool {
+	if b.over != "" {
+		return false
+	}
+	if b.cost()+more > b.limits.MaxElements {
+		b.over = elementsOverLimit(b.limits, b.entries)
+		return false
+	}
+	return true
+}
+
+// gatewayEntriesOverLimits says why svc is over limits on a gateway in family f ("" if it is not), before
+// its entries are built: a gateway's entries are its ports x its LoadBalancer IPs of the family.
+func gatewayEntriesOverLimits(limits cluster.ServiceLimits, svc *cluster.Service, f cluster.Family) string {
+	vips := len(gatewayVIPs(svc, f))
+	n := 0
+	for _, sp := range svc.Ports {
+		if ProtoNumber(sp.Protocol) != 0 {
+			n += vips
+		}
+	}
+	return entriesOverLimit(limits, n, len(svc.Ports))
+}
+
+// gatewayElementsOverLimits says why a Service's gateway entries are over limits.MaxElements (""
+// if they are not): each entry with backends holds a Maglev table (route forwarding: and its
+// connection-table twin), sized as the family's table is (cfg.MaglevSize, or derived from the
+// backends; a family whose largest Service needs a bigger table gives every Service that size, so
+// this is the Service's own least cost), and each VIP port with source ranges its firewall-ips
+// element and its port's fw- chain (a rule per range and the drop, cluster.RuleCost each).
+func gatewayElementsOverLimits(cfg GatewayConfig, limits cluster.ServiceLimits, entries []GatewayEntry) string {
+	size := cfg.MaglevSize
+	if size == 0 {
+		most := 0
+		for _, e := range entries {
+			most = max(most, len(e.Backends))
+		}
+		size = maglev.SizeFor(most)
+	}
+	cost := 0
+	fw := map[string]bool{}
+	for _, e := range entries {
+		cost++ // its service-ips element
+		if len(e.SourceRanges) > 0 {
+			// Its firewall-ips element, and its port's fw- chain once (gatewayFirewallRules).
+			cost++
+			if name := servicePortName(e.Service, e.Proto, e.Port); !fw[name] {
+				fw[name] = true
+				cost += cluster.RuleCost * (len(e.SourceRanges) + 1)
+			}
+		}
+		if len(e.Backends) == 0 {
+			continue
+		}
+		per := size
+		if cfg.Forwarding == cluster.ForwardRoute && e.Algorithm != cluster.LBSourceHash {
+			per *= 2
+		}
+		cost += per + len(e.Backends) + len(e.Draining)
+	}
+	if cost <= limits.MaxElements {
+		return ""
+	}
+	return fmt.Sprintf("the Service is not programmed: its %d VIP ports need %d nftables elements (Maglev tables of %d slots), more than serviceLimits.maxElements %d",
+		len(entries), cost, size, limits.MaxElements)
+}

@@ -1,0 +1,264 @@
+package dataplane
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane/maglev"
+)
+
+// kernelBytesPerElement is what one map element costs the kernel, measured on 6.18 (slab growth
+// of a 50,500-element endpoint map: 101-115 bytes; maglev.MaxSize says ~95 for the gateway's); a
+// rule counts cluster.RuleCost elements.
+const kernelBytesPerElement = 115
+
+// maxKernelState is issue #27's bound on what any single object may cost the kernel.
+const maxKernelState = 16 << 20
+
+// goodService is a Service of another namespace that must be programmed whatever the tenant does.
+func goodService() (*cluster.Service, []*cluster.EndpointSlice) {
+	svc := &cluster.Service{Key: cluster.ServiceKey{Namespace: "other", Name: "web"}, Type: cluster.TypeClusterIP,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.50")},
+		Ports:      []cluster.ServicePort{{Name: "http", Protocol: cluster.TCP, Port: 80}}}
+	es := &cluster.EndpointSlice{Namespace: "other", Name: "web-1", Service: svc.Key, Family: cluster.IPv4,
+		Ports:     []cluster.EndpointPort{{Name: "http", Protocol: cluster.TCP, Port: 8080}},
+		Endpoints: []cluster.Endpoint{{Addresses: []netip.Addr{netip.MustParseAddr("10.244.9.9")}, Ready: true, Serving: true, NodeName: "node2"}}}
+	return svc, []*cluster.EndpointSlice{es}
+}
+
+// TestHostileServiceCost is issue #27's hostile corpus on a node: every Service a namespace tenant
+// can write (ports x addresses x endpoints x algorithm) costs the node at most its limit, within
+// 16 MiB of kernel state, or is refused as a whole with the reason, and the other Services are
+// programmed. The shapes the issue reproduced: 500 ports x 1 endpoint with maglev (511,501 elements
+// before), 400 externalIPs x 200 ports (80,200 entries, 18-29 s in the claims before).
+func TestHostileServiceCost(t *testing.T) {
+	limits := cluster.ServiceLimits{}.WithDefaults()
+	cases := []struct {
+		h       hostileShape
+		refused bool
+	}{
+		{hostileShape{name: "maglev-500p-1ep", ports: 500, endpoints: 1, alg: "maglev"}, false}, // 500 x 101 slots
+		{hostileShape{name: "maglev-500p-1ep-lb", ports: 500, lbIPs: 1, endpoints: 1, alg: "maglev"}, true},
+		{hostileShape{name: "maglev-100p-10ep", ports: 100, endpoints: 10, alg: "maglev"}, false},
+		{hostileShape{name: "maglev-1p-1000ep-lb-local", ports: 1, lbIPs: 1, endpoints: 1000, alg: "maglev", local: true}, true},
+		{hostileShape{name: "maglev-1p-1000ep", ports: 1, endpoints: 1000, alg: "maglev"}, false}, // one 65,537-slot table
+		{hostileShape{name: "ext-400x200p", ports: 200, externalIPs: 400, endpoints: 1}, true},
+		{hostileShape{name: "ext-200x200p", ports: 200, externalIPs: 200, endpoints: 1}, true},
+		{hostileShape{name: "ext-50x200p", ports: 200, externalIPs: 50, endpoints: 1}, false},
+		{hostileShape{name: "ext-50x200p-local", ports: 200, externalIPs: 50, endpoints: 2, local: true}, false},
+		{hostileShape{name: "ext-50x200p-maglev", ports: 200, externalIPs: 50, endpoints: 1, alg: "maglev"}, true},
+		{hostileShape{name: "ext-400x50p-source-hash", ports: 50, externalIPs: 400, endpoints: 1, alg: "source-hash"}, true},
+		{hostileShape{name: "ranges-1000x200p", ports: 200, lbIPs: 1, ranges: 1000, endpoints: 1}, true},
+		{hostileShape{name: "ranges-100x20p", ports: 20, lbIPs: 2, ranges: 100, endpoints: 1}, false},
+		{hostileShape{name: "eps-1000x100p", ports: 100, endpoints: 1000}, true},
+		{hostileShape{name: "eps-1000x10p", ports: 10, endpoints: 1000}, false},
+		{hostileShape{name: "affinity-1000x100p", ports: 100, endpoints: 1000, affinity: true}, true},
+		{hostileShape{name: "round-robin-1000x100p", ports: 100, lbIPs: 1, endpoints: 1000, alg: "round-robin"}, true},
+		{hostileShape{name: "ports-20000", ports: 20000, endpoints: 1}, false},
+		{hostileShape{name: "ports-20000-lb", ports: 20000, lbIPs: 1, endpoints: 1}, true},
+	}
+	for _, c := range cases {
+		t.Run(c.h.name, func(t *testing.T) {
+			svc, eps := hostileService(c.h)
+			good, goodEps := goodService()
+			st := &cluster.State{
+				Services:       map[cluster.ServiceKey]*cluster.Service{svc.Key: svc, good.Key: good},
+				EndpointSlices: map[cluster.ServiceKey][]*cluster.EndpointSlice{svc.Key: eps, good.Key: goodEps},
+			}
+			cfg := Config{NodeName: "node1", NodeIPs: []netip.Addr{netip.MustParseAddr("192.0.2.11")},
+				ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, Families: []cluster.Family{cluster.IPv4}}
+			cpu0 := cpuTime()
+			rs, conflicts, err := BuildRuleset(cfg, cluster.IPv4, st)
+			cpu := cpuTime() - cpu0 // logged, not asserted: the limits are counts
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p := rs.Services[good.Key]; p == nil || len(p.Entries) != 1 || !p.Entries[0].HasEndpoints {
+				t.Fatalf("the other namespace's Service is not programmed: %+v", p)
+			}
+			p := rs.Services[svc.Key]
+			if p == nil {
+				t.Fatal("the tenant's Service has no part")
+			}
+			elements, rules := partCost(p)
+			cost := elements + len(p.Sets) + cluster.RuleCost*rules
+			if cost > limits.MaxElements || cost*kernelBytesPerElement > maxKernelState {
+				t.Errorf("the Service costs %d elements (%d rules, ~%d MiB of kernel state), over the limit %d", cost, rules, cost*kernelBytesPerElement>>20, limits.MaxElements)
+			}
+			var why []string
+			for _, r := range conflicts {
+				if r.Object == svc.Key.String() && strings.Contains(r.Reason, "serviceLimits.max") {
+					why = append(why, r.Reason)
+				} else if r.Object != svc.Key.String() {
+					t.Errorf("another object is refused: %v", r)
+				}
+			}
+			refused := len(why) > 0
+			if refused != c.refused {
+				t.Errorf("refused: %v %q, want refused %v (cost %d elements, %d entries)", refused, why, c.refused, cost, len(p.Entries))
+			}
+			if refused && (len(p.Entries) != 0 || elements != 1 || len(p.Chains) != 0) {
+				t.Errorf("a refused Service keeps %d entries, %d elements, %d chains: want its cluster IP alone", len(p.Entries), elements, len(p.Chains))
+			}
+			if !refused && len(p.Entries) == 0 {
+				t.Errorf("a Service within its limits has no entries")
+			}
+			t.Logf("%s: %d entries, %d elements, %d rules (~%.1f MiB), built in %v of CPU, refused %v %q", c.h.name, len(p.Entries), elements, rules,
+				float64(cost*kernelBytesPerElement)/(1<<20), cpu.Round(time.Millisecond), refused, why)
+		})
+	}
+}
+
+// TestServiceLimitsConfigured: configured limits replace the defaults, and the refusal names the
+// configured value; a Service just within them is programmed.
+func TestServiceLimitsConfigured(t *testing.T) {
+	svc, eps := hostileService(hostileShape{name: "maglev-20p", ports: 20, endpoints: 1, alg: "maglev"})
+	n := hostileNodeInfo()
+	n.NodeName = "node9" // no local endpoint, so no hairpin elements
+	// 20 entries of 101 slots, one vmap element each, and the cluster IP: 2,041 elements.
+	for _, c := range []struct {
+		limits cluster.ServiceLimits
+		reason string
+	}{
+		{cluster.ServiceLimits{MaxElements: 2041}, ""},
+		{cluster.ServiceLimits{MaxElements: 2040}, "more nftables elements than serviceLimits.maxElements 2040"},
+		{cluster.ServiceLimits{MaxEntries: 20}, ""},
+		{cluster.ServiceLimits{MaxEntries: 19}, "its 20 ports make 20 entries (ports x addresses), more than serviceLimits.maxEntries 19"},
+	} {
+		n.Limits = c.limits
+		p := BuildService(n, svc, eps)
+		var got string
+		for _, r := range p.Refused {
+			got += r.String()
+		}
+		if c.reason == "" && (got != "" || len(p.Entries) != 20 || p.numElements() != 2041) {
+			t.Errorf("limits %+v: refused %q, %d entries, %d elements; want all programmed", c.limits, got, len(p.Entries), p.numElements())
+		}
+		if c.reason != "" && (!strings.Contains(got, c.reason) || !strings.HasPrefix(got, "spec: the Service is not programmed") || len(p.Entries) != 0) {
+			t.Errorf("limits %+v: refused %q with %d entries; want %q", c.limits, got, len(p.Entries), c.reason)
+		}
+	}
+}
+
+// TestMaglevNodeTableSized: a node's maglev tables are sized to the Service port's endpoints (a
+// prime >= 100 x N, the sizes doubling), and the tracer still finds every endpoint in them.
+func TestMaglevNodeTableSized(t *testing.T) {
+	for _, c := range []struct{ n, want int }{{1, 101}, {2, 211}, {3, 421}, {4, 421}, {5, 1021}, {10, 1021}, {11, 2039}, {700, maglev.MaxSize}} {
+		if got := maglev.NodeSizeFor(c.n); got != c.want || !maglev.IsPrime(got) {
+			t.Errorf("NodeSizeFor(%d) = %d, want %d", c.n, got, c.want)
+		}
+	}
+	for _, n := range []int{1, 2, 3} {
+		svc, eps := hostileService(hostileShape{name: fmt.Sprintf("mg%d", n), ports: 2, endpoints: n, alg: "maglev"})
+		ni := hostileNodeInfo()
+		ni.NodeName = "node9" // no local endpoint, so no hairpin elements
+		p := BuildService(ni, svc, eps)
+		// The cluster IP, and per port its vmap element and its table.
+		if want := 1 + 2*(1+maglev.NodeSizeFor(n)); p.numElements() != want {
+			t.Errorf("%d endpoints: %d elements, want %d", n, p.numElements(), want)
+		}
+	}
+}
+
+// TestHostileGatewayServiceCost: on a gateway, where maglev is the default, a LoadBalancer Service
+// of 200 ports (204,200 elements before) is refused as a whole with the reason; one of 100 ports,
+// and the other Services, are programmed.
+func TestHostileGatewayServiceCost(t *testing.T) {
+	for _, c := range []struct {
+		ports, vips int
+		refused     bool
+	}{{200, 1, true}, {100, 1, false}, {20, 200, true}, {1, 200, true}, {1, 100, false}} {
+		t.Run(fmt.Sprintf("%dp-%dvips", c.ports, c.vips), func(t *testing.T) {
+			st := gwState()
+			svc, eps := hostileService(hostileShape{name: "big", ports: c.ports, lbIPs: 1, endpoints: 2})
+			svc.LoadBalancerIPs = nil
+			for i := range c.vips {
+				svc.LoadBalancerIPs = append(svc.LoadBalancerIPs, netip.AddrFrom4([4]byte{203, 0, 113, byte(55 + i)}))
+			}
+			st.Services[svc.Key], st.EndpointSlices[svc.Key] = svc, eps
+			grs, err := BuildGatewayRuleset(GatewayConfig{}, cluster.IPv4, st, Health{{gwNode1, 32001}: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var why []string
+			for _, r := range grs.Conflicts {
+				if r.Object == svc.Key.String() && strings.Contains(r.Reason, "serviceLimits.max") {
+					why = append(why, r.Reason)
+				}
+			}
+			if (len(why) > 0) != c.refused {
+				t.Errorf("refused %q, want refused %v", why, c.refused)
+			}
+			elements := 0
+			if p := grs.Ruleset.Services[svc.Key]; p != nil {
+				elements = p.numElements()
+			}
+			if elements > cluster.DefaultMaxServiceElements || elements*kernelBytesPerElement > maxKernelState {
+				t.Errorf("the Service costs %d elements", elements)
+			}
+			if c.refused && elements != 0 {
+				t.Errorf("a refused Service has %d elements", elements)
+			}
+			if p := grs.Ruleset.Services[cluster.ServiceKey{Namespace: "gw", Name: "web"}]; p == nil || len(p.Entries) == 0 {
+				t.Errorf("gw/web is not programmed")
+			}
+			t.Logf("%d ports x %d VIPs: %d elements (table %d), refused %q", c.ports, c.vips, elements, grs.MaglevSize, why)
+		})
+	}
+}
+
+// TestServiceLimitsSync: through the proxier's incremental sync, a Service that grows over its
+// limit is withdrawn (its entries leave the kernel, none kept), reported, and comes back when it
+// shrinks; the other Service is untouched.
+func TestServiceLimitsSync(t *testing.T) {
+	svc, eps := hostileService(hostileShape{name: "grows", ports: 10, externalIPs: 2, endpoints: 1})
+	good, goodEps := goodService()
+	st := &cluster.State{
+		Services:       map[cluster.ServiceKey]*cluster.Service{svc.Key: svc, good.Key: good},
+		EndpointSlices: map[cluster.ServiceKey][]*cluster.EndpointSlice{svc.Key: eps, good.Key: goodEps},
+	}
+	p := NewProxier(hclog.NewNullLogger(), Config{NodeName: "node1", Families: []cluster.Family{cluster.IPv4}, Limits: cluster.ServiceLimits{MaxEntries: 100}}, nopProgrammer{})
+	entries := func() int {
+		n := 0
+		for _, els := range p.Flatten(cluster.IPv4).Elements {
+			for _, e := range els {
+				if e.Set == MapServiceIPs && (e.Addr.Is4() && e.Addr.As4()[0] == 198 || e.Addr == svc.ClusterIPs[0]) {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	sync := func(wantEntries int, wantRefused bool) {
+		t.Helper()
+		rep, err := p.Sync(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refused := false
+		for _, r := range rep.Conflicts {
+			refused = refused || (r.Object == svc.Key.String() && strings.Contains(r.Reason, "serviceLimits.maxEntries 100"))
+		}
+		if refused != wantRefused || entries() != wantEntries {
+			t.Errorf("refused %v with %d entries programmed, want %v and %d: %v", refused, entries(), wantRefused, wantEntries, rep.Conflicts)
+		}
+		if p.Flatten(cluster.IPv4).Elements[MapServiceIPs] == nil {
+			t.Errorf("the other Service lost its entry")
+		}
+	}
+	sync(30, false)
+	grown := *svc
+	for i := range 40 {
+		grown.ExternalIPs = append(grown.ExternalIPs, netip.AddrFrom4([4]byte{198, 51, 101, byte(1 + i)}))
+	}
+	st.Services[svc.Key] = &grown
+	sync(0, true)
+	st.Services[svc.Key] = svc
+	sync(30, false)
+}
