@@ -101,6 +101,10 @@ func TestImages(bin string) []Spec {
 				// used from a static binary), and the LoadBalancer source-range test runs wget.
 				{Src: "/usr/bin/wget", Dst: "/usr/bin/wget", Mode: 0o755},
 				{Src: "/usr/bin/wget", Libs: true},
+				// One attempt, as upstream's busybox wget: GNU wget's default is 20 tries with 1..10 s
+				// pauses, so the LoadBalancer source-range test's blocked `wget -T 5` took about four
+				// minutes instead of 5 s (TestAgnhostWgetTriesOnce).
+				{Dst: "/etc/wgetrc", Data: []byte("tries = 1\n"), Mode: 0o644},
 			}, shell...),
 		},
 		{
