@@ -71,18 +71,8 @@ func TestAuthReplayedDownDoesNotLockOutPeer(t *testing.T) {
 func TestAuthRecordedSessionCannotBringDeadPeerBack(t *testing.T) {
 	for _, typ := range []AuthType{AuthKeyedMD5, AuthMeticulousKeyedSHA1} {
 		t.Run(typ.String(), func(t *testing.T) {
-			s := newSim(t)
-			a, b := s.node("192.0.2.2", 1), s.node("192.0.2.1", 2)
-			auth := Auth{Type: typ, KeyID: 7, Key: "s3cret-key"}
-			ca, cb := cfgFor(b, 100*ms, 100*ms, 3), cfgFor(a, 100*ms, 100*ms, 3)
-			ca.Auth, cb.Auth = auth, auth
-			s.set(a, ca)
-			s.set(b, cb)
-			s.run(30 * time.Second)
-			if st := a.session(b).state; st != StateUp {
-				t.Fatalf("session %s, want up", st)
-			}
-			r := &replayer{s: s, to: a, from: b, key: auth.Key}
+			s, a, b := authPairAfter(t, typ, 30*time.Second)
+			r := &replayer{s: s, to: a, from: b, key: "s3cret-key"}
 			for _, f := range b.sent {
 				r.recs = append(r.recs, f.Packet)
 			}
@@ -110,19 +100,9 @@ func TestAuthRecordedSessionCannotBringDeadPeerBack(t *testing.T) {
 // (RFC 5880 6.7.3), so one recorded Up packet, replayed every 100 ms, reset the detection time of
 // a dead router for ever. A repeat is now taken for maxSeqRepeat only.
 func TestAuthRepeatedSeqDoesNotKeepDeadPeerUp(t *testing.T) {
-	s := newSim(t)
-	a, b := s.node("192.0.2.2", 1), s.node("192.0.2.1", 2)
-	auth := Auth{Type: AuthKeyedSHA1, KeyID: 7, Key: "s3cret-key"}
-	ca, cb := cfgFor(b, 100*ms, 100*ms, 3), cfgFor(a, 100*ms, 100*ms, 3)
-	ca.Auth, cb.Auth = auth, auth
-	s.set(a, ca)
-	s.set(b, cb)
-	s.run(10 * time.Second)
-	if st := a.session(b).state; st != StateUp {
-		t.Fatalf("session %s, want up", st)
-	}
+	s, a, b := authPairAfter(t, AuthKeyedSHA1, 10*time.Second)
 	b.drop = true // the router dies; its last packet is replayed
-	r := &replayer{s: s, to: a, from: b, key: auth.Key, recs: []Packet{b.sent[len(b.sent)-1].Packet}}
+	r := &replayer{s: s, to: a, from: b, key: "s3cret-key", recs: []Packet{b.sent[len(b.sent)-1].Packet}}
 	for range 300 {
 		s.run(100 * ms)
 		r.next()

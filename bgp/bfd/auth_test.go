@@ -89,6 +89,13 @@ func TestForgedTeardownGraceBounded(t *testing.T) {
 
 func authPair(t *testing.T, typ AuthType) (*sim, *simNode, *simNode) {
 	t.Helper()
+	return authPairAfter(t, typ, 3*time.Second)
+}
+
+// authPairAfter is authPair run for settle before the sessions must be Up (a longer run records
+// more of the router's packets).
+func authPairAfter(t *testing.T, typ AuthType, settle time.Duration) (*sim, *simNode, *simNode) {
+	t.Helper()
 	s := newSim(t)
 	a, b := s.node("192.0.2.2", 1), s.node("192.0.2.1", 2)
 	ca, cb := cfgFor(b, 100*ms, 100*ms, 3), cfgFor(a, 100*ms, 100*ms, 3)
@@ -96,9 +103,9 @@ func authPair(t *testing.T, typ AuthType) (*sim, *simNode, *simNode) {
 	cb.Auth = ca.Auth
 	s.set(a, ca)
 	s.set(b, cb)
-	s.run(3 * time.Second)
+	s.run(settle)
 	if sa, sb := a.session(b), b.session(a); sa.state != StateUp || sb.state != StateUp {
-		t.Fatalf("%s: sessions %s and %s after 3s, want up", typ, sa.state, sb.state)
+		t.Fatalf("%s: sessions %s and %s after %s, want up", typ, sa.state, sb.state, settle)
 	}
 	return s, a, b
 }

@@ -156,15 +156,7 @@ func TestBlindRST(t *testing.T) {
 	ap := netip.MustParseAddrPort
 	client, vip := ap("198.51.100.10:43100"), ap("203.0.113.64:80")
 	a, b := ap("10.244.1.11:8080"), ap("10.244.1.12:8080")
-	sync := func(to netip.AddrPort) {
-		t.Helper()
-		if err := in(r.ns, func() error {
-			return r.path.Sync(append(slices.Clone(runVIPs), VIPPort{VIP: vip.Addr(), Proto: 6, Port: 80, Table: []netip.AddrPort{to}}))
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() { _ = in(r.ns, func() error { return r.path.Sync(runVIPs) }) })
+	sync := func(to netip.AddrPort) { t.Helper(); r.syncTCPPort(t, vip, to) }
 	fromClient := func(what string, s pktSpec, want netip.AddrPort) {
 		t.Helper()
 		s.src, s.dst, s.proto = client, vip, 6

@@ -54,6 +54,18 @@ var (
 
 // newRunner sets up (once per test binary) the namespace and the loaded program; it skips
 // without root.
+// syncTCPPort makes the program take runVIPs and TCP port vip with the single backend to; the
+// test's end puts runVIPs back.
+func (r *runner) syncTCPPort(t *testing.T, vip, to netip.AddrPort) {
+	t.Helper()
+	if err := in(r.ns, func() error {
+		return r.path.Sync(append(slices.Clone(runVIPs), VIPPort{VIP: vip.Addr(), Proto: 6, Port: vip.Port(), Table: []netip.AddrPort{to}}))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = in(r.ns, func() error { return r.path.Sync(runVIPs) }) })
+}
+
 func newRunner(t testing.TB) *runner {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -497,15 +509,7 @@ func TestTCPReuse(t *testing.T) {
 	ap := netip.MustParseAddrPort
 	client, vip := ap("198.51.100.10:43000"), ap("203.0.113.60:80")
 	a, b := ap("10.244.1.11:8080"), ap("10.244.1.12:8080")
-	sync := func(to netip.AddrPort) {
-		t.Helper()
-		if err := in(r.ns, func() error {
-			return r.path.Sync(append(slices.Clone(runVIPs), VIPPort{VIP: vip.Addr(), Proto: 6, Port: 80, Table: []netip.AddrPort{to}}))
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() { _ = in(r.ns, func() error { return r.path.Sync(runVIPs) }) })
+	sync := func(to netip.AddrPort) { t.Helper(); r.syncTCPPort(t, vip, to) }
 	send := func(what string, flags uint8, seq uint32, want netip.AddrPort) {
 		t.Helper()
 		ret, out := r.run(t, frame(pktSpec{src: client, dst: vip, proto: 6, tcpFlags: flags, seq: seq}))
