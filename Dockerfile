@@ -17,6 +17,7 @@ ARG TARGETARCH
 ARG VERSION
 WORKDIR /src
 COPY go.mod go.sum ./
+COPY third_party/ third_party/
 RUN go mod download
 COPY . .
 # The version defaults to the VERSION file when --build-arg VERSION is not given.

@@ -1193,6 +1193,11 @@ func parseNATFastPath(f *natFastPathFile, fwd Forwarding) (NATFastPath, error) {
 		if b-a < 1023 {
 			return NATFastPath{}, fmt.Errorf("natFastPath.snatPorts: %q: at least 1024 ports (each backend port takes one per masqueraded flow)", f.SNATPorts)
 		}
+		// What the program does not take conntrack masquerades to ports on one side of the range
+		// (the larger): keep 1,024 for it.
+		if a < 2048 && b > 64511 {
+			return NATFastPath{}, fmt.Errorf("natFastPath.snatPorts: %q: leave 1,024 ports above 1023 on one side for the flows conntrack masquerades (e.g. 61000-65535)", f.SNATPorts)
+		}
 		out.SNATPortMin, out.SNATPortMax = uint16(a), uint16(b)
 	}
 	return out, nil

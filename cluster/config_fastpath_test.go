@@ -103,6 +103,7 @@ func TestGatewayConfigNATFastPath(t *testing.T) {
 		{"natFastPath: {snatPorts: \"65000-61000\"}\n", "is not a port range"},
 		{"natFastPath: {snatPorts: \"61000-70000\"}\n", "is not a port range"},
 		{"natFastPath: {snatPorts: \"61000-61100\"}\n", "at least 1024 ports"},
+		{"natFastPath: {snatPorts: \"1500-65000\"}\n", "leave 1,024 ports above 1023 on one side"},
 		{"natFastPath: {enable: true}\n", "enable"},
 	} {
 		_, err := ParseGatewayConfig([]byte(base + bad.yaml))

@@ -24,6 +24,9 @@ func TestGatewayDecodeRoundTrip(t *testing.T) {
 		{"route", GatewayConfig{Forwarding: cluster.ForwardRoute}, nil},
 		{"nodePort source ranges", GatewayConfig{Forwarding: cluster.ForwardNodePort}, []string{"198.51.100.0/24", "192.0.2.128/25", "2001:db8:c::/48"}},
 		{"direct source ranges", GatewayConfig{Forwarding: cluster.ForwardDirect}, []string{"198.51.100.0/24", "2001:db8:c::/48"}},
+		// The NAT fast path masquerades at 40000-49999: conntrack's masquerade takes 1024-39999.
+		{"nodePort NAT fast path", GatewayConfig{Forwarding: cluster.ForwardNodePort, NATPath: &GatewayNATPath{Path: &natFake{},
+			Interfaces: func() ([]string, error) { return nil, nil }, SNATPortMin: 40000, SNATPortMax: 49999}}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, fd := testNetns(t)

@@ -529,8 +529,11 @@ func buildGatewayBase(cfg GatewayConfig, f cluster.Family, vips []netip.Addr, si
 			{Action: Action{Kind: ActGoto, Chain: ChainGatewayPickSH}},
 		}})
 	}
+	// Not to a port the NAT fast path masquerades to (kernelMasqPorts).
+	masq := Action{Kind: ActMasqClearMark, Value: mark}
+	masq.Port, masq.PortMax = kernelMasqPorts(cfg.NATPath)
 	chain(&Chain{Name: ChainMasquerading, Comment: "source NAT where the gateway must see the replies", Rules: []Rule{
-		{Matches: []Match{{Kind: MatchMarkAny, Value: mark}}, Action: Action{Kind: ActMasqClearMark, Value: mark}},
+		{Matches: []Match{{Kind: MatchMarkAny, Value: mark}}, Action: masq},
 	}})
 	p.Sets = []*Set{
 		{Name: SetGatewayVIPs, Kind: KindAddr, Comment: "LoadBalancer IPs this gateway forwards"},

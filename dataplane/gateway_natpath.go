@@ -32,6 +32,11 @@ type GatewayNATPath struct {
 	// snatAddresses and conntrackSync, conntrackd replicates masquerade state to the peer gateway,
 	// which the program's flow table is not.
 	NoSNAT bool
+	// SNATPortMin..SNATPortMax are the program's masquerade ports (0, 0: natpath's defaults). The
+	// family's table masquerades what the program does not take to other ports (kernelMasqPorts):
+	// conntrack does not know the program's ports, nor the program conntrack's, so a shared range
+	// would give one flow's replies to the other.
+	SNATPortMin, SNATPortMax uint16
 	// Interfaces lists the interfaces when Devices is empty, Index finds an interface's index (0:
 	// none), Ethernet says whether one is an Ethernet device (the program reads Ethernet frames:
 	// tunnels such as WireGuard are left out); nil: UpInterfaces and the current namespace's.
@@ -197,4 +202,28 @@ func natFlowStale(f natpath.Flow, stale []conntrack.StaleFlow) bool {
 		return true
 	}
 	return false
+}
+
+// kernelMasqPorts is the port range the family's table masquerades to when the NAT fast path
+// masquerades too (0, 0: no range, `masquerade fully-random`): the larger of 1024..min-1 and
+// max+1..65535 around the program's ports (cluster's natFastPath check leaves at least 1024).
+func kernelMasqPorts(n *GatewayNATPath) (lo, hi uint16) {
+	if n == nil || n.NoSNAT {
+		return 0, 0
+	}
+	pmin, pmax := n.SNATPortMin, n.SNATPortMax
+	if pmin == 0 && pmax == 0 {
+		pmin, pmax = natpath.DefaultSNATPortMin, natpath.DefaultSNATPortMax
+	}
+	below, above := 0, 0
+	if pmin > 1024 {
+		below = int(pmin) - 1024
+	}
+	if pmax < 65535 {
+		above = 65535 - int(pmax)
+	}
+	if below >= above {
+		return 1024, pmin - 1
+	}
+	return pmax + 1, 65535
 }

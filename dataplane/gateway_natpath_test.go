@@ -166,3 +166,38 @@ func TestGatewayNATPathDevices(t *testing.T) {
 		t.Errorf("attached %v, warnings %q; want eth1 (3) and two warnings (not Ethernet: wg0; missing: nope0)", fake.attached, rep.NATPathWarnings)
 	}
 }
+
+// The family's table masquerades what the NAT fast path does not take to ports the program never
+// uses (issue #27: neither knows the other's ports, so a shared one gives one flow's replies to the
+// other); without the program's masquerade (NoSNAT, no NAT fast path) it keeps the whole range.
+func TestGatewayNATPathMasqueradePorts(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		nat        *GatewayNATPath
+		wantLo, hi uint16
+	}{
+		{"default 61000-65535", &GatewayNATPath{Path: &natFake{}}, 1024, 60999},
+		{"40000-49999", &GatewayNATPath{Path: &natFake{}, SNATPortMin: 40000, SNATPortMax: 49999}, 1024, 39999},
+		{"2000-40000", &GatewayNATPath{Path: &natFake{}, SNATPortMin: 2000, SNATPortMax: 40000}, 40001, 65535},
+		{"NoSNAT", &GatewayNATPath{Path: &natFake{}, NoSNAT: true}, 0, 0},
+		{"no NAT fast path", nil, 0, 0},
+	} {
+		cfg := GatewayConfig{Forwarding: cluster.ForwardNodePort, Families: []cluster.Family{cluster.IPv4}, NATPath: c.nat}
+		var p *GatewayProxier
+		if c.nat != nil {
+			p = natGateway(cluster.ForwardNodePort, c.nat)
+		} else {
+			p = NewGatewayProxier(hclog.NewNullLogger(), cfg, &gwRecorder{})
+		}
+		if _, err := p.Sync(gwState(), Health{{gwNode1, 32001}: true}); err != nil {
+			t.Fatal(err)
+		}
+		ch := p.Flatten(cluster.IPv4).Chains[ChainMasquerading]
+		if ch == nil || len(ch.Rules) != 1 || ch.Rules[0].Action.Kind != ActMasqClearMark {
+			t.Fatalf("%s: masquerading chain %+v", c.name, ch)
+		}
+		if a := ch.Rules[0].Action; a.Port != c.wantLo || a.PortMax != c.hi {
+			t.Errorf("%s: conntrack masquerades to %d-%d, want %d-%d", c.name, a.Port, a.PortMax, c.wantLo, c.hi)
+		}
+	}
+}

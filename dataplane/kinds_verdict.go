@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"encoding/binary"
 	"fmt"
 	"slices"
 
@@ -109,17 +110,37 @@ func init() {
 		},
 		ActMasqClearMark: {
 			encode: func(e *encoder, a Action) ([]expr.Any, error) {
-				return []expr.Any{
+				xs := []expr.Any{
 					&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
 					&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: hostU32(0xffffffff), Xor: hostU32(a.Value)},
 					&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
-					&expr.Masq{FullyRandom: true},
-				}, nil
+				}
+				if a.Port == 0 {
+					return append(xs, &expr.Masq{FullyRandom: true}), nil
+				}
+				if a.PortMax < a.Port {
+					return nil, fmt.Errorf("masquerade ports %d-%d: not a range", a.Port, a.PortMax)
+				}
+				return append(xs,
+					&expr.Immediate{Register: reg1, Data: []byte{byte(a.Port >> 8), byte(a.Port)}},
+					&expr.Immediate{Register: reg2, Data: []byte{byte(a.PortMax >> 8), byte(a.PortMax)}},
+					&expr.Masq{ToPorts: true, FullyRandom: true, RegProtoMin: reg1, RegProtoMax: reg2}), nil
 			},
 			text: func(f *Flat, fam nftFamily, a Action) (string, error) {
-				return fmt.Sprintf("meta mark set meta mark ^ %#x masquerade fully-random", a.Value), nil
+				if a.Port == 0 {
+					return fmt.Sprintf("meta mark set meta mark ^ %#x masquerade fully-random", a.Value), nil
+				}
+				// nft refuses a port range without a transport protocol in its context; the gateway
+				// marks only VIP ports' flows, so the match never changes what the rule does.
+				return fmt.Sprintf("meta mark set meta mark ^ %#x meta l4proto { tcp, udp, sctp } masquerade to :%d-%d fully-random", a.Value, a.Port, a.PortMax), nil
 			},
-			hint:  markHint,
+			hint: func(h hints) Action {
+				a := markHint(h)
+				if len(h.imm) == 2 && len(h.imm[0]) == 2 && len(h.imm[1]) == 2 {
+					a.Port, a.PortMax = binary.BigEndian.Uint16(h.imm[0]), binary.BigEndian.Uint16(h.imm[1])
+				}
+				return a
+			},
 			trace: traceMasquerade,
 		},
 		ActMasquerade: {

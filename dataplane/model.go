@@ -101,7 +101,9 @@ const (
 	// ActMarkSet: `meta mark set meta mark | Value`.
 	ActMarkSet
 	// ActMasqClearMark: `meta mark set meta mark ^ Value masquerade fully-random` (the mark is cleared
-	// so it cannot leak to the next hop's decisions inside the host).
+	// so it cannot leak to the next hop's decisions inside the host). With Port set, the source port
+	// is taken from Port..PortMax: `... masquerade to :Port-PortMax fully-random` (a gateway whose
+	// NAT fast path owns the other ports, kernelMasqPorts; third_party/nftables sends its flags).
 	ActMasqClearMark
 	// ActMasquerade: `masquerade fully-random`.
 	ActMasquerade
@@ -136,6 +138,8 @@ type Action struct {
 	Value uint32
 	Addr  netip.Addr
 	Port  uint16
+	// PortMax ends the port range Port..PortMax of a ranged masquerade (ActMasqClearMark).
+	PortMax uint16
 	// Device, in a netdev table, is the interface a route action's packet leaves by (`fwd ... device
 	// Device`, gateway_netdev.go); empty elsewhere.
 	Device string

@@ -120,6 +120,8 @@ func TestRenderSpelling(t *testing.T) {
 		{f4, Rule{Matches: []Match{{Kind: MatchFibSaddrLocal}}, Action: Action{Kind: ActReject}}, "fib saddr type local reject"},
 		{f4, Rule{Matches: []Match{{Kind: MatchMarkAny, Value: 0x4000}}, Action: Action{Kind: ActMasqClearMark, Value: 0x4000}},
 			"meta mark & 0x4000 != 0 meta mark set meta mark ^ 0x4000 masquerade fully-random"},
+		{f4, Rule{Matches: []Match{{Kind: MatchMarkAny, Value: 0x4000}}, Action: Action{Kind: ActMasqClearMark, Value: 0x4000, Port: 1024, PortMax: 60999}},
+			"meta mark & 0x4000 != 0 meta mark set meta mark ^ 0x4000 meta l4proto { tcp, udp, sctp } masquerade to :1024-60999 fully-random"},
 		{f4, Rule{Action: Action{Kind: ActMarkSet, Value: 0x4000}}, "meta mark set meta mark | 0x4000"},
 		{f4, Rule{Matches: []Match{{Kind: MatchNumgenZero, Value: 3}}, Action: Action{Kind: ActGoto, Chain: ChainReject}}, "numgen random mod 3 == 0 goto reject-chain"},
 		{f4, Rule{Action: Action{Kind: ActVmapTuple, Map: MapServiceIPs}}, "ip daddr . meta l4proto . th dport vmap @service-ips"},

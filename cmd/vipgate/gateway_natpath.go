@@ -65,7 +65,7 @@ func startNATPath(cfg *cluster.GatewayConfig, flags speakerFlags, log hclog.Logg
 		noSNAT = true
 	}
 	log.Info("NAT fast path on", "devices", strings.Join(nf.Devices, ","), "masquerade", !noSNAT)
-	return &dataplane.GatewayNATPath{Path: p, Devices: nf.Devices, NoSNAT: noSNAT}, st, nil
+	return &dataplane.GatewayNATPath{Path: p, Devices: nf.Devices, NoSNAT: noSNAT, SNATPortMin: nf.SNATPortMin, SNATPortMax: nf.SNATPortMax}, st, nil
 }
 
 // detachLeftovers detaches a previous run's NAT fast path: left attached, it would go on

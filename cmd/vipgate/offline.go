@@ -92,6 +92,12 @@ func (o *offline) build(fam cluster.Family) (*offlineRuleset, error) {
 			if err := o.stateFastPathDevices(&c); err != nil {
 				return nil, err
 			}
+			// The NAT fast path as startNATPath gives it (a kernel that loads it, Linux 6.7 or later
+			// for its masquerade): conntrack's masquerade keeps out of its ports.
+			if nf := o.gateway.NATFastPath; nf.Enabled && (c.Forwarding == cluster.ForwardDirect || c.Forwarding == cluster.ForwardNodePort) {
+				c.NATPath = &dataplane.GatewayNATPath{SNATPortMin: nf.SNATPortMin, SNATPortMax: nf.SNATPortMax,
+					NoSNAT: len(o.gateway.SNATAddresses) > 0 || o.gateway.ConntrackSync.Enabled}
+			}
 			o.gwCfg, o.gwHealth = &c, dataplane.ExpectedHealth(c, o.state)
 		}
 		grs, err := dataplane.BuildGatewayRuleset(*o.gwCfg, fam, o.state, o.gwHealth)
