@@ -201,8 +201,12 @@ func (c *Cluster) startBIRD() error {
 	sb.WriteString("protocol kernel {\n  ipv4 { import none; export all; };\n  merge paths on;\n}\n")
 	sb.WriteString("protocol bfd {\n  interface \"*\" { min rx interval 100 ms; min tx interval 100 ms; multiplier 3; };\n}\n")
 	fmt.Fprintf(&sb, "template bgp nodes {\n  local %s as %d;\n  direct;\n  passive on;\n  hold time 9;\n  bfd on;\n  error wait time 1, 10;\n  ipv4 { import all; export none; };\n}\n", lab.RouterLANv4, RouterASN)
-	for _, n := range c.Lab.Nodes() {
+	for _, n := range c.kubeLabNodes() {
 		fmt.Fprintf(&sb, "protocol bgp %s from nodes {\n  neighbor %s as %d;\n}\n", n.Name, n.IPv4, NodeASN)
+	}
+	// The gateways (gateways.go) connect as AS GatewayASN.
+	for _, n := range c.gatewayLabNodes() {
+		fmt.Fprintf(&sb, "protocol bgp %s from nodes {\n  neighbor %s as %d;\n}\n", n.Name, n.IPv4, GatewayASN)
 	}
 	conf := filepath.Join(dir, "bird.conf")
 	if err := os.WriteFile(conf, []byte(sb.String()), 0o644); err != nil {

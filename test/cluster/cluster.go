@@ -59,6 +59,8 @@ type Spec struct {
 	KeepWorkDir bool
 	// Values is an extra values file for vipgate's chart (optional).
 	Values string
+	// Gateways are gateway hosts in front of the cluster (gateways.go; vipgate proxy only).
+	Gateways GatewaySpec
 	// Logf receives progress lines (default: discarded).
 	Logf func(string, ...any)
 }
@@ -81,6 +83,8 @@ type Cluster struct {
 	Nodes []*Node
 	// BIRD is the router's BGP daemon (nil with ProxyNone or ProxyKubeProxy).
 	BIRD *lab.Proc
+	// Gateways are the gateway hosts (Spec.Gateways), in order.
+	Gateways []*Gateway
 
 	pki    *apiserver.PKI
 	tokens map[string]string // user -> token
@@ -130,6 +134,12 @@ func Up(ctx context.Context, spec Spec) (*Cluster, error) {
 	for i := range nodes {
 		nodes[i] = lab.NodeSpec{Name: fmt.Sprintf("node%d", i+1)}
 	}
+	if spec.Gateways.Count > 0 && spec.Proxy != ProxyVipgate {
+		return nil, errors.New("testcluster: gateways need vipgate as the service proxy (its MetalLB objects)")
+	}
+	for i := range spec.Gateways.Count {
+		nodes = append(nodes, lab.NodeSpec{Name: fmt.Sprintf("gw%d", i+1)})
+	}
 	l, err := lab.New(lab.Spec{Nodes: nodes, IPv4Only: true, NoServers: true, WorkDir: spec.WorkDir}, spec.Logf)
 	if err != nil {
 		return nil, fmt.Errorf("testcluster: lab: %w", err)
@@ -157,6 +167,9 @@ func (c *Cluster) up(ctx context.Context) error {
 		return err
 	}
 	if err := c.waitSystemReady(ctx); err != nil {
+		return err
+	}
+	if err := c.startGateways(ctx); err != nil {
 		return err
 	}
 	c.logf("cluster ready: %d nodes, proxy %s (%.1f s)", len(c.Nodes), c.Spec.Proxy, time.Since(start).Seconds())

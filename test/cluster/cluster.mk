@@ -29,7 +29,7 @@ CLUSTER_APT := containerd runc containernetworking-plugins busybox-static curl g
 # has no LoadBalancer IPs). `make test` runs a subset, testcluster.CIFocus.
 CONFORMANCE_FOCUS ?= \[sig-network\] (Services|LoadBalancers)
 
-.PHONY: k8s k8s-images cluster-deps cluster cluster-down conformance
+.PHONY: k8s k8s-images cluster-deps cluster cluster-down conformance test-cluster-gateways
 
 # k8s builds every Kubernetes binary the cluster and the tests use, in one go build (about 4 minutes
 # on a cold cache, 2 more for e2e.test). Each is rebuilt only when missing.
@@ -88,9 +88,12 @@ cluster-apt:
 cluster-deps: deps cluster-apt k8s $(BIN)/coredns $(BIN)/helmrender $(BIN)/vgcluster image $(K8S_IMAGES)
 
 # cluster: a real cluster (2 nodes, vipgate from its chart as the only service proxy, BIRD as the
-# router) left running in the background; `make cluster-down` removes it.
+# router) left running in the background; `make cluster-down` removes it. GATEWAYS=2 puts two gateway
+# hosts in front (test/cluster/gateways.go; GATEWAY_FORWARDING=nodePort|direct|route), vipgate
+# installed from bin/vipgate_*_<arch>.deb (`make deb`) when there is one.
 cluster: cluster-deps
-	$(BIN)/vgcluster up --nodes $(or $(NODES),2) --proxy $(or $(PROXY),vipgate) $(VGCLUSTER_BIN)
+	$(BIN)/vgcluster up --nodes $(or $(NODES),2) --proxy $(or $(PROXY),vipgate) $(VGCLUSTER_BIN) \
+		--gateways $(or $(GATEWAYS),0) --gateway-forwarding $(or $(GATEWAY_FORWARDING),nodePort)
 
 cluster-down: $(BIN)/vgcluster
 	$(BIN)/vgcluster down
@@ -100,3 +103,7 @@ cluster-down: $(BIN)/vgcluster
 # docs/conformance.md.
 conformance: cluster-deps $(K8S_BIN)/e2e.test
 	$(GO) run ./test/cluster/vgcluster conformance --focus '$(CONFORMANCE_FOCUS)' --out $(CONFORMANCE_OUT) $(VGCLUSTER_BIN)
+
+# test-cluster-gateways: TestGatewaysInFront in every forwarding mode (make test runs route only).
+test-cluster-gateways: cluster-deps
+	$(TEST_ENV) VIPGATE_CLUSTER_TESTS=1 VIPGATE_GATEWAY_MODES=route,nodePort,direct $(GO) test -count=1 -timeout 40m -v -run TestGatewaysInFront ./test/cluster/

@@ -53,6 +53,13 @@ func binDir(t *testing.T) string {
 // ownCluster builds a cluster of its own for a test that breaks it, closed when the test ends.
 func ownCluster(t *testing.T, nodes int) *Cluster {
 	t.Helper()
+	return ownClusterSpec(t, Spec{Nodes: nodes})
+}
+
+// ownClusterSpec is ownCluster of a given Spec (Logf and BinDir filled in).
+func ownClusterSpec(t *testing.T, spec Spec) *Cluster {
+	t.Helper()
+	nodes := spec.Nodes
 	if os.Getenv(EnvClusterTests) == "" {
 		t.Skipf("set %s=1 to build a real cluster (make test does)", EnvClusterTests)
 	}
@@ -64,7 +71,8 @@ func ownCluster(t *testing.T, nodes int) *Cluster {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	start := time.Now()
-	c, err := Up(ctx, Spec{Nodes: nodes, Logf: logf, BinDir: os.Getenv(EnvBinDir)})
+	spec.Logf, spec.BinDir = logf, os.Getenv(EnvBinDir)
+	c, err := Up(ctx, spec)
 	if err != nil {
 		t.Fatalf("cluster: %v", err)
 	}
@@ -255,6 +263,7 @@ type probeRec struct {
 	src  netip.Addr
 	sent time.Time
 	pod  string // "" when it failed
+	seen string // the client address the pod saw
 	err  string
 }
 
@@ -318,6 +327,8 @@ func probeOnceFrom(ns string, src netip.Addr, target string) probeRec {
 	for _, f := range strings.Fields(line) {
 		if k, v, ok := strings.Cut(f, "="); ok && k == "name" {
 			r.pod = v
+		} else if ok && k == "src" {
+			r.seen = v
 		}
 	}
 	if r.pod == "" {

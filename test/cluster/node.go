@@ -39,14 +39,14 @@ func (c *Cluster) startNodes(ctx context.Context) error {
 	// that node, as a bare-metal network that learns pod CIDRs would have. The router learns none,
 	// so outside clients still reach pods only through what vipgate publishes.
 	var routes []string
-	for _, ln := range c.Lab.Nodes() {
+	for _, ln := range c.kubeLabNodes() {
 		routes = append(routes, fmt.Sprintf("route add %s via %s", ln.PodCIDRv4, ln.IPv4))
 	}
 	if err := lab.IPBatch(c.CPNS, routes); err != nil {
 		return err
 	}
 	tars := imageTarballs(c.Spec)
-	for _, ln := range c.Lab.Nodes() {
+	for _, ln := range c.kubeLabNodes() {
 		n := &Node{Name: ln.Name, Lab: ln, Dir: filepath.Join(c.Dir, ln.Name), CgroupRoot: "/" + c.Lab.Prefix() + ln.Name}
 		c.Nodes = append(c.Nodes, n)
 		if err := makeCgroupRoot(n.CgroupRoot); err != nil {

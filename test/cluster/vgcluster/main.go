@@ -1,7 +1,7 @@
 // Command vgcluster runs the real Kubernetes cluster of package testcluster (`make cluster`,
 // `make cluster-down`).
 //
-//	vgcluster up [--dir DIR] [--nodes 2] [--proxy vipgate|kube-proxy|none] [--foreground]
+//	vgcluster up [--dir DIR] [--nodes 2] [--proxy vipgate|kube-proxy|none] [--gateways N [--gateway-forwarding MODE]] [--foreground]
 //	vgcluster down [--dir DIR]
 //	vgcluster kubectl [--dir DIR] -- ARGS...   (kubectl inside the control plane's namespace)
 //	vgcluster exec [--dir DIR] ROLE -- CMD...  (a command in a lab namespace: client, router, node1, ...)
@@ -85,6 +85,8 @@ func up(args []string) error {
 	bin := fs.String("bin", "", "directory of the binaries and images (default: the module's bin/)")
 	values := fs.String("values", "", "extra values file for vipgate's chart")
 	foreground := fs.Bool("foreground", false, "run the supervisor in this process")
+	gateways := fs.Int("gateways", 0, "gateway hosts gw1..gwN in front of the cluster (vipgate gateway from bin/vipgate_*.deb)")
+	gwForwarding := fs.String("gateway-forwarding", "nodePort", "the gateways' forwarding: nodePort, direct or route")
 	_ = fs.Parse(args)
 	abs, err := filepath.Abs(*dir)
 	if err != nil {
@@ -112,7 +114,7 @@ func up(args []string) error {
 	defer cancel()
 	c, err := testcluster.Up(ctx, testcluster.Spec{
 		Nodes: *nodes, Proxy: *proxy, BinDir: *bin, WorkDir: filepath.Join(*dir, "work"),
-		Values: *values, Logf: logf,
+		Values: *values, Logf: logf, Gateways: testcluster.GatewaySpec{Count: *gateways, Forwarding: *gwForwarding},
 	})
 	if err != nil {
 		_ = os.WriteFile(filepath.Join(*dir, "failed"), []byte(err.Error()+"\n"), 0o644)
@@ -126,6 +128,9 @@ func up(args []string) error {
 	}
 	for _, n := range c.Nodes {
 		st.Namespaces[n.Name] = n.Lab.NS
+	}
+	for _, g := range c.Gateways {
+		st.Namespaces[g.Name] = g.Lab.NS
 	}
 	b, _ := json.MarshalIndent(st, "", "  ")
 	if err := os.WriteFile(filepath.Join(*dir, "state.json"), b, 0o644); err != nil {
