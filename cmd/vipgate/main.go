@@ -24,6 +24,7 @@ Usage:
                                                                         print the nftables ruleset (nft -f syntax)
   vipgate controller --kubeconfig FILE                                 allocate LoadBalancer IPs from MetalLB pools (a Deployment)
   vipgate gateway --config FILE (--manifests DIR | --kubeconfig FILE)   run on a gateway in front of the cluster: forward LoadBalancer IPs
+  vipgate gateway kubeconfig --server URL [--kubeconfig ADMIN]          print a kubeconfig for a gateway VM (ServiceAccount vipgate-gateway)
   vipgate explain --from SRC --to DST:PORT[/PROTO] [--host]             trace one packet through the live (or rendered) ruleset
   vipgate status  [--admin 127.0.0.1:10249]                             show what vipgate node is doing
   vipgate version                                                       print the version
@@ -43,6 +44,10 @@ func main() {
 	case "controller":
 		err = runController(os.Args[2:])
 	case "gateway":
+		if len(os.Args) > 2 && os.Args[2] == "kubeconfig" { // gateway_kubeconfig.go
+			err = runGatewayKubeconfig(os.Args[3:])
+			break
+		}
 		err = runGateway(os.Args[2:])
 	case "render":
 		err = runRender(os.Args[2:])

@@ -50,11 +50,16 @@ import (
 	"github.com/vipgate/vipgate/test/lab"
 )
 
-// The two in-cluster components and the ServiceAccount-name suffixes that identify them (the plain
-// manifests use vipgate-node and vipgate-controller, the chart <fullname>-node and -controller).
+// The two in-cluster components, and the gateway (outside the cluster, with a kubeconfig of its
+// ServiceAccount), and the ServiceAccount-name suffixes that identify them (the plain manifests use
+// vipgate-node, vipgate-controller and vipgate-gateway, the chart <fullname>-node, -controller and
+// -gateway). componentAdmin is code that runs with an administrator's kubeconfig (`vipgate gateway
+// kubeconfig`): no RBAC of vipgate's grants it, so it is only checked to be understood.
 const (
 	componentNode       = "node"
 	componentController = "controller"
+	componentGateway    = "gateway"
+	componentAdmin      = "admin"
 )
 
 // deployNamespace is where the plain manifests install vipgate.
@@ -112,7 +117,7 @@ var verbOfMethod = map[string][2]string{
 	"Get": {"get", ""}, "List": {"list", ""}, "Watch": {"watch", ""}, "Create": {"create", ""},
 	"Update": {"update", ""}, "Patch": {"patch", ""}, "Apply": {"patch", ""}, "Delete": {"delete", ""},
 	"DeleteCollection": {"deletecollection", ""}, "UpdateStatus": {"update", "status"},
-	"ApplyStatus": {"patch", "status"},
+	"ApplyStatus": {"patch", "status"}, "CreateToken": {"create", "token"},
 }
 
 // deployAPIPatterns are the shapes of API use vipgate's code has. Each line of Go source that
@@ -231,6 +236,9 @@ var deployUnits = []struct {
 		var cs []string
 		if strings.Contains(src["cmd/vipgate/source.go"], "cluster.NewKubeSource(") {
 			cs = append(cs, componentNode)
+			if gatewayUsesSource(src) {
+				cs = append(cs, componentGateway)
+			}
 		}
 		if strings.Contains(src["cluster/lbcontroller.go"], "NewKubeSource(") {
 			cs = append(cs, componentController)
@@ -261,11 +269,22 @@ var deployUnits = []struct {
 	}},
 	// The BGP password Secrets: only the node agent asks the source for them (cmd/vipgate/source.go).
 	{regexp.MustCompile(`^cluster/bgpsecrets\.go$`), func(src map[string]string) []string {
-		if strings.Contains(src["cmd/vipgate/source.go"], ".WatchBGPSecrets(") {
-			return []string{componentNode}
+		if !strings.Contains(src["cmd/vipgate/source.go"], ".WatchBGPSecrets(") {
+			return nil
 		}
-		return nil
+		if gatewayUsesSource(src) {
+			return []string{componentNode, componentGateway}
+		}
+		return []string{componentNode}
 	}},
+	// `vipgate gateway kubeconfig` asks for the gateway's token with the administrator's kubeconfig.
+	{regexp.MustCompile(`^cluster/gatewaykubeconfig\.go$`), func(map[string]string) []string { return []string{componentAdmin} }},
+}
+
+// gatewayUsesSource says whether `vipgate gateway` builds its Kubernetes source with the node's
+// newSource (cmd/vipgate/source.go: the Kubernetes source, BGP Secrets with POD_NAMESPACE).
+func gatewayUsesSource(src map[string]string) bool {
+	return strings.Contains(src["cmd/vipgate/gateway.go"], "newSource(")
 }
 
 // mlbstatusUsers lists the components that start a cluster/mlbstatus writer, among node and controller.
@@ -273,6 +292,11 @@ func mlbstatusUsers(src map[string]string, node, controller bool) []string {
 	var cs []string
 	if node && strings.Contains(src["cmd/vipgate/speaker.go"], "mlbstatus.New(") {
 		cs = append(cs, componentNode)
+		// The gateway runs the node's speaker (newSpeakerWith) and hands it its source: the
+		// status writer starts there too, with POD_NAMESPACE set.
+		if strings.Contains(src["cmd/vipgate/gateway.go"], ".setEventer(") {
+			cs = append(cs, componentGateway)
+		}
 	}
 	if controller && strings.Contains(src["cluster/lbcontroller.go"], "mlbstatus.New(") {
 		cs = append(cs, componentController)
@@ -308,7 +332,7 @@ func codeAPIAccess(root, leaseName string) (need map[string]map[apiAccess][]stri
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading the source: %w", err)
 	}
-	need = map[string]map[apiAccess][]string{componentNode: {}, componentController: {}}
+	need = map[string]map[apiAccess][]string{componentNode: {}, componentController: {}, componentGateway: {}, componentAdmin: {}}
 	files := make([]string, 0, len(src))
 	for f := range src {
 		files = append(files, f)
@@ -456,7 +480,7 @@ func grantedAccess(t *testing.T, objs []deployObject) map[string]map[apiAccess]b
 			roles[r.Namespace+"/"+r.Name] = r
 		}
 	}
-	out := map[string]map[apiAccess]bool{componentNode: {}, componentController: {}}
+	out := map[string]map[apiAccess]bool{componentNode: {}, componentController: {}, componentGateway: {}}
 	grant := func(subjects []rbacv1.Subject, rules []rbacv1.PolicyRule, namespaced bool, where string) {
 		for _, s := range subjects {
 			var comp string
@@ -465,6 +489,8 @@ func grantedAccess(t *testing.T, objs []deployObject) map[string]map[apiAccess]b
 				comp = componentNode
 			case s.Kind == "ServiceAccount" && strings.HasSuffix(s.Name, "-"+componentController):
 				comp = componentController
+			case s.Kind == "ServiceAccount" && strings.HasSuffix(s.Name, "-"+componentGateway):
+				comp = componentGateway
 			default:
 				t.Errorf("%s: subject %s %s is not a vipgate component", where, s.Kind, s.Name)
 				continue
@@ -548,7 +574,14 @@ func checkRBAC(t *testing.T, objs []deployObject) {
 		t.Error(p)
 	}
 	granted := grantedAccess(t, objs)
-	for _, comp := range []string{componentNode, componentController} {
+	comps := []string{componentNode, componentController}
+	// The gateway's RBAC is optional (the chart's gateway.rbac.create): checked where it is.
+	if slices.ContainsFunc(objs, func(o deployObject) bool {
+		return o.Kind == "ServiceAccount" && strings.HasSuffix(o.Metadata.Name, "-"+componentGateway)
+	}) {
+		comps = append(comps, componentGateway)
+	}
+	for _, comp := range comps {
 		if len(need[comp]) == 0 {
 			t.Errorf("%s: the scan found no API use at all; deployUnits or deployAPIPatterns are out of date", comp)
 		}
@@ -601,6 +634,24 @@ func TestDeployRBACMatchesCode(t *testing.T) {
 		objs := readObjects(t, renderChart(t, deployVariants["custom"])) // bgp.passwordSecrets: [tor, tor-bfd]
 		checkRBAC(t, objs)
 		checkSecretNames(t, objs, []string{"tor", "tor-bfd"})
+	})
+	// The gateways' RBAC: the same check, and their Secrets Role grants exactly the listed names.
+	t.Run("chart-gateway", func(t *testing.T) {
+		objs := readObjects(t, renderChart(t, deployVariants["gateway"])) // gateway.rbac.passwordSecrets: [tor-gw]
+		checkRBAC(t, objs)
+		var names []string
+		for _, o := range objs {
+			if o.Kind == "Role" && o.Metadata.Name == "vipgate-gateway-bgp-secrets" {
+				var r rbacv1.Role
+				o.decodeInto(t, &r)
+				for _, rule := range r.Rules {
+					names = append(names, rule.ResourceNames...)
+				}
+			}
+		}
+		if !slices.Equal(names, []string{"tor-gw"}) {
+			t.Errorf("the gateway's Secrets Role grants %q, want [tor-gw]", names)
+		}
 	})
 	t.Run("manifests-no-secrets", func(t *testing.T) { checkSecretNames(t, manifestObjects(t), nil) })
 	t.Run("chart-no-secrets", func(t *testing.T) { checkSecretNames(t, readObjects(t, renderChart(t, "")), nil) })
@@ -724,6 +775,10 @@ func moduleRoot(t *testing.T) string {
 // deployVariants are the chart value sets the tests render besides the defaults.
 var deployVariants = map[string]string{
 	"no-controller": "controller:\n  enabled: false\n",
+	// The gateways' ServiceAccount and RBAC (off by default), with a BGP password Secret.
+	"gateway": "gateway:\n  rbac:\n    create: true\n    passwordSecrets: [tor-gw]\n",
+	// As the plain manifests (12-rbac-gateway.yaml): the gateways' RBAC without Secrets.
+	"gateway-manifests": "gateway:\n  rbac:\n    create: true\n",
 	"custom": `fullnameOverride: vg
 rbac:
   create: true
@@ -899,11 +954,16 @@ func TestDeployFlags(t *testing.T) {
 }
 
 // TestDeployChartMatchesManifests: with default values the chart renders the objects of
-// deploy/manifests (less the Namespace, which Helm creates with --create-namespace), with the same
-// RBAC rules and the same privileges.
+// deploy/manifests (less the Namespace, which Helm creates with --create-namespace, and the
+// gateways' RBAC, which gateway.rbac.create adds), with the same RBAC rules and the same privileges.
 func TestDeployChartMatchesManifests(t *testing.T) {
 	man := manifestObjects(t)
-	chart := readObjects(t, renderChart(t, ""))
+	chart := readObjects(t, renderChart(t, deployVariants["gateway-manifests"]))
+	for _, o := range readObjects(t, renderChart(t, "")) {
+		if strings.Contains(o.Metadata.Name, "-"+componentGateway) {
+			t.Errorf("the chart renders %s by default; the gateways' RBAC is gateway.rbac.create's", o.key())
+		}
+	}
 	keys := func(objs []deployObject) []string {
 		var ks []string
 		for _, o := range objs {
@@ -1070,7 +1130,7 @@ func TestDeployDryRun(t *testing.T) {
 	t.Run("manifests", func(t *testing.T) {
 		dryRun(t, filepath.Join(root, "deploy/manifests"), len(manifestObjects(t)))
 	})
-	for _, name := range []string{"default", "no-controller", "custom"} {
+	for _, name := range []string{"default", "no-controller", "custom", "gateway"} {
 		t.Run("chart-"+name, func(t *testing.T) {
 			out := renderChart(t, deployVariants[name])
 			path := filepath.Join(t.TempDir(), "chart.yaml")

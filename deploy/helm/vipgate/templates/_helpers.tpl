@@ -27,6 +27,10 @@ contain the chart name.
 {{- define "vipgate.controllerName" -}}
 {{- printf "%s-controller" (include "vipgate.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
+{{/* The gateways' ServiceAccount (gateway.rbac.create). */}}
+{{- define "vipgate.gatewayName" -}}
+{{- printf "%s-gateway" (include "vipgate.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 
 {{/* Labels that select a component's pods; pass (dict "ctx" $ "component" "node"). */}}
 {{- define "vipgate.selectorLabels" -}}
