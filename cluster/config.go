@@ -1108,7 +1108,7 @@ type routeFastPathFile struct {
 }
 
 // DefaultRouteFastPath says whether forwarding: route uses the netdev fast path when the file does
-// not say: it does (docs/gateway.md, "Per-packet cost"); `routeFastPath: {enabled: false}` keeps
+// not say: it does (docs/gateway-results.md, "Per-packet cost"); `routeFastPath: {enabled: false}` keeps
 // the dup shape only.
 const DefaultRouteFastPath = true
 

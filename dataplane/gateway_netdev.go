@@ -28,7 +28,7 @@ import (
 // (pskb_copy) and looks up an output route for every packet; fwd hands the packet itself to the
 // neighbour layer of the node's device (nf_fwd_netdev: neigh_xmit), before the IP stack sees it.
 // Measured on 64-byte UDP, the dup shape costs ~1 µs a packet more than plain forwarding and the fwd
-// shape ~0.3 µs (docs/gateway.md, "Per-packet cost").
+// shape ~0.3 µs (docs/gateway-results.md, "Per-packet cost").
 //
 // What the IP stack did and fwd does not: no ICMP errors (time exceeded, fragmentation needed) and
 // no check of the TTL, which fwd decrements (nft_fwd_neigh_eval) but forwards even at 0; no IP input

@@ -13,7 +13,7 @@ import (
 // every gateway: without an explicit seed the kernel draws a random one per nftables rule, and two
 // gateways would hash the same flow to different slots. This one is public: anyone can compute
 // which slot, backend and masquerade port a flow of theirs gets, and pick their source ports to
-// land on someone else's (docs/gateway.md, "NAT fast path").
+// land on someone else's (docs/gateway.md, "Several gateways").
 const DefaultHashSeed uint32 = 0x76697067 // "vipg"
 
 // hashSeedLabel is the HKDF info of DeriveHashSeed: a seed derived from a key never equals
