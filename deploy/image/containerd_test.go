@@ -146,3 +146,46 @@ func TestContainerdImport(t *testing.T) {
 		}
 	}
 }
+
+// TestContainerdImportIndex: containerd imports the multi-platform archive (vipgate-index) with
+// every platform's content, under the name from index.json and the index's digest, and unpacks the
+// host's image.
+func TestContainerdImportIndex(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts containerd")
+	}
+	sock := privateContainerd(t)
+	r, file := buildIndex(t, fakeBinary(t, "amd64 binary"), fakeBinary(t, "arm64 binary"))
+	ctr := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command("ctr", append([]string{"--address", sock, "-n", "k8s.io"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ctr %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	ctr("images", "import", "--all-platforms", file)
+	list := ctr("images", "ls")
+	var found bool
+	for _, line := range strings.Split(list, "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 5 && f[0] == "ghcr.io/vipgate/vipgate:0.2.0" {
+			found = true
+			if f[1] != "application/vnd.oci.image.index.v1+json" || f[2] != r.Digest.String() {
+				t.Errorf("imported %s %s, built an image index %s", f[1], f[2], r.Digest)
+			}
+			if !strings.Contains(line, "linux/amd64") || !strings.Contains(line, "linux/arm64") {
+				t.Errorf("imported platforms: %s; want linux/amd64 and linux/arm64", line)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("ctr images ls does not list ghcr.io/vipgate/vipgate:0.2.0:\n%s", list)
+	}
+	check := ctr("images", "check")
+	for _, line := range strings.Split(check, "\n") {
+		if strings.HasPrefix(line, "ghcr.io/vipgate/vipgate:0.2.0 ") && !strings.Contains(line, "complete (") {
+			t.Errorf("ctr images check: not complete:\n%s", check)
+		}
+	}
+}

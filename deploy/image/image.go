@@ -134,88 +134,99 @@ func Build(spec Spec, opts Options, out string) (Result, error) {
 // annotated with the full name (containerd) and the tag (OCI ref.name). It returns the manifest
 // digest.
 func WriteArchive(w io.Writer, img v1.Image, ref name.Tag, opts Options) (v1.Hash, error) {
-	manifest, err := img.RawManifest()
+	blobs := map[v1.Hash][]byte{}
+	desc, err := imageBlobs(img, blobs)
 	if err != nil {
 		return v1.Hash{}, err
+	}
+	desc.Platform = &v1.Platform{OS: "linux", Architecture: opts.Platform.Arch, Variant: opts.Platform.Variant}
+	desc.Annotations = map[string]string{
+		annotationContainerdName: ref.String(),
+		annotationRefName:        ref.TagStr(),
+	}
+	return desc.Digest, writeLayout(w, desc, blobs, opts.Created)
+}
+
+// imageBlobs adds img's manifest, config and layers to blobs and returns the manifest's descriptor.
+func imageBlobs(img v1.Image, blobs map[v1.Hash][]byte) (v1.Descriptor, error) {
+	manifest, err := img.RawManifest()
+	if err != nil {
+		return v1.Descriptor{}, err
 	}
 	digest, err := img.Digest()
 	if err != nil {
-		return v1.Hash{}, err
+		return v1.Descriptor{}, err
 	}
 	mt, err := img.MediaType()
 	if err != nil {
-		return v1.Hash{}, err
+		return v1.Descriptor{}, err
 	}
-	blobs := map[v1.Hash][]byte{digest: manifest}
+	blobs[digest] = manifest
 	cfgName, err := img.ConfigName()
 	if err != nil {
-		return v1.Hash{}, err
+		return v1.Descriptor{}, err
 	}
 	if blobs[cfgName], err = img.RawConfigFile(); err != nil {
-		return v1.Hash{}, err
+		return v1.Descriptor{}, err
 	}
 	layers, err := img.Layers()
 	if err != nil {
-		return v1.Hash{}, err
+		return v1.Descriptor{}, err
 	}
 	for _, l := range layers {
 		d, err := l.Digest()
 		if err != nil {
-			return v1.Hash{}, err
+			return v1.Descriptor{}, err
 		}
 		rc, err := l.Compressed()
 		if err != nil {
-			return v1.Hash{}, err
+			return v1.Descriptor{}, err
 		}
 		b, err := io.ReadAll(rc)
 		rc.Close()
 		if err != nil {
-			return v1.Hash{}, err
+			return v1.Descriptor{}, err
 		}
 		blobs[d] = b
 	}
+	return v1.Descriptor{MediaType: mt, Size: int64(len(manifest)), Digest: digest}, nil
+}
 
+// writeLayout writes the layout's files in a tar stream: index.json with the one descriptor top
+// (an image manifest or an image index, annotated with its name), then every blob in digest order.
+func writeLayout(w io.Writer, top v1.Descriptor, blobs map[v1.Hash][]byte, created time.Time) error {
 	index := v1.IndexManifest{
 		SchemaVersion: 2,
 		MediaType:     types.OCIImageIndex,
-		Manifests: []v1.Descriptor{{
-			MediaType: mt,
-			Size:      int64(len(manifest)),
-			Digest:    digest,
-			Platform:  &v1.Platform{OS: "linux", Architecture: opts.Platform.Arch, Variant: opts.Platform.Variant},
-			Annotations: map[string]string{
-				annotationContainerdName: ref.String(),
-				annotationRefName:        ref.TagStr(),
-			},
-		}},
+		Manifests:     []v1.Descriptor{top},
 	}
 	indexJSON, err := json.Marshal(index)
 	if err != nil {
-		return v1.Hash{}, err
+		return err
 	}
 
 	tw := tar.NewWriter(w)
 	file := func(name string, b []byte) error {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(b)), ModTime: opts.Created}); err != nil {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(b)), ModTime: created}); err != nil {
 			return err
 		}
 		_, err := tw.Write(b)
 		return err
 	}
 	dir := func(name string) error {
-		return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755, ModTime: opts.Created})
+		return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755, ModTime: created})
 	}
 	if err := file("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)); err != nil {
-		return v1.Hash{}, err
+		return err
 	}
 	if err := file("index.json", indexJSON); err != nil {
-		return v1.Hash{}, err
+		return err
 	}
 	if err := dir("blobs/"); err != nil {
-		return v1.Hash{}, err
+		return err
 	}
 	if err := dir("blobs/sha256/"); err != nil {
-		return v1.Hash{}, err
+		return err
 	}
 	hashes := make([]v1.Hash, 0, len(blobs))
 	for h := range blobs {
@@ -224,10 +235,10 @@ func WriteArchive(w io.Writer, img v1.Image, ref name.Tag, opts Options) (v1.Has
 	slices.SortFunc(hashes, func(a, b v1.Hash) int { return strings.Compare(a.String(), b.String()) })
 	for _, h := range hashes {
 		if err := file("blobs/"+h.Algorithm+"/"+h.Hex, blobs[h]); err != nil {
-			return v1.Hash{}, err
+			return err
 		}
 	}
-	return digest, tw.Close()
+	return tw.Close()
 }
 
 // createdTime is SOURCE_DATE_EPOCH when set, else the Unix epoch.

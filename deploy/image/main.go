@@ -5,6 +5,8 @@
 // and gzip writes no name or time.
 //
 //	image vipgate --binary bin/vipgate --version 0.2.0 --out bin/vipgate-image.tar
+//	image vipgate-index --binary amd64=bin/vipgate-linux-amd64 --binary arm64=bin/vipgate-linux-arm64 \
+//	    --version 0.2.0 --out bin/vipgate-image-multiarch.tar
 //	image test-images --bin bin --out bin/images
 //	image build --name registry.example/x:1 --entrypoint /x --file bin/x:/x:0755 \
 //	    [--cmd arg]... [--user 65532] [--env K=V]... [--label K=V]... [--dir /tmp:1777]... \
@@ -36,6 +38,7 @@ func main() {
 
 const usage = `usage:
   image vipgate --binary FILE --version VERSION --out FILE.tar [--name REPOSITORY]
+  image vipgate-index --binary ARCH=FILE... --version VERSION --out FILE.tar [--name REPOSITORY]
   image test-images --bin DIR --out DIR [--only NAME]...
   image build --name REF --out FILE.tar [--entrypoint ARG]... [--cmd ARG]... [--user U] [--env K=V]...
               [--label K=V]... [--workdir DIR] [--file SRC:DST[:MODE]]... [--dir DST[:MODE]]...
@@ -77,6 +80,42 @@ func run(args []string, stdout io.Writer) error {
 		spec := VipgateSpec(*binary, strings.TrimSpace(*version))
 		spec.Name = *repo + ":" + strings.TrimSpace(*version)
 		r, err := Build(spec, o, *out)
+		if err != nil {
+			return err
+		}
+		report(r, *out)
+		return nil
+
+	case "vipgate-index":
+		// One multi-platform image (an OCI image index) from one binary per architecture.
+		var binaries list
+		fs.Var(&binaries, "binary", "ARCH=FILE: the static vipgate binary for GOARCH ARCH (repeatable)")
+		version := fs.String("version", "", "image tag and org.opencontainers.image.version (the VERSION file)")
+		repo := fs.String("name", Repository, "image repository")
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		if len(binaries) == 0 || *version == "" || *out == "" {
+			return fmt.Errorf("vipgate-index: --binary ARCH=FILE (one per architecture), --version and --out are required")
+		}
+		o, err := opts()
+		if err != nil {
+			return err
+		}
+		v := strings.TrimSpace(*version)
+		var images []PlatformImage
+		for _, b := range binaries {
+			arch, file, ok := strings.Cut(b, "=")
+			if !ok || arch == "" || file == "" {
+				return fmt.Errorf("vipgate-index: --binary %q: want ARCH=FILE, e.g. arm64=bin/vipgate-linux-arm64", b)
+			}
+			p := Platform{Arch: arch}
+			if arch == "arm64" {
+				p.Variant = "v8" // what registries and containerd record for arm64
+			}
+			images = append(images, PlatformImage{Spec: VipgateSpec(file, v), Platform: p})
+		}
+		r, err := BuildIndex(*repo+":"+v, images, o.Created, *out)
 		if err != nil {
 			return err
 		}
