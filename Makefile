@@ -30,7 +30,9 @@ deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-# test: everything CI runs. Unit tests need no root; the netns end-to-end tests need root.
+# test: everything CI runs. Unit tests need no root; the netns end-to-end tests need root. The
+# gateway package is tested (test-deb) and built for this machine before test-cluster, whose
+# gateway hosts install it.
 TEST_ENV := VIPGATE_BIN=$(CURDIR)/$(BIN)/vipgate VIPGATE_LABSERVER=$(CURDIR)/$(BIN)/labserver \
 	VIPGATE_KUBE_APISERVER=$(CURDIR)/$(BIN)/kube-apiserver
 
@@ -38,6 +40,8 @@ test: deps build apiserver cluster-deps
 	$(GO) vet ./...
 	$(TEST_ENV) $(GO) test -count=1 -timeout 25m ./...
 	$(MAKE) fuzz
+	$(MAKE) test-deb
+	$(MAKE) deb DEB_ARCH=$(IMAGE_ARCH)
 	$(MAKE) test-cluster
 
 # test-cluster: the tests that build a real cluster (test/cluster): a LoadBalancer reached from
@@ -48,14 +52,14 @@ test-cluster: cluster-deps
 unit:
 	$(GO) test -count=1 -short ./...
 
-# bpf rebuilds the gateway's NAT fast path program (dataplane/natpath/bpf/natpath.c) into the object
+# bpf rebuilds the gateway's NAT fast path program (gateway/natpath/bpf/natpath.c) into the object
 # the Go package embeds, which is committed (a build needs no clang); TestObjectUpToDate checks that
 # the committed object is this build's, byte for byte, where clang is installed (make test installs it).
 BPF_CLANG ?= clang-14
 BPF_STRIP ?= llvm-strip-14
-BPF_OUT ?= $(CURDIR)/dataplane/natpath/natpath_bpfel.o
+BPF_OUT ?= $(CURDIR)/gateway/natpath/natpath_bpfel.o
 bpf:
-	cd dataplane/natpath/bpf && $(BPF_CLANG) $(BPF_CFLAGS) -c natpath.c -o $(BPF_OUT)
+	cd gateway/natpath/bpf && $(BPF_CLANG) $(BPF_CFLAGS) -c natpath.c -o $(BPF_OUT)
 	$(BPF_STRIP) -g $(BPF_OUT)
 BPF_CFLAGS = -O2 -g -target bpf -Wall -Werror -I/usr/include/$(shell gcc -dumpmachine) -fdebug-prefix-map=$(CURDIR)=.
 
@@ -66,9 +70,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzFileDocument$$' -fuzztime $(FUZZ_FILE) ./cluster/
 	$(GO) test -run '^$$' -fuzz '^FuzzRuleset$$' -fuzztime $(FUZZ_RULESET) ./dataplane/
 	$(GO) test -run '^$$' -fuzz '^FuzzConflictOrder$$' -fuzztime 3000x ./dataplane/
-	$(GO) test -run '^$$' -fuzz '^FuzzPacket$$' -fuzztime $(FUZZ_PACKET) ./dataplane/natpath/
+	$(GO) test -run '^$$' -fuzz '^FuzzPacket$$' -fuzztime $(FUZZ_PACKET) ./gateway/natpath/
 	$(GO) test -run '^$$' -fuzz '^FuzzMembershipDatagram$$' -fuzztime 20000x ./speaker/
-	$(GO) test -run '^$$' -fuzz '^FuzzRelayDatagram$$' -fuzztime 20000x ./dataplane/ctsync/relay/
+	$(GO) test -run '^$$' -fuzz '^FuzzRelayDatagram$$' -fuzztime 20000x ./gateway/ctsync/relay/
 	$(GO) test -run '^$$' -fuzz '^FuzzAuthSection$$' -fuzztime 100000x ./bgp/bfd/
 
 # demo: a lab in network namespaces (two nodes running vipgate node, two running vipgate gateway, BIRD as
@@ -128,6 +132,46 @@ image:
 		-ldflags "-s -w -X main.version=$(IMAGE_VERSION)" -o $(BIN)/vipgate-linux-$(IMAGE_ARCH) ./cmd/vipgate
 	$(IMAGE_TOOL) vipgate --binary $(BIN)/vipgate-linux-$(IMAGE_ARCH) --version $(IMAGE_VERSION) \
 		--name $(IMAGE_REPO) --arch $(IMAGE_ARCH) --out $(IMAGE_TAR)
+
+# deb: vipgate's Debian package for a gateway host (deploy/deb, nfpm as a Go library; no Docker,
+# no debhelper): bin/vipgate_<VERSION file>_<arch>.deb with /usr/bin/vipgate (static, -trimpath), the
+# gateway's systemd unit (not enabled on install), /etc/vipgate/gateway.yaml as a conffile and a
+# sysctl drop-in for forwarding. DEB_ARCH="amd64 arm64" by default (cross-built); reproducible, with
+# SOURCE_DATE_EPOCH (default 0) as every timestamp. deploy/deb is a Go module of its own (nfpm's
+# dependencies stay out of go.mod). test-deb: its tests; as root they install, upgrade, remove and
+# purge it with the real dpkg into throwaway roots (deploy/README.md, "Gateway VM").
+DEB_ARCH ?= amd64 arm64
+DEB_TOOL := cd deploy/deb && env -u GOOS -u GOARCH $(GO) run .
+
+.PHONY: deb test-deb
+
+deb:
+	@mkdir -p $(BIN)
+	@for arch in $(DEB_ARCH); do \
+		echo "CGO_ENABLED=0 GOARCH=$$arch $(GO) build ... -o $(BIN)/vipgate-linux-$$arch ./cmd/vipgate"; \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -buildvcs=false \
+			-ldflags "-s -w -X main.version=$(IMAGE_VERSION)" -o $(BIN)/vipgate-linux-$$arch ./cmd/vipgate || exit 1; \
+		( $(DEB_TOOL) --binary $(CURDIR)/$(BIN)/vipgate-linux-$$arch --version $(IMAGE_VERSION) --arch $$arch \
+			--repo $(CURDIR) --out $(CURDIR)/$(BIN)/vipgate_$(IMAGE_VERSION)_$$arch.deb ) || exit 1; \
+	done
+
+test-deb:
+	cd deploy/deb && $(GO) vet . && $(GO) test -count=1 -timeout 15m -v .
+
+# image-multiarch: the same image for amd64 and arm64 as one multi-platform image (an OCI image
+# index under the tag: docker, containerd and kubelet pick their platform's image) in
+# bin/vipgate-image-multiarch.tar; `skopeo copy --all oci-archive:...` pushes both,
+# `ctr images import --all-platforms` imports both.
+IMAGE_MULTIARCH_TAR := $(BIN)/vipgate-image-multiarch.tar
+.PHONY: image-multiarch
+image-multiarch:
+	@mkdir -p $(BIN)
+	for arch in amd64 arm64; do \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -buildvcs=false \
+			-ldflags "-s -w -X main.version=$(IMAGE_VERSION)" -o $(BIN)/vipgate-linux-$$arch ./cmd/vipgate || exit 1; \
+	done
+	$(IMAGE_TOOL) vipgate-index --binary amd64=$(BIN)/vipgate-linux-amd64 --binary arm64=$(BIN)/vipgate-linux-arm64 \
+		--version $(IMAGE_VERSION) --name $(IMAGE_REPO) --out $(IMAGE_MULTIARCH_TAR)
 
 # test-images: the images the test cluster loads instead of pulling, into bin/images/ (the list is
 # TestImages in deploy/image/images.go): pause (static build of Kubernetes' pause.c), agnhost (plus

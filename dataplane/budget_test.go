@@ -166,53 +166,6 @@ func TestMaglevNodeTableSized(t *testing.T) {
 	}
 }
 
-// TestHostileGatewayServiceCost: on a gateway, where maglev is the default, a LoadBalancer Service
-// of 200 ports (204,200 elements before) is refused as a whole with the reason; one of 100 ports,
-// and the other Services, are programmed.
-func TestHostileGatewayServiceCost(t *testing.T) {
-	for _, c := range []struct {
-		ports, vips int
-		refused     bool
-	}{{200, 1, true}, {100, 1, false}, {20, 200, true}, {1, 200, true}, {1, 100, false}} {
-		t.Run(fmt.Sprintf("%dp-%dvips", c.ports, c.vips), func(t *testing.T) {
-			st := gwState()
-			svc, eps := hostileService(hostileShape{name: "big", ports: c.ports, lbIPs: 1, endpoints: 2})
-			svc.LoadBalancerIPs = nil
-			for i := range c.vips {
-				svc.LoadBalancerIPs = append(svc.LoadBalancerIPs, netip.AddrFrom4([4]byte{203, 0, 113, byte(55 + i)}))
-			}
-			st.Services[svc.Key], st.EndpointSlices[svc.Key] = svc, eps
-			grs, err := BuildGatewayRuleset(GatewayConfig{}, cluster.IPv4, st, Health{{gwNode1, 32001}: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var why []string
-			for _, r := range grs.Conflicts {
-				if r.Object == svc.Key.String() && strings.Contains(r.Reason, "serviceLimits.max") {
-					why = append(why, r.Reason)
-				}
-			}
-			if (len(why) > 0) != c.refused {
-				t.Errorf("refused %q, want refused %v", why, c.refused)
-			}
-			elements := 0
-			if p := grs.Ruleset.Services[svc.Key]; p != nil {
-				elements = p.numElements()
-			}
-			if elements > cluster.DefaultMaxServiceElements || elements*kernelBytesPerElement > maxKernelState {
-				t.Errorf("the Service costs %d elements", elements)
-			}
-			if c.refused && elements != 0 {
-				t.Errorf("a refused Service has %d elements", elements)
-			}
-			if p := grs.Ruleset.Services[cluster.ServiceKey{Namespace: "gw", Name: "web"}]; p == nil || len(p.Entries) == 0 {
-				t.Errorf("gw/web is not programmed")
-			}
-			t.Logf("%d ports x %d VIPs: %d elements (table %d), refused %q", c.ports, c.vips, elements, grs.MaglevSize, why)
-		})
-	}
-}
-
 // TestServiceLimitsSync: through the proxier's incremental sync, a Service that grows over its
 // limit is withdrawn (its entries leave the kernel, none kept), reported, and comes back when it
 // shrinks; the other Service is untouched.

@@ -127,17 +127,6 @@ func TestPackRoundTripNode(t *testing.T) {
 	}
 }
 
-// The gateway's tables (every forwarding mode) pack unchanged too: their kinds use Index and
-// DataAddr in ways the node's do not.
-func TestPackRoundTripGateway(t *testing.T) {
-	for _, fw := range []cluster.Forwarding{cluster.ForwardDirect, cluster.ForwardNodePort, cluster.ForwardRoute} {
-		f := gwFlat(t, GatewayConfig{Forwarding: fw}, gwState(), Health{{gwNode1, 32001}: true})
-		for set, els := range f.Elements {
-			packRoundTrip(t, fmt.Sprintf("%s: %s", fw, set), els, nil)
-		}
-	}
-}
-
 // Hand-made elements: every address kind in every place, prefixes of every shape (including the
 // invalid ones netip can make), the largest numbers.
 func TestPackRoundTripEdges(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
-	"slices"
 	"time"
 
 	"github.com/google/nftables"
@@ -69,7 +68,7 @@ const (
 )
 
 // DefaultGatewayFlowTimeout is how long an idle flow keeps its entry in gateway-flows by default
-// (each packet restarts it; GatewayConfig.FlowTimeout); GatewayFlowsMax bounds the map (a full map
+// (each packet restarts it; gateway.Config.FlowTimeout); GatewayFlowsMax bounds the map (a full map
 // sends new flows by Maglev alone, statelessly).
 const (
 	DefaultGatewayFlowTimeout = time.Hour
@@ -93,8 +92,8 @@ const (
 	// ActFlowDaisy: a TCP packet without SYN that no entry knows (a connection another gateway
 	// carried until it died) goes to the node the previous Maglev table gave its slot
 	// (gateway-route-prev, only slots whose node changed and is still a node of the VIP port, and
-	// only for the flow timeout after the change: daisyWindow), remembered as by ActFlowPick: daisy
-	// chaining.
+	// only for the flow timeout after the change: daisyWindow in gateway/conntable.go), remembered as
+	// by ActFlowPick: daisy chaining.
 	ActFlowDaisy ActionKind = 138
 )
 
@@ -122,73 +121,6 @@ func GatewayNodeID(a netip.Addr) (uint32, bool) {
 		id = binary.BigEndian.Uint32(b[12:])
 	}
 	return id, id != 0
-}
-
-// connNode is one node a VIP port's established flows may keep.
-type connNode struct {
-	addr netip.Addr
-	id   uint32
-}
-
-// gatewayConnElements are a VIP port's elements of gateway-route-ids (its Maglev table, node ids as
-// data) and gateway-conns (every backend, and every draining node). Nodes without a usable id are
-// left out of both; their slots fall through to the stateless rule.
-func gatewayConnElements(e GatewayEntry, table []int, ids map[netip.Addr]uint32) []Element {
-	var out []Element
-	for slot, bi := range table {
-		a := e.Backends[bi].Addr()
-		if _, ok := ids[a]; !ok {
-			continue
-		}
-		out = append(out, Element{Set: MapGatewayRouteIDs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: a})
-	}
-	seen := map[netip.Addr]bool{}
-	for _, b := range append(slices.Clone(e.Backends), e.Draining...) {
-		a := b.Addr()
-		id, ok := ids[a]
-		if !ok || seen[a] {
-			continue
-		}
-		seen[a] = true
-		out = append(out, Element{Set: MapGatewayConns, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: id, DataAddr: a})
-	}
-	return out
-}
-
-// GatewayConnIDs assigns the node ids of one family's nodes (sorted by name): GatewayNodeID, with
-// the second of two nodes that share an id left out.
-func GatewayConnIDs(addrs []netip.Addr) map[netip.Addr]uint32 {
-	out := map[netip.Addr]uint32{}
-	taken := map[uint32]bool{}
-	for _, a := range addrs {
-		id, ok := GatewayNodeID(a)
-		if !ok || taken[id] {
-			continue
-		}
-		taken[id] = true
-		out[a.Unmap()] = id
-	}
-	return out
-}
-
-// gatewayConntableRules are the rules of gateway-route for a table of size slots (see above).
-func gatewayConntableRules(size int) []Rule {
-	return []Rule{
-		{Action: Action{Kind: ActFlowRecall}, Comment: "a known flow: to its node, if still one of the VIP port's"},
-		{Action: Action{Kind: ActFlowDaisy, Value: uint32(size)}, Comment: "an unknown connection: to its slot's previous node"},
-		{Action: Action{Kind: ActFlowPick, Value: uint32(size)}, Comment: "a new flow: Maglev, remembered"},
-		{Action: Action{Kind: ActDupJhashMap, Map: MapGatewayRoutes, Value: uint32(size)}, Comment: "gateway-flows is full"},
-	}
-}
-
-// gatewayConntableSets are the route mode's maps of the connection table.
-func gatewayConntableSets(timeout time.Duration) []*Set {
-	return []*Set{
-		{Name: MapGatewayRouteIDs, Kind: KindTupleMark, Comment: "VIP . proto . port . Maglev slot -> node id"},
-		{Name: MapGatewayPrevIDs, Kind: KindTupleMark, Comment: "VIP . proto . port . Maglev slot -> the slot's node before the last change"},
-		{Name: MapGatewayConns, Kind: KindTupleAddr, Comment: "VIP . proto . port . node id -> node (backends and draining nodes)"},
-		{Name: MapGatewayFlows, Kind: KindGatewayFlows, Timeout: timeout, Comment: "flow -> node id (the connection table)"},
-	}
 }
 
 // flowKey loads the gateway-flows key of the packet into reg32 on (4 registers for IPv4, 1 for IPv6:
@@ -550,251 +482,4 @@ func resolveGatewayMarks(f *Flat) error {
 		}
 	}
 	return nil
-}
-
-// GatewayDrainState says which nodes are draining and since when; GatewayProxier keeps it across
-// syncs so the deadline counts from the first sync that saw a node draining.
-type GatewayDrainState struct {
-	// Since is when each draining node (by name) was first seen draining.
-	Since map[string]time.Time
-}
-
-// NodeDraining says whether a node is marked draining: cordoned (spec.unschedulable), or the
-// `vipgate.io/drain` annotation or label with a value other than "false" (see GatewayDrainLabel).
-func NodeDraining(n *cluster.Node) bool {
-	if n == nil {
-		return false
-	}
-	if n.Unschedulable {
-		return true
-	}
-	if v, ok := n.Annotations[GatewayDrainLabel]; ok && v != "false" {
-		return true
-	}
-	v, ok := n.Labels[GatewayDrainLabel]
-	return ok && v != "false"
-}
-
-// GatewayDrainLabel, as a Node annotation or label, marks a node draining for the gateways (as does
-// spec.unschedulable, i.e. a cordoned node): no new flows, established flows keep it until they end
-// or the gateway's drainTimeout passes. A value of "false" does not drain.
-const GatewayDrainLabel = "vipgate.io/drain"
-
-// DefaultDrainTimeout is how long a draining node keeps its established flows at most.
-const DefaultDrainTimeout = 5 * time.Minute
-
-// drainUpdate updates the draining nodes' start times for this sync at now and returns the nodes
-// (by name) that drain, split by whether their deadline has passed, and the next deadline (zero:
-// none).
-func (d *GatewayDrainState) update(draining []string, now time.Time, timeout time.Duration) (keep, expired map[string]bool, next time.Time) {
-	if d.Since == nil {
-		d.Since = map[string]time.Time{}
-	}
-	keep, expired = map[string]bool{}, map[string]bool{}
-	for name := range d.Since {
-		if !slices.Contains(draining, name) {
-			delete(d.Since, name) // no longer draining: forgotten, a new drain starts afresh
-		}
-	}
-	for _, name := range draining {
-		since, ok := d.Since[name]
-		if !ok {
-			since = now
-			d.Since[name] = now
-		}
-		end := since.Add(timeout)
-		if !now.Before(end) {
-			expired[name] = true
-			continue
-		}
-		keep[name] = true
-		if next.IsZero() || end.Before(next) {
-			next = end
-		}
-	}
-	return keep, expired, next
-}
-
-// gatewayDrain is one sync's view of the draining nodes (by name): keep are still within their
-// deadline, expired are past it.
-type gatewayDrain struct {
-	keep, expired map[string]bool
-	// hist is the proxier's table history (nil: none, as for render); now is the sync's clock.
-	hist gatewayHistory
-	now  time.Time
-}
-
-// drainingNodes lists the names of the nodes marked draining (NodeDraining), sorted.
-func drainingNodes(cfg GatewayConfig, st *cluster.State) []string {
-	var out []string
-	if st != nil && len(st.Nodes) > 0 {
-		for _, n := range st.Nodes {
-			if NodeDraining(n) {
-				out = append(out, n.Name)
-			}
-		}
-	} else {
-		for i := range cfg.Nodes {
-			if NodeDraining(&cfg.Nodes[i]) {
-				out = append(out, cfg.Nodes[i].Name)
-			}
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
-}
-
-// nodeState is how an endpoint's node takes part: normally, draining, or gone (drained past the
-// deadline).
-type nodeState uint8
-
-const (
-	nodeNormal nodeState = iota
-	nodeDraining
-	nodeGone
-)
-
-// endpointsOnNodes maps the endpoint addresses of slices that run on a draining or gone node to
-// that state (forwarding: direct).
-func endpointsOnNodes(slices_ []*cluster.EndpointSlice, nodes []gatewayNode) map[netip.Addr]nodeState {
-	state := map[string]nodeState{}
-	for _, n := range nodes {
-		switch {
-		case n.gone:
-			state[n.name] = nodeGone
-		case n.draining:
-			state[n.name] = nodeDraining
-		}
-	}
-	out := map[netip.Addr]nodeState{}
-	if len(state) == 0 {
-		return out
-	}
-	for _, es := range slices_ {
-		for _, ep := range es.Endpoints {
-			if s, ok := state[ep.NodeName]; ok {
-				for _, a := range ep.Addresses {
-					out[a.Unmap()] = s
-				}
-			}
-		}
-	}
-	return out
-}
-
-// terminatingOn says the Service has an endpoint on node that is terminating but still serving:
-// the node's healthCheckNodePort says 503, yet its established connections still have a pod.
-func terminatingOn(slices_ []*cluster.EndpointSlice, node string) bool {
-	for _, es := range slices_ {
-		for _, ep := range es.Endpoints {
-			if ep.NodeName == node && ep.Terminating && ep.Serving {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// expiredAddrs are the addresses of family f of the nodes drained past their deadline: their
-// established flows end (the gateway's conntrack entries of them are deleted, nodePort forwarding).
-func expiredAddrs(cfg GatewayConfig, st *cluster.State, f cluster.Family, expired map[string]bool) map[netip.Addr]bool {
-	if len(expired) == 0 || cfg.Forwarding != cluster.ForwardNodePort {
-		return nil
-	}
-	out := map[netip.Addr]bool{}
-	for _, n := range gatewayNodes(cfg, st, f) {
-		if expired[n.name] {
-			out[n.addr] = true
-		}
-	}
-	return out
-}
-
-// gatewayHistory keeps, per VIP port, its current Maglev table and the one before the last change,
-// as node addresses by slot, for daisy chaining. It is the proxier's memory: a restarted gateway
-// starts without previous tables.
-type gatewayHistory map[gwTableKey]*gwTableHist
-
-type gwTableKey struct {
-	vip   netip.Addr
-	proto uint8
-	port  uint16
-}
-
-type gwTableHist struct {
-	size      int
-	cur, prev []netip.Addr
-	// changed is when cur replaced prev.
-	changed time.Time
-}
-
-// advance records table (indexes into e.Backends, size slots) as e's current table at now and
-// returns the previous one (nil: none, or of another size, whose slots mean something else) and
-// when it was replaced.
-func (h gatewayHistory) advance(e GatewayEntry, table []int, size int, now time.Time) ([]netip.Addr, time.Time) {
-	if h == nil {
-		return nil, time.Time{}
-	}
-	cur := make([]netip.Addr, len(table))
-	for i, bi := range table {
-		cur[i] = e.Backends[bi].Addr()
-	}
-	k := gwTableKey{e.VIP, e.Proto, e.Port}
-	old := h[k]
-	switch {
-	case old == nil || old.size != size:
-		h[k] = &gwTableHist{size: size, cur: cur}
-	case !slices.Equal(old.cur, cur):
-		h[k] = &gwTableHist{size: size, cur: cur, prev: old.cur, changed: now}
-	}
-	return h[k].prev, h[k].changed
-}
-
-// daisyWindow is the previous table to daisy chain to at now, and until when (nil, zero: none):
-// only for window after the change. A flow that started before the change was idle at most the
-// flow timeout when it comes back; a flow that starts after it is remembered by the current table
-// and must not be chained to the previous one later (when its gateway dies or its entry expires).
-func daisyWindow(prev []netip.Addr, changed, now time.Time, window time.Duration) ([]netip.Addr, time.Time) {
-	if prev == nil || changed.IsZero() {
-		return nil, time.Time{}
-	}
-	end := changed.Add(window)
-	if !now.Before(end) {
-		return nil, time.Time{}
-	}
-	return prev, end
-}
-
-// prune forgets the VIP ports that are not in keep: a VIP port that comes back starts afresh.
-func (h gatewayHistory) prune(keep []GatewayEntry) {
-	live := map[gwTableKey]bool{}
-	for _, e := range keep {
-		live[gwTableKey{e.VIP, e.Proto, e.Port}] = true
-	}
-	for k := range h {
-		if !live[k] {
-			delete(h, k)
-		}
-	}
-}
-
-// gatewayDaisyElements are a VIP port's gateway-route-prev elements: the slots whose node changed
-// since the previous table, to that previous node while it is still one of the VIP port's nodes
-// (a backend or draining) with an id.
-func gatewayDaisyElements(e GatewayEntry, table []int, prev []netip.Addr, ids map[netip.Addr]uint32) []Element {
-	if prev == nil {
-		return nil
-	}
-	live := map[netip.Addr]bool{}
-	for _, b := range append(slices.Clone(e.Backends), e.Draining...) {
-		live[b.Addr()] = true
-	}
-	var out []Element
-	for slot, a := range prev {
-		if _, ok := ids[a]; !ok || !live[a] || e.Backends[table[slot]].Addr() == a {
-			continue
-		}
-		out = append(out, Element{Set: MapGatewayPrevIDs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: a})
-	}
-	return out
 }

@@ -7,8 +7,6 @@ import (
 	"slices"
 
 	"github.com/google/nftables/expr"
-
-	"github.com/vipgate/vipgate/cluster"
 )
 
 // This file is the gateway's routed forwarding (forwarding: route), a stateless "direct server
@@ -52,46 +50,6 @@ const ActDupJhashMap ActionKind = 129
 // KindTupleAddr: Addr . inet_proto . inet_service . mark (slot) : Addr. Like ActionKind's gateway
 // values, the number is far from model.go's iota range.
 const KindTupleAddr SetKind = 64
-
-// buildGatewayRouteBase is BuildGatewayBase for forwarding: route.
-func buildGatewayRouteBase(cfg GatewayConfig, f cluster.Family, vips []netip.Addr, size int, sh bool) *Part {
-	p := &Part{}
-	rejectVIP := Rule{
-		Matches: []Match{{Kind: MatchDaddrInSet, Set: SetGatewayVIPs}},
-		Action:  Action{Kind: ActReject},
-		Comment: "a VIP port without backends",
-	}
-	p.Chains = []*Chain{
-		// Every packet to a VIP port with nodes is sent on by gateway-route before conntrack sees it;
-		// what is left (a port without nodes, or no Service) is rejected where it would be forwarded
-		// or delivered. No output rule: the copies dup sends pass the output hook.
-		{Name: ChainGatewayPrerouting, Type: FilterType, Hook: HookPrerouting, Priority: PriorityRaw,
-			Comment: "VIP traffic to its node, before conntrack", Rules: []Rule{
-				{Matches: []Match{{Kind: MatchDaddrInSet, Set: SetGatewayVIPs}}, Action: Action{Kind: ActJump, Chain: ChainServices}},
-			}},
-		{Name: ChainFilterForward, Type: FilterType, Hook: HookForward, Priority: PriorityFilter, Rules: []Rule{rejectVIP}},
-		{Name: ChainFilterInput, Type: FilterType, Hook: HookInput, Priority: PriorityFilter, Rules: []Rule{rejectVIP}},
-		{Name: ChainServices, Comment: "VIP dispatch", Rules: []Rule{{Action: Action{Kind: ActVmapTuple, Map: MapServiceIPs}}}},
-		// The connection table first (gateway_conntable.go): a known flow keeps its node.
-		{Name: ChainGatewayRoute, Comment: "Maglev: a fixed hash of the flow picks the node; the packet goes there unchanged", Rules: gatewayConntableRules(size)},
-	}
-	if sh {
-		p.Chains = append(p.Chains, &Chain{Name: ChainGatewayRouteSH, Comment: "source-hash: a fixed hash of the client address picks the node", Rules: []Rule{
-			{Action: Action{Kind: ActDupSrcHashMap, Map: MapGatewayRoutesSH, Value: uint32(size)}},
-		}})
-	}
-	p.Sets = []*Set{
-		{Name: SetGatewayVIPs, Kind: KindAddr, Comment: "LoadBalancer IPs this gateway forwards"},
-		{Name: MapServiceIPs, Kind: KindTupleVmap, Comment: "VIP ports with nodes"},
-		{Name: MapGatewayRoutes, Kind: KindTupleAddr, Comment: "VIP . proto . port . Maglev slot -> node"},
-	}
-	p.Sets = append(p.Sets, gatewayConntableSets(cfg.FlowTimeout)...)
-	if sh {
-		p.Sets = append(p.Sets, &Set{Name: MapGatewayRoutesSH, Kind: KindTupleAddr, Comment: "source-hash VIP . proto . port . Maglev slot -> node"})
-	}
-	p.Elements = gatewayVIPElements(f, vips)
-	return p
-}
 
 // gatewayJhashLookup loads the key VIP . proto . port . jhash-slot and looks it up in a.Map, leaving
 // the data in reg1 (lbalgo.go's jhashLookup with the flow hash).

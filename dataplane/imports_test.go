@@ -40,16 +40,8 @@ var importRules = []importRule{
 		"healthCheckNodePort and /healthz servers: they take the counts the sync reports, not the Proxier"},
 	{"dataplane/conntrack", []string{"cluster"},
 		"conntrack cleanup: dataplane.ConntrackView adapts a cluster.State; the leaf knows only views and StaleFlow"},
-	{"dataplane/ctsync", nil,
-		"the gateway's SNAT table and conntrackd supervision: standalone, driven by cmd/vipgate"},
-	{"dataplane/ctsync/relay", nil,
-		"the signed relay between the gateways' conntrackds (on loopback) over the LAN: sockets and a wire format only; cmd/vipgate wires it next to ctsync's supervisor"},
 	{"dataplane/maglev", nil,
 		"Maglev table construction: pure, the same on every gateway and node; the dataplane programs its tables"},
-	{"dataplane/natpath", nil,
-		"the gateway's NAT fast path (a tc BPF program and its maps): VIP ports, Maglev tables and flows, no Services; the gateway gives it each sync's VIP ports"},
-	{"dataplane/healthprobe", nil,
-		"the gateway's healthCheckNodePort prober: HTTP and targets only, generic in the gateway's target type; cmd/vipgate wires it to the gateway"},
 	// Any other package under dataplane/ is a leaf too: it may use other leaves, never the dataplane
 	// package.
 	{"dataplane/", []string{"cluster", "dataplane/"},
@@ -57,7 +49,26 @@ var importRules = []importRule{
 	// The dataplane turns desired state into nftables rules. It must not know how addresses are
 	// announced (speaker, l2, bgp): the node wires both to the same snapshots in cmd/vipgate.
 	{"dataplane", []string{"cluster", "dataplane/"},
-		"the dataplane programs the kernel from cluster.State; announcing is the speaker's job"},
+		"the dataplane programs the kernel from cluster.State; announcing is the speaker's job, and the gateway (gateway/) builds its tables on the dataplane's exported API, never the other way round"},
+	// The gateway: a host in front of the cluster. It builds its tables with the dataplane's model
+	// and programs them through the dataplane's exported API (Programmer, DiffRulesets, the netlink
+	// edge), so the nftables engine stays one; the dataplane never imports it.
+	{"gateway", []string{"cluster", "dataplane", "dataplane/", "gateway/"},
+		"the gateway's config, entries, tables and proxier: it uses the nftables engine's exported API, not the speaker's (cmd/vipgate wires both)"},
+	// The gateway's leaves: kernel and protocol pieces only the gateway uses. They must never import
+	// the gateway (which imports them) nor the dataplane, so that they build and test on their own.
+	{"gateway/ctsync", nil,
+		"the gateway's SNAT table and conntrackd supervision: standalone, driven by cmd/vipgate"},
+	{"gateway/ctsync/relay", nil,
+		"the signed relay between the gateways' conntrackds (on loopback) over the LAN: sockets and a wire format only; cmd/vipgate wires it next to ctsync's supervisor"},
+	{"gateway/natpath", nil,
+		"the gateway's NAT fast path (a tc BPF program and its maps): VIP ports, Maglev tables and flows, no Services; the gateway gives it each sync's VIP ports"},
+	{"gateway/healthprobe", nil,
+		"the gateway's healthCheckNodePort prober: HTTP and targets only, generic in the gateway's target type; cmd/vipgate wires it to the gateway"},
+	// Any other package under gateway/ is a leaf too: it may use the cluster model and other leaves,
+	// never the gateway package.
+	{"gateway/", []string{"cluster", "gateway/"},
+		"a gateway leaf must not import the gateway package, which imports it, nor the dataplane"},
 	// The desired-state model and its sources sit under everything that consumes them.
 	{"cluster", []string{"cluster"},
 		"cluster is the model every layer reads; it must not depend on any of them"},
@@ -169,7 +180,7 @@ func moduleRoot(t *testing.T) string {
 
 func TestImportRules(t *testing.T) {
 	pkgs := modulePackages(t, moduleRoot(t))
-	for _, want := range []string{"dataplane", "dataplane/healthcheck", "dataplane/conntrack", "dataplane/ctsync", "dataplane/maglev", "dataplane/healthprobe", "cluster", "speaker", "l2", "bgp", "cmd/vipgate"} {
+	for _, want := range []string{"dataplane", "dataplane/healthcheck", "dataplane/conntrack", "gateway/ctsync", "dataplane/maglev", "gateway/healthprobe", "gateway", "gateway/natpath", "cluster", "speaker", "l2", "bgp", "cmd/vipgate"} {
 		if _, ok := pkgs[want]; !ok {
 			t.Fatalf("package %s not found: the walk is broken", want)
 		}
@@ -222,9 +233,14 @@ func TestImportRulesCatch(t *testing.T) {
 		{"dataplane/healthcheck", "dataplane"},
 		{"dataplane/conntrack", "dataplane"},
 		{"dataplane/maglev", "dataplane"},
-		{"dataplane/healthprobe", "dataplane"},
-		{"dataplane/healthprobe", "cluster"},
-		{"dataplane/ctsync", "cluster"},
+		{"gateway/healthprobe", "dataplane"},
+		{"gateway/healthprobe", "cluster"},
+		{"gateway/ctsync", "cluster"},
+		{"gateway/natpath", "dataplane"},
+		{"gateway/natpath", "gateway"},
+		{"dataplane", "gateway"},
+		{"dataplane", "gateway/natpath"},
+		{"gateway", "speaker"},
 		{"cluster", "dataplane"},
 		{"cluster/mlbstatus", "speaker"},
 		{"dataplane", "speaker"},

@@ -3,7 +3,6 @@ package dataplane
 import (
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"net/netip"
 	"os/exec"
 	"strings"
@@ -12,7 +11,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
-	"github.com/vipgate/vipgate/dataplane/maglev"
 )
 
 // lbAnnotated is the flow-test fixture with every Service annotated with alg.
@@ -140,40 +138,6 @@ func TestLBAlgorithmDecodeRoundTrip(t *testing.T) {
 	}
 }
 
-// TestGatewaySourceHashDecodeRoundTrip: gateway tables with maglev and source-hash VIPs, both
-// families, through the kernel and back.
-func TestGatewaySourceHashDecodeRoundTrip(t *testing.T) {
-	for _, fwd := range []cluster.Forwarding{cluster.ForwardNodePort, cluster.ForwardRoute} {
-		t.Run(string(fwd), func(t *testing.T) {
-			_, fd := testNetns(t)
-			prog := &NetlinkProgrammer{NetNSFd: fd}
-			cfg := GatewayConfig{Forwarding: fwd}
-			health := Health{{gwNode1, 32001}: true, {netip.MustParseAddr("2001:db8:1::11"), 32002}: true}
-			st := gwDualState()
-			rep, err := NewGatewayProxier(hclog.NewNullLogger(), cfg, prog).Sync(st, health)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !slicesContainsReason(rep.Conflicts, "round-robin is not done by gateways") {
-				t.Errorf("conflicts %v: want the round-robin refusal", rep.Conflicts)
-			}
-			for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-				grs, err := BuildGatewayRuleset(cfg, f, st, health)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got, err := prog.ReadTable(f, "vipgate")
-				if err != nil {
-					t.Fatalf("IPv%d: reading the table back: %v", f, err)
-				}
-				if ok, diff := FlatEqual(grs.Ruleset.Flatten(), got); !ok {
-					t.Errorf("IPv%d: the kernel's table decodes to something else: %s", f, diff)
-				}
-			}
-		})
-	}
-}
-
 func slicesContainsReason(rs []cluster.Rejection, sub string) bool {
 	for _, r := range rs {
 		if strings.Contains(r.Reason, sub) {
@@ -183,7 +147,45 @@ func slicesContainsReason(rs []cluster.Rejection, sub string) bool {
 	return false
 }
 
-// A bad annotation keeps the default and says why, on nodes and gateways.
+// maxDeviation is the largest |count/even - 1| over the backends.
+func maxDeviation(counts map[netip.Addr]int, even float64) float64 {
+	d := 0.0
+	for _, c := range counts {
+		d = math.Max(d, math.Abs(float64(c)/even-1))
+	}
+	return d
+}
+
+// wantTypedTrace checks the typed fields the gateway's and the algorithms' trace hooks record: every
+// candidate has its rule and a known probability, the probabilities sum to 1, and every rule step
+// says whether its rule matched (no StepRule).
+func wantTypedTrace(t *testing.T, r Result, n int) {
+	t.Helper()
+	if len(r.Candidates) != n {
+		t.Fatalf("%d candidates, want %d:\n%s", len(r.Candidates), n, r.Explain())
+	}
+	sum := 0.0
+	for _, c := range r.Candidates {
+		if c.Probability <= 0 || c.Rule.Chain == "" {
+			t.Errorf("candidate %s: probability %v, rule %+v", c.Endpoint, c.Probability, c.Rule)
+		}
+		sum += c.Probability
+	}
+	if math.Abs(sum-1) > 1e-9 {
+		t.Errorf("probabilities sum to %v, want 1:\n%s", sum, r.Explain())
+	}
+	for _, s := range r.Steps {
+		if s.Kind == StepRule {
+			t.Errorf("step %q has kind StepRule", s)
+		}
+		if s.Kind == StepMatch && strings.Contains(s.Note, "DNAT to") && !s.Endpoint.IsValid() {
+			t.Errorf("DNAT step %q has no Endpoint", s)
+		}
+	}
+}
+
+// An unknown lb-algorithm annotation is refused with its reason and changes nothing of the
+// Service's rules (the gateway's half: gateway/engine_test.go, TestGatewayLBAlgorithmInvalid).
 func TestLBAlgorithmInvalid(t *testing.T) {
 	s := trFixture()[0]
 	svc := *s.svc
@@ -196,105 +198,4 @@ func TestLBAlgorithmInvalid(t *testing.T) {
 	if fmt.Sprint(p.Elements) != fmt.Sprint(def.Elements) || fmt.Sprint(p.Uses) != fmt.Sprint(def.Uses) {
 		t.Errorf("a bad annotation changed the Service's rules")
 	}
-	st := gwState()
-	for _, v := range st.Services {
-		v.Annotations = map[string]string{cluster.LBAlgorithmAnnotation: "fastest"}
-	}
-	grs, err := BuildGatewayRuleset(GatewayConfig{}, cluster.IPv4, st, Health{{gwNode1, 32001}: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slicesContainsReason(grs.Conflicts, `unknown algorithm "fastest"`) {
-		t.Errorf("gateway conflicts %v, want the annotation error", grs.Conflicts)
-	}
-}
-
-// TestMaglevSizeImbalance measures how evenly new flows spread over N backends with the table size
-// derived from N: the slot shares of the Maglev table (read off the tracer, which groups a VIP
-// port's slots by backend), and 2,000,000 random flows hashed as the kernel does (GatewaySlot).
-func TestMaglevSizeImbalance(t *testing.T) {
-	for _, n := range []int{3, 10, 50} {
-		for _, fam := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-			t.Run(fmt.Sprintf("N=%d/IPv%d", n, fam), func(t *testing.T) {
-				m := maglev.SizeFor(n)
-				if m < 100*n || !maglev.IsPrime(m) {
-					t.Fatalf("maglev.SizeFor(%d) = %d: want a prime >= %d", n, m, 100*n)
-				}
-				// A gateway (route forwarding) with n nodes and one VIP port.
-				st := &cluster.State{Services: map[cluster.ServiceKey]*cluster.Service{}, Nodes: map[string]*cluster.Node{}}
-				vip, client := netip.MustParseAddr("203.0.113.80"), netip.MustParseAddr("198.51.100.7")
-				if fam == cluster.IPv6 {
-					vip, client = netip.MustParseAddr("2001:db8:ff::80"), netip.MustParseAddr("2001:db8:c::7")
-				}
-				svc := gwService("web", vip.String(), false, 80, 30080, 0)
-				st.Services[svc.Key] = svc
-				for i := range n {
-					a := netip.AddrFrom4([4]byte{192, 0, 2, byte(10 + i)})
-					if fam == cluster.IPv6 {
-						a = netip.MustParseAddr(fmt.Sprintf("2001:db8:1::%x", 0x10+i))
-					}
-					st.Nodes[fmt.Sprintf("node%02d", i)] = &cluster.Node{Name: fmt.Sprintf("node%02d", i), Addresses: []netip.Addr{a}}
-				}
-				grs, err := BuildGatewayRuleset(GatewayConfig{Forwarding: cluster.ForwardRoute, Families: []cluster.Family{fam}}, fam, st, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if grs.MaglevSize != m {
-					t.Fatalf("table size %d, want %d", grs.MaglevSize, m)
-				}
-				f := grs.Ruleset.Flatten()
-				r := Trace(f, HostInfo{}, Packet{Src: client, Dst: vip, Proto: ProtoTCP, Port: 80})
-				if r.Outcome != OutcomeRoute || len(r.Candidates) != n {
-					t.Fatalf("trace: %s with %d candidates, want ROUTE to %d nodes\n%s", r.Outcome, len(r.Candidates), n, r.Explain())
-				}
-				slots := map[netip.Addr]int{}
-				for _, c := range r.Candidates {
-					var k, of int
-					if _, err := fmt.Sscanf(c.Why, "jhash slots %d of %d", &k, &of); err != nil || of != m {
-						t.Fatalf("candidate %v: %q", c.Endpoint, c.Why)
-					}
-					slots[c.Endpoint.Addr()] = k
-				}
-				tableDev := maxDeviation(slots, float64(m)/float64(n))
-				// Flows: random client addresses and ports through the kernel's hash and the table.
-				table := map[uint32]netip.Addr{}
-				for _, e := range f.Elements[MapGatewayRoutes] {
-					table[e.Index] = e.DataAddr
-				}
-				rng := rand.New(rand.NewPCG(uint64(n), uint64(fam)))
-				const flows = 2_000_000
-				hits := map[netip.Addr]int{}
-				for range flows {
-					var src netip.Addr
-					if fam == cluster.IPv4 {
-						src = netip.AddrFrom4([4]byte{198, 51, byte(rng.IntN(256)), byte(rng.IntN(256))})
-					} else {
-						b := vip.As16()
-						b[0], b[1], b[2], b[3] = 0x20, 0x01, 0x0d, 0xb8
-						for i := 8; i < 16; i++ {
-							b[i] = byte(rng.IntN(256))
-						}
-						src = netip.AddrFrom16(b)
-					}
-					flow := netip.AddrPortFrom(src, uint16(32768+rng.IntN(28232)))
-					hits[table[GatewaySlot(flow, netip.AddrPortFrom(vip, 80), uint32(m))]]++
-				}
-				flowDev := maxDeviation(hits, float64(flows)/float64(n))
-				t.Logf("N=%d IPv%d: M=%d slots (%d elements per VIP port); slot shares within %.2f%% of even; %d new flows within %.2f%% of even",
-					n, fam, m, m, 100*tableDev, flows, 100*flowDev)
-				if tableDev > 0.02 || flowDev > 0.02 {
-					t.Errorf("imbalance above 2%%: table %.2f%%, flows %.2f%%", 100*tableDev, 100*flowDev)
-				}
-			})
-		}
-	}
-}
-
-// maxDeviation is the largest |count/even - 1| over the backends.
-func maxDeviation(counts map[netip.Addr]int, even float64) float64 {
-	d := 0.0
-	for _, c := range counts {
-		d = math.Max(d, math.Abs(float64(c)/even-1))
-	}
-	return d
 }

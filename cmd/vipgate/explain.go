@@ -19,7 +19,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
-	"github.com/vipgate/vipgate/dataplane/natpath"
+	"github.com/vipgate/vipgate/gateway/natpath"
 )
 
 const explainHelp = `Usage: vipgate explain --from SRC --to DST:PORT[/PROTO] [flags]

@@ -20,8 +20,9 @@ import (
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/conntrack"
-	"github.com/vipgate/vipgate/dataplane/ctsync"
-	"github.com/vipgate/vipgate/dataplane/healthprobe"
+	"github.com/vipgate/vipgate/gateway"
+	"github.com/vipgate/vipgate/gateway/ctsync"
+	"github.com/vipgate/vipgate/gateway/healthprobe"
 	"github.com/vipgate/vipgate/speaker"
 )
 
@@ -66,7 +67,7 @@ func startGatewaySpeaker(ctx context.Context, cfg *cluster.GatewayConfig, flags 
 }
 
 // Update hands the speaker the VIPs with at least one backend after a successful sync.
-func (g *gatewaySpeaker) Update(st *cluster.State, rep *dataplane.GatewaySyncReport) {
+func (g *gatewaySpeaker) Update(st *cluster.State, rep *gateway.SyncReport) {
 	forwarding := map[netip.Addr]bool{}
 	for _, e := range rep.Entries {
 		if len(e.Backends) > 0 {
@@ -84,8 +85,8 @@ func (g *gatewaySpeaker) Update(st *cluster.State, rep *dataplane.GatewaySyncRep
 func (g *gatewaySpeaker) Stop() { g.spk.Stop() }
 
 // gatewayDataplaneConfig is the dataplane's view of a GatewayConfig.
-func gatewayDataplaneConfig(cfg *cluster.GatewayConfig) dataplane.GatewayConfig {
-	return dataplane.GatewayConfig{
+func gatewayDataplaneConfig(cfg *cluster.GatewayConfig) gateway.Config {
+	return gateway.Config{
 		Table:        cfg.TableName,
 		Forwarding:   cfg.Forwarding,
 		SNAT:         cfg.SNAT,
@@ -101,11 +102,11 @@ func gatewayDataplaneConfig(cfg *cluster.GatewayConfig) dataplane.GatewayConfig 
 // gatewayFastPath is the route forwarding fast path of cfg (nil: off). The nodes' device and, without
 // configured devices, the ingress interfaces are looked up at each sync (netlink route get, the up
 // interfaces), so a node that moves or an interface that comes up later is seen.
-func gatewayFastPath(cfg *cluster.GatewayConfig) *dataplane.GatewayFastPath {
+func gatewayFastPath(cfg *cluster.GatewayConfig) *gateway.FastPath {
 	if !cfg.RouteFastPath || cfg.Forwarding != cluster.ForwardRoute {
 		return nil
 	}
-	return &dataplane.GatewayFastPath{Devices: cfg.RouteFastPathDevices}
+	return &gateway.FastPath{Devices: cfg.RouteFastPathDevices}
 }
 
 // earliest is the earlier of two times, zero meaning none.
@@ -150,7 +151,7 @@ func runGateway(args []string) error {
 		return err
 	}
 	defer natStatus.close()
-	gw := dataplane.NewGatewayProxier(log.Named("dataplane"), dpCfg, prog)
+	gw := gateway.NewProxier(log.Named("dataplane"), dpCfg, prog)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -193,10 +194,10 @@ func runGateway(args []string) error {
 	// The sync loop (dataplane.SyncRunner) owns the dataplane: new snapshots, health changes and
 	// drain deadlines all wake it. Its Sync runs only once Run is called, below, so it may use the
 	// prober made after it.
-	var prober *healthprobe.Prober[dataplane.HealthTarget]
+	var prober *healthprobe.Prober[gateway.HealthTarget]
 	var targetsOf *cluster.State // the snapshot the prober's targets come from
 	first := true
-	var runner *dataplane.SyncRunner[*dataplane.GatewaySyncReport]
+	var runner *dataplane.SyncRunner[*gateway.SyncReport]
 	// /status warns while a family has no route forwarding fast path (routeFastPath on): its
 	// packets take the slower dup path, e.g. because the kernel refused the netdev table. It also
 	// warns about a fast path that is on without some of its devices (a misspelt
@@ -238,11 +239,11 @@ func runGateway(args []string) error {
 			}
 		}
 	}
-	runner = dataplane.NewSyncRunner(log, dataplane.SyncRunnerOptions[*dataplane.GatewaySyncReport]{
+	runner = dataplane.NewSyncRunner(log, dataplane.SyncRunnerOptions[*gateway.SyncReport]{
 		Name: "gateway sync",
-		Sync: func(ctx context.Context, st *cluster.State) (*dataplane.GatewaySyncReport, error) {
+		Sync: func(ctx context.Context, st *cluster.State) (*gateway.SyncReport, error) {
 			if st != targetsOf {
-				prober.SetTargets(dataplane.GatewayHealthTargets(dpCfg, st))
+				prober.SetTargets(gateway.HealthTargets(dpCfg, st))
 				targetsOf = st
 			}
 			if first {
@@ -252,11 +253,11 @@ func runGateway(args []string) error {
 			}
 			return gw.Sync(st, prober.Snapshot())
 		},
-		Attempted: func(st *cluster.State, rep *dataplane.GatewaySyncReport, err error) {
+		Attempted: func(st *cluster.State, rep *gateway.SyncReport, err error) {
 			admin.recordSync(st, gatewayReport(rep), err)
 		},
-		AfterSync: []func(*cluster.State, *dataplane.GatewaySyncReport){
-			func(st *cluster.State, rep *dataplane.GatewaySyncReport) {
+		AfterSync: []func(*cluster.State, *gateway.SyncReport){
+			func(st *cluster.State, rep *gateway.SyncReport) {
 				// The next drain deadline or end of a daisy chaining window (route forwarding),
 				// whichever comes first: that sync takes the node or the previous table's slots out
 				// (and deletes its flows' conntrack entries, nodePort forwarding).
@@ -287,7 +288,7 @@ func runGateway(args []string) error {
 		},
 	})
 
-	prober = healthprobe.New[dataplane.HealthTarget](log.Named("health"), healthprobe.Options{
+	prober = healthprobe.New[gateway.HealthTarget](log.Named("health"), healthprobe.Options{
 		Interval: cfg.HealthCheckInterval,
 		OnChange: runner.Resync,
 	})
@@ -315,7 +316,7 @@ func runGateway(args []string) error {
 }
 
 // fastPathStatus is why the last sync had no route forwarding fast path, per family
-// (GatewaySyncReport.NoFastPath), and what is wrong with one that is on (FastPathWarnings), for
+// (gateway.SyncReport.NoFastPath), and what is wrong with one that is on (FastPathWarnings), for
 // /status's warnings: the sync loop writes it, the admin endpoint reads it.
 type fastPathStatus struct {
 	why  atomic.Pointer[[]string]
@@ -362,7 +363,7 @@ func (s *fastPathStatus) warnings() []string {
 }
 
 // gatewayReport is a gateway sync as the admin endpoint records a node's.
-func gatewayReport(rep *dataplane.GatewaySyncReport) *dataplane.SyncReport {
+func gatewayReport(rep *gateway.SyncReport) *dataplane.SyncReport {
 	if rep == nil {
 		return nil
 	}
@@ -378,7 +379,7 @@ func gatewayReport(rep *dataplane.GatewaySyncReport) *dataplane.SyncReport {
 
 // gatewayBackendSummary formats "vip:port/proto=backend,backend; ..." for the sync log line, so the
 // log shows when a node leaves or joins a VIP's set.
-func gatewayBackendSummary(entries []dataplane.GatewayEntry) string {
+func gatewayBackendSummary(entries []gateway.Entry) string {
 	var b strings.Builder
 	for i, e := range entries {
 		if i > 0 {

@@ -15,8 +15,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
-	"github.com/vipgate/vipgate/dataplane/ctsync"
-	"github.com/vipgate/vipgate/dataplane/ctsync/relay"
+	"github.com/vipgate/vipgate/gateway/ctsync"
+	"github.com/vipgate/vipgate/gateway/ctsync/relay"
 	"github.com/vipgate/vipgate/l2"
 )
 
@@ -113,7 +113,7 @@ func ctsyncKeyFile(cfg *cluster.GatewayConfig, flags speakerFlags) (string, erro
 }
 
 // startConntrackd writes conntrackd's config and supervises it until ctx ends, with the relay that
-// carries its datagrams to the peer, signed (dataplane/ctsync/relay): conntrackd itself listens
+// carries its datagrams to the peer, signed (gateway/ctsync/relay): conntrackd itself listens
 // on loopback only.
 func startConntrackd(ctx context.Context, cfg *cluster.GatewayConfig, flags speakerFlags, log hclog.Logger) (*ctsync.Supervisor, func(), error) {
 	cs := cfg.ConntrackSync

@@ -13,7 +13,8 @@ import (
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/maglev"
-	"github.com/vipgate/vipgate/dataplane/natpath"
+	"github.com/vipgate/vipgate/gateway"
+	"github.com/vipgate/vipgate/gateway/natpath"
 )
 
 // natPathStatus is the NAT fast path as /status and /metrics show it: why it is off, or the
@@ -29,7 +30,7 @@ type natPathStatus struct {
 // startNATPath loads the NAT fast path cfg asks for (forwarding direct or nodePort, natFastPath
 // on). A kernel that refuses it leaves the gateway without it, logged and on /status: the
 // family's tables forward everything, as they do for what the path does not take.
-func startNATPath(cfg *cluster.GatewayConfig, flags speakerFlags, log hclog.Logger) (*dataplane.GatewayNATPath, *natPathStatus, error) {
+func startNATPath(cfg *cluster.GatewayConfig, flags speakerFlags, log hclog.Logger) (*gateway.NATPath, *natPathStatus, error) {
 	st := &natPathStatus{}
 	// The flow hash's seed, for the family's tables (their jhash rules) and the program alike.
 	seed, warn, err := gatewayHashSeed(cfg, flags)
@@ -65,7 +66,7 @@ func startNATPath(cfg *cluster.GatewayConfig, flags speakerFlags, log hclog.Logg
 		noSNAT = true
 	}
 	log.Info("NAT fast path on", "devices", strings.Join(nf.Devices, ","), "masquerade", !noSNAT)
-	return &dataplane.GatewayNATPath{Path: p, Devices: nf.Devices, NoSNAT: noSNAT, SNATPortMin: nf.SNATPortMin, SNATPortMax: nf.SNATPortMax}, st, nil
+	return &gateway.NATPath{Path: p, Devices: nf.Devices, NoSNAT: noSNAT, SNATPortMin: nf.SNATPortMin, SNATPortMax: nf.SNATPortMax}, st, nil
 }
 
 // detachLeftovers detaches a previous run's NAT fast path: left attached, it would go on
@@ -79,7 +80,7 @@ func detachLeftovers(log hclog.Logger, why string) {
 }
 
 // set records a sync's warnings.
-func (s *natPathStatus) set(rep *dataplane.GatewaySyncReport) {
+func (s *natPathStatus) set(rep *gateway.SyncReport) {
 	w := rep.NATPathWarnings
 	s.warn.Store(&w)
 }

@@ -17,9 +17,9 @@ import (
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/conntrack"
-	"github.com/vipgate/vipgate/dataplane/ctsync"
 	"github.com/vipgate/vipgate/dataplane/healthcheck"
-	"github.com/vipgate/vipgate/dataplane/natpath"
+	"github.com/vipgate/vipgate/gateway/ctsync"
+	"github.com/vipgate/vipgate/gateway/natpath"
 )
 
 const nodeHelp = `Usage: vipgate node --config FILE (--manifests DIR | --kubeconfig FILE) [flags]

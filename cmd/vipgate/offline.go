@@ -11,6 +11,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/gateway"
 )
 
 // This file builds, from a config and a manifest directory, the ruleset vipgate would program for
@@ -34,8 +35,8 @@ type offline struct {
 	nodeDevice     string
 
 	nodeCfg  *dataplane.Config
-	gwCfg    *dataplane.GatewayConfig
-	gwHealth dataplane.Health
+	gwCfg    *gateway.Config
+	gwHealth gateway.Health
 }
 
 // offlineRuleset is one family's ruleset of an offline config.
@@ -95,12 +96,12 @@ func (o *offline) build(fam cluster.Family) (*offlineRuleset, error) {
 			// The NAT fast path as startNATPath gives it (a kernel that loads it, Linux 6.7 or later
 			// for its masquerade): conntrack's masquerade keeps out of its ports.
 			if nf := o.gateway.NATFastPath; nf.Enabled && (c.Forwarding == cluster.ForwardDirect || c.Forwarding == cluster.ForwardNodePort) {
-				c.NATPath = &dataplane.GatewayNATPath{SNATPortMin: nf.SNATPortMin, SNATPortMax: nf.SNATPortMax,
+				c.NATPath = &gateway.NATPath{SNATPortMin: nf.SNATPortMin, SNATPortMax: nf.SNATPortMax,
 					NoSNAT: len(o.gateway.SNATAddresses) > 0 || o.gateway.ConntrackSync.Enabled}
 			}
-			o.gwCfg, o.gwHealth = &c, dataplane.ExpectedHealth(c, o.state)
+			o.gwCfg, o.gwHealth = &c, gateway.ExpectedHealth(c, o.state)
 		}
-		grs, err := dataplane.BuildGatewayRuleset(*o.gwCfg, fam, o.state, o.gwHealth)
+		grs, err := gateway.BuildRuleset(*o.gwCfg, fam, o.state, o.gwHealth)
 		if err != nil {
 			return nil, fmt.Errorf("building the IPv%d gateway ruleset: %w", fam, err)
 		}
@@ -108,7 +109,7 @@ func (o *offline) build(fam cluster.Family) (*offlineRuleset, error) {
 		out := &offlineRuleset{Flat: grs.Ruleset.Flatten(), Conflicts: grs.Conflicts,
 			IsLocal: func(a netip.Addr) bool { return a.IsLoopback() || slices.Contains(gwIPs, a.Unmap()) }}
 		// The fast path as the running gateway would plan it here (or on the devices stated).
-		if nrs, why := dataplane.GatewayNetdevRuleset(*o.gwCfg, fam, o.state, grs); nrs != nil {
+		if nrs, why := gateway.NetdevRuleset(*o.gwCfg, fam, o.state, grs); nrs != nil {
 			out.Netdev = nrs.Flatten()
 		} else {
 			out.NoFastPath = why
@@ -137,7 +138,7 @@ func (o *offline) build(fam cluster.Family) (*offlineRuleset, error) {
 
 // stateFastPathDevices puts the stated fast path devices (ingressDevices, nodeDevice) into c. They
 // are an error for a gateway without the fast path: they would be silently ignored.
-func (o *offline) stateFastPathDevices(c *dataplane.GatewayConfig) error {
+func (o *offline) stateFastPathDevices(c *gateway.Config) error {
 	if len(o.ingressDevices) == 0 && o.nodeDevice == "" {
 		return nil
 	}

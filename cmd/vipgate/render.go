@@ -13,7 +13,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
-	"github.com/vipgate/vipgate/dataplane/ctsync"
+	"github.com/vipgate/vipgate/gateway/ctsync"
 )
 
 const renderHelp = `Usage: vipgate render --config FILE --manifests DIR [flags]

@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/gateway"
 
 	"github.com/vipgate/vipgate/test/lab"
 )
@@ -284,7 +285,7 @@ func TestExplainKernelFastPath(t *testing.T) {
 	dpCfg.FastPath.NodeDevice = func(netip.Addr) (string, bool, error) { return "n0", true, nil }
 	prog := &dataplane.NetlinkProgrammer{NetNSFd: int(nsFile.Fd())}
 	defer prog.Close()
-	rep, err := dataplane.NewGatewayProxier(hclog.NewNullLogger(), dpCfg, prog).Sync(o.state, dataplane.ExpectedHealth(dpCfg, o.state))
+	rep, err := gateway.NewProxier(hclog.NewNullLogger(), dpCfg, prog).Sync(o.state, gateway.ExpectedHealth(dpCfg, o.state))
 	if err != nil {
 		t.Fatal(err)
 	}

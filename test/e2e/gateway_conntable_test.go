@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/gateway"
 	"github.com/vipgate/vipgate/test/lab"
 )
 
@@ -80,7 +81,7 @@ func testGatewayConnTable(t *testing.T, forwarding string) {
 	nodeDoc := func(n *lab.Node, drain bool) string {
 		labels := "kubernetes.io/hostname: " + n.Name
 		if drain {
-			labels += ", " + dataplane.GatewayDrainLabel + `: "true"`
+			labels += ", " + gateway.DrainLabel + `: "true"`
 		}
 		return fmt.Sprintf("apiVersion: v1\nkind: Node\nmetadata:\n  name: %s\n  labels: {%s}\nstatus:\n  addresses: [{type: InternalIP, address: %q}]\n", n.Name, labels, n.IPv4)
 	}
@@ -259,7 +260,7 @@ func testGatewayConnTable(t *testing.T, forwarding string) {
 	setNodes(true, node1, node2)
 	waitMaglev(gws, node1, false)
 	opened, broken, errs := wait()
-	t.Logf("forwarding %s: node1 drained (label %s) under %d long-lived connections: %d broken %v", forwarding, dataplane.GatewayDrainLabel, opened, broken, errs)
+	t.Logf("forwarding %s: node1 drained (label %s) under %d long-lived connections: %d broken %v", forwarding, gateway.DrainLabel, opened, broken, errs)
 	if broken > 0 {
 		t.Errorf("forwarding %s: %d of %d connections broke when node1 was drained", forwarding, broken, opened)
 	}

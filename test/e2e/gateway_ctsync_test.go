@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipgate/vipgate/dataplane/ctsync"
+	"github.com/vipgate/vipgate/gateway/ctsync"
 	"github.com/vipgate/vipgate/test/lab"
 	"github.com/vipgate/vipgate/test/routers"
 )
@@ -583,7 +583,7 @@ func ctsyncAttack(t *testing.T, e *ctsyncEnv) {
 	for range 20 {
 		gwSh(t, e.l, gw2.Name, "conntrackd", "-C", paths.Config, "-n")
 	}
-	// Without the relay the entry is in gw1's kernel within a second (dataplane/ctsync,
+	// Without the relay the entry is in gw1's kernel within a second (gateway/ctsync,
 	// TestSyncChannelAttack/on-LAN): this waits five times as long.
 	for start := time.Now(); time.Since(start) < 5*time.Second; time.Sleep(100 * time.Millisecond) {
 		if out, _ := e.l.Exec(gw1.Name, "conntrack", "-L", "-s", "192.0.2.66"); strings.Contains(out, "src=192.0.2.66") {

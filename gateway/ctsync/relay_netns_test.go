@@ -18,7 +18,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/vipgate/vipgate/dataplane/ctsync/relay"
+	"github.com/vipgate/vipgate/gateway/ctsync/relay"
 	"github.com/vipgate/vipgate/test/lab"
 )
 

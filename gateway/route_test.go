@@ -1,4 +1,4 @@
-package dataplane
+package gateway
 
 import (
 	"math"
@@ -12,11 +12,12 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
 )
 
 func TestGatewayFlowsRoute(t *testing.T) {
 	one := Health{{gwNode1, 32001}: true}
-	cfg := GatewayConfig{Forwarding: cluster.ForwardRoute}
+	cfg := Config{Forwarding: cluster.ForwardRoute}
 	gwRun(t, gwFlat(t, cfg, gwState(), one), []gwFlow{
 		{"eTP=Cluster: to every node, unchanged", "203.0.113.50", 80, "ROUTE via 192.0.2.11:80, 192.0.2.12:80"},
 		{"eTP=Local: only healthy nodes", "203.0.113.51", 80, "ROUTE via 192.0.2.11:80"},
@@ -27,11 +28,11 @@ func TestGatewayFlowsRoute(t *testing.T) {
 	gwRun(t, gwFlat(t, cfg, gwState(), nil), []gwFlow{
 		{"eTP=Local: no probe answered yet", "203.0.113.51", 80, "REJECT"},
 	})
-	if targets := GatewayHealthTargets(cfg, gwState()); len(targets) != 2 {
+	if targets := HealthTargets(cfg, gwState()); len(targets) != 2 {
 		t.Errorf("health targets %v: want both nodes' healthCheckNodePort of the eTP=Local Service", targets)
 	}
 	// The same flow, on any gateway: the slot and so the node depend only on the flow.
-	grs, err := BuildGatewayRuleset(cfg, cluster.IPv4, gwState(), one)
+	grs, err := BuildRuleset(cfg, cluster.IPv4, gwState(), one)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +46,7 @@ func TestGatewayFlowsRoute(t *testing.T) {
 // wantTypedTrace checks the typed fields the gateway's and the algorithms' trace hooks record: every
 // candidate has its rule and a known probability, the probabilities sum to 1, and every rule step
 // says whether its rule matched (no StepRule).
-func wantTypedTrace(t *testing.T, r Result, n int) {
+func wantTypedTrace(t *testing.T, r dataplane.Result, n int) {
 	t.Helper()
 	if len(r.Candidates) != n {
 		t.Fatalf("%d candidates, want %d:\n%s", len(r.Candidates), n, r.Explain())
@@ -61,10 +62,10 @@ func wantTypedTrace(t *testing.T, r Result, n int) {
 		t.Errorf("probabilities sum to %v, want 1:\n%s", sum, r.Explain())
 	}
 	for _, s := range r.Steps {
-		if s.Kind == StepRule {
+		if s.Kind == dataplane.StepRule {
 			t.Errorf("step %q has kind StepRule", s)
 		}
-		if s.Kind == StepMatch && strings.Contains(s.Note, "DNAT to") && !s.Endpoint.IsValid() {
+		if s.Kind == dataplane.StepMatch && strings.Contains(s.Note, "DNAT to") && !s.Endpoint.IsValid() {
 			t.Errorf("DNAT step %q has no Endpoint", s)
 		}
 	}
@@ -72,15 +73,15 @@ func wantTypedTrace(t *testing.T, r Result, n int) {
 
 // A routed Service's trace says each node's share of new flows (its Maglev slots over the table).
 func TestGatewayRouteTraceTyped(t *testing.T) {
-	cfg := GatewayConfig{Forwarding: cluster.ForwardRoute}
+	cfg := Config{Forwarding: cluster.ForwardRoute}
 	f := gwFlat(t, cfg, gwState(), Health{{gwNode1, 32001}: true})
-	r := Trace(f, HostInfo{}, Packet{Src: gwClient, Dst: netip.MustParseAddr("203.0.113.50"), Proto: ProtoTCP, Port: 80})
-	if r.Outcome != OutcomeRoute {
+	r := dataplane.Trace(f, dataplane.HostInfo{}, dataplane.Packet{Src: gwClient, Dst: netip.MustParseAddr("203.0.113.50"), Proto: dataplane.ProtoTCP, Port: 80})
+	if r.Outcome != dataplane.OutcomeRoute {
 		t.Fatalf("outcome %s:\n%s", r.Outcome, r.Explain())
 	}
 	wantTypedTrace(t, r, 2)
 	for _, c := range r.Candidates {
-		if c.Rule.Action != ActFlowPick && c.Rule.Action != ActDupJhashMap {
+		if c.Rule.Action != dataplane.ActFlowPick && c.Rule.Action != dataplane.ActDupJhashMap {
 			t.Errorf("candidate %s: rule %+v, want the Maglev pick", c.Endpoint, c.Rule)
 		}
 	}
@@ -89,8 +90,8 @@ func TestGatewayRouteTraceTyped(t *testing.T) {
 // Rendered routed gateway tables load with nft -c; programmed over netlink, nft lists the dup rule
 // back as vipgate renders it.
 func TestGatewayRouteKernel(t *testing.T) {
-	cfg := GatewayConfig{Forwarding: cluster.ForwardRoute}
-	text := RenderString(gwFlat(t, cfg, gwState(), Health{{gwNode1, 32001}: true}))
+	cfg := Config{Forwarding: cluster.ForwardRoute}
+	text := dataplane.RenderString(gwFlat(t, cfg, gwState(), Health{{gwNode1, 32001}: true}))
 	rule := "dup to ip daddr . meta l4proto . th dport . jhash ip saddr . th sport . ip daddr . th dport mod 1021 seed 0x76697067 map @gateway-routes drop"
 	if !strings.Contains(text, rule) || !strings.Contains(text, "type filter hook prerouting priority -300") {
 		t.Fatalf("rendered table lacks the routed shape:\n%s", text)
@@ -110,7 +111,7 @@ func TestGatewayRouteKernel(t *testing.T) {
 	v6 := gwService("web6", "2001:db8:ff::50", false, 80, 30090, 0)
 	st.Services[v6.Key] = v6
 	st.Nodes["node1"].Addresses = append(st.Nodes["node1"].Addresses, netip.MustParseAddr("2001:db8:1::11"))
-	p := NewGatewayProxier(hclog.NewNullLogger(), cfg, &NetlinkProgrammer{NetNSFd: fd})
+	p := NewProxier(hclog.NewNullLogger(), cfg, &dataplane.NetlinkProgrammer{NetNSFd: fd})
 	if _, err := p.Sync(st, Health{{gwNode1, 32001}: true}); err != nil {
 		t.Fatalf("first sync: %v", err)
 	}

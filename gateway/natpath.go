@@ -1,4 +1,4 @@
-package dataplane
+package gateway
 
 import (
 	"fmt"
@@ -7,20 +7,21 @@ import (
 	"strings"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/conntrack"
-	"github.com/vipgate/vipgate/dataplane/natpath"
+	"github.com/vipgate/vipgate/gateway/natpath"
 )
 
 // The gateway's NAT fast path (forwarding direct and nodePort): each sync gives the BPF program
-// of dataplane/natpath the VIP ports it may take, with the Maglev table the family's table holds
+// of gateway/natpath the VIP ports it may take, with the Maglev table the family's table holds
 // for each (the same slots: a flow gets the same backend on either path, and on every gateway),
 // attaches it to the ingress devices, and ends the stale flows in its flow table as conntrack's
 // are ended. The family's table is programmed first and stays complete on its own: what the
 // program does not take (fragments, IP options, other protocols, source-hash VIP ports, a next
 // hop it cannot use, no free masquerade port) goes through the IP stack as before.
 
-// GatewayNATPath configures the NAT fast path.
-type GatewayNATPath struct {
+// NATPath configures the NAT fast path.
+type NATPath struct {
 	// Path is the loaded program (*natpath.Path).
 	Path NATPathProgrammer
 	// Devices are the interfaces the program is attached to (ingress); empty: every interface
@@ -57,9 +58,9 @@ type NATPathProgrammer interface {
 // picks by the flow (not source-hash), TCP or UDP, and, with NoSNAT, not masqueraded. A VIP port
 // with loadBalancerSourceRanges is never given to it: the program does not know them, and the
 // family's table drops the clients outside them before DNAT (gatewayPart).
-func natPort(cfg GatewayConfig, e GatewayEntry, table []int) (natpath.VIPPort, bool) {
+func natPort(cfg Config, e Entry, table []int) (natpath.VIPPort, bool) {
 	if cfg.NATPath == nil || cfg.Forwarding == cluster.ForwardRoute || len(e.Backends) == 0 || e.Algorithm == cluster.LBSourceHash || len(e.SourceRanges) > 0 ||
-		(e.Proto != ProtoTCP && e.Proto != ProtoUDP) || e.SNAT && cfg.NATPath.NoSNAT {
+		(e.Proto != dataplane.ProtoTCP && e.Proto != dataplane.ProtoUDP) || e.SNAT && cfg.NATPath.NoSNAT {
 		return natpath.VIPPort{}, false
 	}
 	slots := make([]netip.AddrPort, len(table))
@@ -71,7 +72,7 @@ func natPort(cfg GatewayConfig, e GatewayEntry, table []int) (natpath.VIPPort, b
 
 // syncNATPath brings the NAT fast path to the families' tables fams (just programmed) and ends
 // the flows of stale; what fails is reported in rep (the family's tables forward without it).
-func (p *GatewayProxier) syncNATPath(fams map[cluster.Family]*GatewayRuleset, stale []conntrack.StaleFlow, rep *GatewaySyncReport) {
+func (p *Proxier) syncNATPath(fams map[cluster.Family]*Ruleset, stale []conntrack.StaleFlow, rep *SyncReport) {
 	np := p.cfg.NATPath
 	var ports []natpath.VIPPort
 	for _, f := range p.cfg.Families {
@@ -123,7 +124,7 @@ func (p *GatewayProxier) syncNATPath(fams map[cluster.Family]*GatewayRuleset, st
 // natPathDevices are the indexes of the interfaces the program goes on, and the configured ones
 // that do not exist or are not Ethernet devices (an interface of the default list that is not is
 // left out silently: a WireGuard or IPIP tunnel is no mistake).
-func natPathDevices(np *GatewayNATPath) (idx []int, missing, notEther []string, err error) {
+func natPathDevices(np *NATPath) (idx []int, missing, notEther []string, err error) {
 	names := np.Devices
 	if len(names) == 0 {
 		list := np.Interfaces
@@ -207,7 +208,7 @@ func natFlowStale(f natpath.Flow, stale []conntrack.StaleFlow) bool {
 // kernelMasqPorts is the port range the family's table masquerades to when the NAT fast path
 // masquerades too (0, 0: no range, `masquerade fully-random`): the larger of 1024..min-1 and
 // max+1..65535 around the program's ports (cluster's natFastPath check leaves at least 1024).
-func kernelMasqPorts(n *GatewayNATPath) (lo, hi uint16) {
+func kernelMasqPorts(n *NATPath) (lo, hi uint16) {
 	if n == nil || n.NoSNAT {
 		return 0, 0
 	}

@@ -1,4 +1,4 @@
-package dataplane
+package gateway
 
 import (
 	"bytes"
@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
 )
 
 // flowKey4 is the kernel's IPv4 gateway-flows key of a flow: each field in its own 4-byte register,
@@ -34,7 +35,7 @@ func flowKey4(src string, sport uint16, dst string, dport uint16) []byte {
 
 func nodeID(t *testing.T, a string) uint32 {
 	t.Helper()
-	id, ok := GatewayNodeID(netip.MustParseAddr(a))
+	id, ok := dataplane.GatewayNodeID(netip.MustParseAddr(a))
 	if !ok {
 		t.Fatalf("%s has no node id", a)
 	}
@@ -43,23 +44,23 @@ func nodeID(t *testing.T, a string) uint32 {
 
 func TestFlowCopyTranslate(t *testing.T) {
 	n1, n2, gone := nodeID(t, "192.0.2.11"), nodeID(t, "192.0.2.12"), nodeID(t, "192.0.2.99")
-	plan := flowCopyPlan{keyLen: flowKeyLen(cluster.IPv4), nodes: map[uint32]bool{n1: true, n2: true}, timeout: time.Hour}
+	plan := flowCopyPlan{keyLen: dataplane.FlowKeyLen(cluster.IPv4), nodes: map[uint32]bool{n1: true, n2: true}, timeout: time.Hour}
 	key := flowKey4("10.0.0.1", 1234, "203.0.113.50", 80)
 	for _, c := range []struct {
 		name string
-		in   GatewayFlow
-		want GatewayFlow
+		in   dataplane.GatewayFlow
+		want dataplane.GatewayFlow
 		skip flowSkip
 	}{
-		{"kept with its life and the map's timeout", GatewayFlow{Key: key, Mark: n1, Timeout: time.Hour, Expires: 20 * time.Minute},
-			GatewayFlow{Key: key, Mark: n1, Timeout: time.Hour, Expires: 20 * time.Minute}, flowCopied},
-		{"a longer timeout (another configuration) is cut to the map's", GatewayFlow{Key: key, Mark: n2, Timeout: 2 * time.Hour, Expires: 90 * time.Minute},
-			GatewayFlow{Key: key, Mark: n2, Timeout: time.Hour, Expires: time.Hour}, flowCopied},
-		{"its node left", GatewayFlow{Key: key, Mark: gone, Timeout: time.Hour, Expires: time.Minute}, GatewayFlow{}, flowGoneNode},
-		{"no node", GatewayFlow{Key: key, Timeout: time.Hour, Expires: time.Minute}, GatewayFlow{}, flowGoneNode},
-		{"about to expire", GatewayFlow{Key: key, Mark: n1, Timeout: time.Hour, Expires: 500 * time.Millisecond}, GatewayFlow{}, flowExpiring},
-		{"no expiry", GatewayFlow{Key: key, Mark: n1}, GatewayFlow{}, flowExpiring},
-		{"an IPv6 key in an IPv4 map", GatewayFlow{Key: []byte{1, 2, 3, 4}, Mark: n1, Expires: time.Minute}, GatewayFlow{}, flowBadKey},
+		{"kept with its life and the map's timeout", dataplane.GatewayFlow{Key: key, Mark: n1, Timeout: time.Hour, Expires: 20 * time.Minute},
+			dataplane.GatewayFlow{Key: key, Mark: n1, Timeout: time.Hour, Expires: 20 * time.Minute}, flowCopied},
+		{"a longer timeout (another configuration) is cut to the map's", dataplane.GatewayFlow{Key: key, Mark: n2, Timeout: 2 * time.Hour, Expires: 90 * time.Minute},
+			dataplane.GatewayFlow{Key: key, Mark: n2, Timeout: time.Hour, Expires: time.Hour}, flowCopied},
+		{"its node left", dataplane.GatewayFlow{Key: key, Mark: gone, Timeout: time.Hour, Expires: time.Minute}, dataplane.GatewayFlow{}, flowGoneNode},
+		{"no node", dataplane.GatewayFlow{Key: key, Timeout: time.Hour, Expires: time.Minute}, dataplane.GatewayFlow{}, flowGoneNode},
+		{"about to expire", dataplane.GatewayFlow{Key: key, Mark: n1, Timeout: time.Hour, Expires: 500 * time.Millisecond}, dataplane.GatewayFlow{}, flowExpiring},
+		{"no expiry", dataplane.GatewayFlow{Key: key, Mark: n1}, dataplane.GatewayFlow{}, flowExpiring},
+		{"an IPv6 key in an IPv4 map", dataplane.GatewayFlow{Key: []byte{1, 2, 3, 4}, Mark: n1, Expires: time.Minute}, dataplane.GatewayFlow{}, flowBadKey},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, skip := plan.translate(c.in)
@@ -71,14 +72,14 @@ func TestFlowCopyTranslate(t *testing.T) {
 			}
 		})
 	}
-	if flowKeyLen(NetdevFamily(cluster.IPv6)) != 4 || flowKeyLen(NetdevFamily(cluster.IPv4)) != 16 {
-		t.Errorf("key lengths %d %d, want 16 (IPv4) and 4 (IPv6), whatever the table", flowKeyLen(NetdevFamily(cluster.IPv4)), flowKeyLen(NetdevFamily(cluster.IPv6)))
+	if dataplane.FlowKeyLen(dataplane.NetdevFamily(cluster.IPv6)) != 4 || dataplane.FlowKeyLen(dataplane.NetdevFamily(cluster.IPv4)) != 16 {
+		t.Errorf("key lengths %d %d, want 16 (IPv4) and 4 (IPv6), whatever the table", dataplane.FlowKeyLen(dataplane.NetdevFamily(cluster.IPv4)), dataplane.FlowKeyLen(dataplane.NetdevFamily(cluster.IPv6)))
 	}
 }
 
 func TestGatewayFlowNodes(t *testing.T) {
 	ap := func(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
-	got := gatewayFlowNodes([]GatewayEntry{
+	got := gatewayFlowNodes([]Entry{
 		{Backends: []netip.AddrPort{ap("192.0.2.11:80"), ap("192.0.2.12:80")}, Draining: []netip.AddrPort{ap("192.0.2.13:80")}},
 		{Algorithm: cluster.LBSourceHash, Backends: []netip.AddrPort{ap("192.0.2.14:80")}},
 	})
@@ -91,17 +92,17 @@ func TestGatewayFlowNodes(t *testing.T) {
 // memFlows is a GatewayFlowStore of maps in memory that refuses, as the kernel does, a transaction
 // with an entry the map holds with another node.
 type memFlows struct {
-	maps  map[string]map[string]GatewayFlow
+	maps  map[string]map[string]dataplane.GatewayFlow
 	chunk int
 	txs   int
 }
 
-func (m *memFlows) ReadGatewayFlows(f cluster.Family, table string, _ time.Time, each func([]GatewayFlow) error) error {
+func (m *memFlows) ReadGatewayFlows(f cluster.Family, table string, _ time.Time, each func([]dataplane.GatewayFlow) error) error {
 	src, ok := m.maps[table]
 	if !ok {
-		return ErrNoFlowsMap
+		return dataplane.ErrNoFlowsMap
 	}
-	var chunk []GatewayFlow
+	var chunk []dataplane.GatewayFlow
 	for _, fl := range src {
 		chunk = append(chunk, fl)
 		if len(chunk) == m.chunk {
@@ -117,7 +118,7 @@ func (m *memFlows) ReadGatewayFlows(f cluster.Family, table string, _ time.Time,
 	return nil
 }
 
-func (m *memFlows) GatewayFlowWriter(f cluster.Family, table string, _ time.Time) (GatewayFlowWriter, error) {
+func (m *memFlows) GatewayFlowWriter(f cluster.Family, table string, _ time.Time) (dataplane.GatewayFlowWriter, error) {
 	return memWriter{m, table}, nil
 }
 
@@ -126,7 +127,7 @@ type memWriter struct {
 	table string
 }
 
-func (w memWriter) Add(flows []GatewayFlow) error {
+func (w memWriter) Add(flows []dataplane.GatewayFlow) error {
 	w.m.txs++
 	dst := w.m.maps[w.table]
 	for _, fl := range flows {
@@ -147,9 +148,9 @@ func (memWriter) Close() error { return nil }
 // they are (the transactions that held them split down to them).
 func TestCopyGatewayFlows(t *testing.T) {
 	n1, n2 := nodeID(t, "192.0.2.11"), nodeID(t, "192.0.2.12")
-	src, dst := map[string]GatewayFlow{}, map[string]GatewayFlow{}
+	src, dst := map[string]dataplane.GatewayFlow{}, map[string]dataplane.GatewayFlow{}
 	for i := range 20000 {
-		fl := GatewayFlow{Key: flowKey4("10.0.0.1", uint16(i), "203.0.113.50", 80), Mark: n1, Timeout: time.Hour, Expires: time.Duration(i+1) * time.Second}
+		fl := dataplane.GatewayFlow{Key: flowKey4("10.0.0.1", uint16(i), "203.0.113.50", 80), Mark: n1, Timeout: time.Hour, Expires: time.Duration(i+1) * time.Second}
 		switch {
 		case i%100 == 1:
 			fl.Mark = 7 // no node's id
@@ -165,11 +166,11 @@ func TestCopyGatewayFlows(t *testing.T) {
 		if i == 500 {
 			mark = n1
 		}
-		dst[string(k)] = GatewayFlow{Key: k, Mark: mark, Timeout: time.Hour, Expires: time.Minute}
+		dst[string(k)] = dataplane.GatewayFlow{Key: k, Mark: mark, Timeout: time.Hour, Expires: time.Minute}
 	}
-	store := &memFlows{maps: map[string]map[string]GatewayFlow{"from": src, "to": dst}, chunk: 1000}
+	store := &memFlows{maps: map[string]map[string]dataplane.GatewayFlow{"from": src, "to": dst}, chunk: 1000}
 	plan := flowCopyPlan{keyLen: 16, nodes: map[uint32]bool{n1: true, n2: true}, timeout: time.Hour}
-	c := copyGatewayFlows(store, flowTable{NetdevFamily(cluster.IPv4), "from"}, flowTable{cluster.IPv4, "to"}, plan, "test", time.Time{})
+	c := copyGatewayFlows(store, flowTable{dataplane.NetdevFamily(cluster.IPv4), "from"}, flowTable{cluster.IPv4, "to"}, plan, "test", time.Time{})
 	if c.Err != nil {
 		t.Fatal(c.Err)
 	}
@@ -197,9 +198,9 @@ func TestCopyGatewayFlows(t *testing.T) {
 }
 
 func TestSplitIngress(t *testing.T) {
-	in := &Chain{Name: "gateway-ingress-s0", Hook: HookIngress, Devices: []string{"s0"}}
-	route := &Chain{Name: ChainGatewayRoute}
-	tx := &Tx{Family: NetdevFamily(cluster.IPv4), Table: "t", Full: true, AddChains: []*Chain{in, route}, AddSets: []*Set{{Name: "s"}}}
+	in := &dataplane.Chain{Name: "gateway-ingress-s0", Hook: dataplane.HookIngress, Devices: []string{"s0"}}
+	route := &dataplane.Chain{Name: dataplane.ChainGatewayRoute}
+	tx := &dataplane.Tx{Family: dataplane.NetdevFamily(cluster.IPv4), Table: "t", Full: true, AddChains: []*dataplane.Chain{in, route}, AddSets: []*dataplane.Set{{Name: "s"}}}
 	first, hooks := splitIngress(tx)
 	if !first.Full || len(first.AddSets) != 1 || len(first.AddChains) != 1 || first.AddChains[0] != route {
 		t.Errorf("first: %s", first)
@@ -213,10 +214,10 @@ func TestSplitIngress(t *testing.T) {
 }
 
 // readFlows reads a table's gateway-flows by key.
-func readFlows(t *testing.T, prog *NetlinkProgrammer, f cluster.Family, table string) map[string]GatewayFlow {
+func readFlows(t *testing.T, prog *dataplane.NetlinkProgrammer, f cluster.Family, table string) map[string]dataplane.GatewayFlow {
 	t.Helper()
-	out := map[string]GatewayFlow{}
-	err := prog.ReadGatewayFlows(f, table, time.Time{}, func(fls []GatewayFlow) error {
+	out := map[string]dataplane.GatewayFlow{}
+	err := prog.ReadGatewayFlows(f, table, time.Time{}, func(fls []dataplane.GatewayFlow) error {
 		for _, fl := range fls {
 			fl.Key = bytes.Clone(fl.Key)
 			out[string(fl.Key)] = fl
@@ -238,8 +239,8 @@ func TestGatewayFlowCopyKernel(t *testing.T) {
 	vip := "203.0.113.50"
 	st := gatewayUDPState(vip, "192.0.2.11")
 	onLink, wantOn := true, true
-	fast := &GatewayFastPath{Devices: []string{"s0"}, NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", onLink, nil }}
-	prog := &NetlinkProgrammer{NetNSFd: nsFd(t, gw)}
+	fast := &FastPath{Devices: []string{"s0"}, NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", onLink, nil }}
+	prog := &dataplane.NetlinkProgrammer{NetNSFd: nsFd(t, gw)}
 	defer prog.Close()
 	p := routeGateway(cluster.IPv4, fast, prog)
 	sync := func(what string, want int) []FlowCopy {
@@ -251,7 +252,7 @@ func TestGatewayFlowCopyKernel(t *testing.T) {
 		return copies
 	}
 	sync("first", 0) // both tables new, nothing to copy
-	netdev, table := NetdevTableName(cluster.DefaultTableName, cluster.IPv4), cluster.DefaultTableName
+	netdev, table := dataplane.NetdevTableName(cluster.DefaultTableName, cluster.IPv4), cluster.DefaultTableName
 	nft := func(args ...string) string {
 		t.Helper()
 		out, err := exec.Command("ip", append([]string{"netns", "exec", gw, "nft"}, args...)...).CombinedOutput()
@@ -265,11 +266,11 @@ func TestGatewayFlowCopyKernel(t *testing.T) {
 	// order, where the packets' `meta mark` (what gateway-flows holds) is in host order: the
 	// entries are spelled so that the kernel holds what a packet of node 192.0.2.11 would write.
 	asNft := func(mark uint32) uint32 { return binary.BigEndian.Uint32(binary.NativeEndian.AppendUint32(nil, mark)) }
-	nft("add", "element", "netdev", netdev, MapGatewayFlows, fmt.Sprintf(
+	nft("add", "element", "netdev", netdev, dataplane.MapGatewayFlows, fmt.Sprintf(
 		"{ 10.0.0.1 . 1234 . %[1]s . 5000 timeout 1h expires 30m : %#[2]x, 10.0.0.2 . 1234 . %[1]s . 5000 timeout 1h expires 30m : %#[3]x, 10.0.0.3 . 1234 . %[1]s . 5000 timeout 1h expires 100ms : %#[2]x }",
 		vip, asNft(n1), asNft(7)))
 	udpSend(t, cl, vip, 5000, 100) // a flow of real packets, through the fast path
-	before := readFlows(t, prog, NetdevFamily(cluster.IPv4), netdev)
+	before := readFlows(t, prog, dataplane.NetdevFamily(cluster.IPv4), netdev)
 	if len(before) < 3 {
 		// The 100 ms entry may be gone already.
 		t.Fatalf("netdev table's flows: %d, want those written by nft and the datagrams'", len(before))
@@ -290,7 +291,7 @@ func TestGatewayFlowCopyKernel(t *testing.T) {
 		t.Fatalf("the netdev table is left:\n%s", out)
 	}
 	after := readFlows(t, prog, cluster.IPv4, table)
-	check := func(what string, got map[string]GatewayFlow, skew time.Duration) {
+	check := func(what string, got map[string]dataplane.GatewayFlow, skew time.Duration) {
 		t.Helper()
 		for k, b := range before {
 			if b.Mark != n1 || b.Expires < flowMinLife {
@@ -305,15 +306,15 @@ func TestGatewayFlowCopyKernel(t *testing.T) {
 				t.Errorf("%s: entry %x (node %#x) missing", what, k, b.Mark)
 			case a.Mark != b.Mark:
 				t.Errorf("%s: entry %x has node %#x, want %#x", what, k, a.Mark, b.Mark)
-			case a.Timeout != 0 && a.Timeout != DefaultGatewayFlowTimeout: // 0: the kernel lists no timeout equal to the map's
-				t.Errorf("%s: entry %x has timeout %v, want the map's %v", what, k, a.Timeout, DefaultGatewayFlowTimeout)
+			case a.Timeout != 0 && a.Timeout != dataplane.DefaultGatewayFlowTimeout: // 0: the kernel lists no timeout equal to the map's
+				t.Errorf("%s: entry %x has timeout %v, want the map's %v", what, k, a.Timeout, dataplane.DefaultGatewayFlowTimeout)
 			case a.Expires > b.Expires || a.Expires < b.Expires-skew:
 				t.Errorf("%s: entry %x expires in %v, want within %v below %v", what, k, a.Expires, skew, b.Expires)
 			}
 		}
 	}
 	check("the family's table after the fast path went off", after, 10*time.Second)
-	if list := nft("list", "map", "ip", table, MapGatewayFlows); !strings.Contains(list, "10.0.0.1 . 1234 . "+vip+" . 5000") {
+	if list := nft("list", "map", "ip", table, dataplane.MapGatewayFlows); !strings.Contains(list, "10.0.0.1 . 1234 . "+vip+" . 5000") {
 		t.Errorf("nft does not list the copied entry as it was written:\n%s", list)
 	}
 
@@ -323,7 +324,7 @@ func TestGatewayFlowCopyKernel(t *testing.T) {
 	if c := copies[0]; c.Why != "fast path on" || c.Copied != 2 {
 		t.Errorf("fast path on: %s; want 2 copied into the new netdev table", c)
 	}
-	check("the netdev table after the fast path came back", readFlows(t, prog, NetdevFamily(cluster.IPv4), netdev), 20*time.Second)
+	check("the netdev table after the fast path came back", readFlows(t, prog, dataplane.NetdevFamily(cluster.IPv4), netdev), 20*time.Second)
 
 	// A restart: both tables are written afresh; the old netdev table's flows go to the new family
 	// table, and from there to the new netdev table.
@@ -333,11 +334,11 @@ func TestGatewayFlowCopyKernel(t *testing.T) {
 		t.Errorf("restart: copies %v; want the old netdev table's into the family's, then back", copies)
 	}
 	check("the family's table after a restart", readFlows(t, prog, cluster.IPv4, table), 30*time.Second)
-	check("the netdev table after a restart", readFlows(t, prog, NetdevFamily(cluster.IPv4), netdev), 30*time.Second)
+	check("the netdev table after a restart", readFlows(t, prog, dataplane.NetdevFamily(cluster.IPv4), netdev), 30*time.Second)
 
 	// A netdev transaction the kernel refuses (a device name longer than IFNAMSIZ-1): the table is
 	// deleted, its flows copied into the family's first.
-	nft("flush", "map", "ip", table, MapGatewayFlows)
+	nft("flush", "map", "ip", table, dataplane.MapGatewayFlows)
 	fast.Devices, wantOn = []string{"s0", "a-sixteen-bytes!"}, false
 	copies = sync("refused", 2)
 	if copies[0].Why != "netdev table rewritten" || copies[0].Copied != 2 {
@@ -357,28 +358,28 @@ func TestGatewayFlowCopyScale(t *testing.T) {
 		t.Skip("short")
 	}
 	_, gw, _ := netdevLab(t)
-	prog := &NetlinkProgrammer{NetNSFd: nsFd(t, gw)}
+	prog := &dataplane.NetlinkProgrammer{NetNSFd: nsFd(t, gw)}
 	defer prog.Close()
 	st := gatewayUDPState("203.0.113.50", "192.0.2.11")
-	fast := &GatewayFastPath{Devices: []string{"s0"}, NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", true, nil }}
+	fast := &FastPath{Devices: []string{"s0"}, NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", true, nil }}
 	rep, err := routeGateway(cluster.IPv4, fast, prog).Sync(st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := 100000
-	if v, err := strconv.Atoi(os.Getenv("VIPGATE_FLOWCOPY_ENTRIES")); err == nil && v > 0 && v <= GatewayFlowsMax {
+	if v, err := strconv.Atoi(os.Getenv("VIPGATE_FLOWCOPY_ENTRIES")); err == nil && v > 0 && v <= dataplane.GatewayFlowsMax {
 		n = v // a measurement of another size (GatewayFlowsMax: a full map)
 	}
 	n1 := nodeID(t, "192.0.2.11")
-	netdev := flowTable{NetdevFamily(cluster.IPv4), NetdevTableName(cluster.DefaultTableName, cluster.IPv4)}
+	netdev := flowTable{dataplane.NetdevFamily(cluster.IPv4), dataplane.NetdevTableName(cluster.DefaultTableName, cluster.IPv4)}
 	w, err := prog.GatewayFlowWriter(netdev.family, netdev.table, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	batch := make([]GatewayFlow, 0, flowCopyBatch)
+	batch := make([]dataplane.GatewayFlow, 0, dataplane.FlowCopyBatch)
 	for i := range n {
-		batch = append(batch, GatewayFlow{Key: flowKey4(fmt.Sprintf("10.%d.%d.%d", i>>16, i>>8&0xff, i&0xff), uint16(i), "203.0.113.50", 5000),
+		batch = append(batch, dataplane.GatewayFlow{Key: flowKey4(fmt.Sprintf("10.%d.%d.%d", i>>16, i>>8&0xff, i&0xff), uint16(i), "203.0.113.50", 5000),
 			Mark: n1, Timeout: time.Hour, Expires: 30 * time.Minute})
 		if len(batch) == cap(batch) || i == n-1 {
 			if err := w.Add(batch); err != nil {
@@ -391,7 +392,7 @@ func TestGatewayFlowCopyScale(t *testing.T) {
 	t.Logf("writing %d entries: %v", n, time.Since(start))
 	start = time.Now()
 	read := 0
-	if err := prog.ReadGatewayFlows(netdev.family, netdev.table, time.Time{}, func(fls []GatewayFlow) error { read += len(fls); return nil }); err != nil {
+	if err := prog.ReadGatewayFlows(netdev.family, netdev.table, time.Time{}, func(fls []dataplane.GatewayFlow) error { read += len(fls); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("reading %d entries: %v", read, time.Since(start))
@@ -406,7 +407,7 @@ func TestGatewayFlowCopyScale(t *testing.T) {
 		t.Errorf("%s; want %d read and copied", c, n)
 	}
 	got := 0
-	if err := prog.ReadGatewayFlows(cluster.IPv4, cluster.DefaultTableName, time.Time{}, func(fls []GatewayFlow) error { got += len(fls); return nil }); err != nil {
+	if err := prog.ReadGatewayFlows(cluster.IPv4, cluster.DefaultTableName, time.Time{}, func(fls []dataplane.GatewayFlow) error { got += len(fls); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if got != n {
@@ -435,23 +436,23 @@ func TestGatewayFlowCopyKernelIPv6(t *testing.T) {
 	}
 	st := gatewayUDPState("2001:db8:5::50", "2001:db8::11")
 	onLink := true
-	fast := &GatewayFastPath{Devices: []string{"s0"}, NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", onLink, nil }}
-	prog := &NetlinkProgrammer{NetNSFd: nsFd(t, ns)}
+	fast := &FastPath{Devices: []string{"s0"}, NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", onLink, nil }}
+	prog := &dataplane.NetlinkProgrammer{NetNSFd: nsFd(t, ns)}
 	defer prog.Close()
 	p := routeGateway(cluster.IPv6, fast, prog)
 	syncFastPath(t, "on", p, st, onLink)
-	netdev := flowTable{NetdevFamily(cluster.IPv6), NetdevTableName(cluster.DefaultTableName, cluster.IPv6)}
+	netdev := flowTable{dataplane.NetdevFamily(cluster.IPv6), dataplane.NetdevTableName(cluster.DefaultTableName, cluster.IPv6)}
 	n1 := nodeID(t, "2001:db8::11")
 	w, err := prog.GatewayFlowWriter(netdev.family, netdev.table, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	kept, stale := []byte{0x12, 0x34, 0x56, 0x78}, []byte{0x9a, 0xbc, 0xde, 0xf0}
-	if err := w.Add([]GatewayFlow{{Key: kept, Mark: n1, Timeout: time.Hour, Expires: 20 * time.Minute}, {Key: stale, Mark: 7, Timeout: time.Hour, Expires: 20 * time.Minute}}); err != nil {
+	if err := w.Add([]dataplane.GatewayFlow{{Key: kept, Mark: n1, Timeout: time.Hour, Expires: 20 * time.Minute}, {Key: stale, Mark: 7, Timeout: time.Hour, Expires: 20 * time.Minute}}); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()
-	want := func(what string, got map[string]GatewayFlow) {
+	want := func(what string, got map[string]dataplane.GatewayFlow) {
 		t.Helper()
 		fl, ok := got[string(kept)]
 		if !ok || fl.Mark != n1 || fl.Expires > 20*time.Minute || fl.Expires < 20*time.Minute-10*time.Second {
@@ -478,20 +479,20 @@ type copyCounter struct {
 	reads     []string
 }
 
-func (c *copyCounter) Apply(tx *Tx) error {
-	if isNetdev(tx.Family) && c.failHooks && slices.ContainsFunc(tx.AddChains, func(ch *Chain) bool { return ch.Hook == HookIngress }) {
+func (c *copyCounter) Apply(tx *dataplane.Tx) error {
+	if dataplane.IsNetdev(tx.Family) && c.failHooks && slices.ContainsFunc(tx.AddChains, func(ch *dataplane.Chain) bool { return ch.Hook == dataplane.HookIngress }) {
 		return errors.New("ingress chain refused")
 	}
 	return nil
 }
 
-func (c *copyCounter) ReadGatewayFlows(f cluster.Family, table string, _ time.Time, each func([]GatewayFlow) error) error {
+func (c *copyCounter) ReadGatewayFlows(f cluster.Family, table string, _ time.Time, each func([]dataplane.GatewayFlow) error) error {
 	c.reads = append(c.reads, table)
-	return each([]GatewayFlow{{Key: flowKey4("10.0.0.1", 1234, "203.0.113.50", 5000), Mark: c.node, Timeout: time.Hour, Expires: time.Minute}})
+	return each([]dataplane.GatewayFlow{{Key: flowKey4("10.0.0.1", 1234, "203.0.113.50", 5000), Mark: c.node, Timeout: time.Hour, Expires: time.Minute}})
 }
 
-func (c *copyCounter) GatewayFlowWriter(cluster.Family, string, time.Time) (GatewayFlowWriter, error) {
-	return memWriter{&memFlows{maps: map[string]map[string]GatewayFlow{"": {}}}, ""}, nil
+func (c *copyCounter) GatewayFlowWriter(cluster.Family, string, time.Time) (dataplane.GatewayFlowWriter, error) {
+	return memWriter{&memFlows{maps: map[string]map[string]dataplane.GatewayFlow{"": {}}}, ""}, nil
 }
 
 // TestGatewayFlowCopySyncs: which syncs copy the connection table. A start copies (the netdev table
@@ -501,7 +502,7 @@ func (c *copyCounter) GatewayFlowWriter(cluster.Family, string, time.Time) (Gate
 func TestGatewayFlowCopySyncs(t *testing.T) {
 	st := gatewayUDPState("203.0.113.50", "192.0.2.11")
 	index := map[string]int{"s0": 2, "n0": 3}
-	fp := &GatewayFastPath{Devices: []string{"s0"},
+	fp := &FastPath{Devices: []string{"s0"},
 		NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", true, nil },
 		Index:      func(d string) int { return index[d] }}
 	prog := &copyCounter{node: nodeID(t, "192.0.2.11")}
@@ -564,17 +565,17 @@ func TestGatewayFlowCopyClash(t *testing.T) {
 		t.Fatalf("ip link add: %v: %s", err, out)
 	}
 	st := gatewayUDPState("203.0.113.50", "192.0.2.11")
-	fast := &GatewayFastPath{Devices: []string{"s0"}, NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", true, nil }}
-	prog := &NetlinkProgrammer{NetNSFd: nsFd(t, ns)}
+	fast := &FastPath{Devices: []string{"s0"}, NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", true, nil }}
+	prog := &dataplane.NetlinkProgrammer{NetNSFd: nsFd(t, ns)}
 	defer prog.Close()
 	syncFastPath(t, "on", routeGateway(cluster.IPv4, fast, prog), st, true)
 	n1, n2 := nodeID(t, "192.0.2.11"), nodeID(t, "192.0.2.12")
-	netdev := flowTable{NetdevFamily(cluster.IPv4), NetdevTableName(cluster.DefaultTableName, cluster.IPv4)}
+	netdev := flowTable{dataplane.NetdevFamily(cluster.IPv4), dataplane.NetdevTableName(cluster.DefaultTableName, cluster.IPv4)}
 	fam := flowTable{cluster.IPv4, cluster.DefaultTableName}
 	key := func(i int) []byte {
 		return flowKey4(fmt.Sprintf("10.0.%d.%d", i>>8, i&0xff), 1234, "203.0.113.50", 5000)
 	}
-	write := func(to flowTable, fls []GatewayFlow) {
+	write := func(to flowTable, fls []dataplane.GatewayFlow) {
 		t.Helper()
 		w, err := prog.GatewayFlowWriter(to.family, to.table, time.Time{})
 		if err != nil {
@@ -586,18 +587,18 @@ func TestGatewayFlowCopyClash(t *testing.T) {
 		}
 	}
 	const n = 2000
-	var src []GatewayFlow
+	var src []dataplane.GatewayFlow
 	for i := range n {
-		src = append(src, GatewayFlow{Key: key(i), Mark: n1, Timeout: time.Hour, Expires: 30 * time.Minute})
+		src = append(src, dataplane.GatewayFlow{Key: key(i), Mark: n1, Timeout: time.Hour, Expires: 30 * time.Minute})
 	}
 	write(netdev, src)
 	// The family's table learnt three of the flows with another node, one with the same node.
 	clash := []int{7, 1000, 1999}
-	var own []GatewayFlow
+	var own []dataplane.GatewayFlow
 	for _, i := range clash {
-		own = append(own, GatewayFlow{Key: key(i), Mark: n2, Timeout: time.Hour, Expires: 5 * time.Minute})
+		own = append(own, dataplane.GatewayFlow{Key: key(i), Mark: n2, Timeout: time.Hour, Expires: 5 * time.Minute})
 	}
-	own = append(own, GatewayFlow{Key: key(500), Mark: n1, Timeout: time.Hour, Expires: 5 * time.Minute})
+	own = append(own, dataplane.GatewayFlow{Key: key(500), Mark: n1, Timeout: time.Hour, Expires: 5 * time.Minute})
 	write(fam, own)
 	plan := flowCopyPlan{keyLen: 16, nodes: map[uint32]bool{n1: true}, timeout: time.Hour}
 	// A dump during a resize of the source's hash table (the kernel's, in the background, after
@@ -616,7 +617,7 @@ func TestGatewayFlowCopyClash(t *testing.T) {
 	// The kernel's dump restarts its hash walk at each message and skips what it sent: while the
 	// map's hash table is resized (in the background, after many inserts), it can miss entries.
 	// The table is read again until it holds what is expected, a few times.
-	settled := func(want int) map[string]GatewayFlow {
+	settled := func(want int) map[string]dataplane.GatewayFlow {
 		got := readFlows(t, prog, fam.family, fam.table)
 		for i := 0; i < 20 && len(got) != want; i++ {
 			time.Sleep(50 * time.Millisecond)
@@ -642,12 +643,12 @@ func TestGatewayFlowCopyClash(t *testing.T) {
 	}
 
 	// A clash in every tenth entry: more than the cap of refused transactions can find.
-	if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "flush", "map", "ip", fam.table, MapGatewayFlows).CombinedOutput(); err != nil {
+	if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "flush", "map", "ip", fam.table, dataplane.MapGatewayFlows).CombinedOutput(); err != nil {
 		t.Fatalf("nft flush: %v: %s", err, out)
 	}
 	own = own[:0]
 	for i := 0; i < n; i += 10 {
-		own = append(own, GatewayFlow{Key: key(i), Mark: n2, Timeout: time.Hour, Expires: 5 * time.Minute})
+		own = append(own, dataplane.GatewayFlow{Key: key(i), Mark: n2, Timeout: time.Hour, Expires: 5 * time.Minute})
 	}
 	write(fam, own)
 	c = copyGatewayFlows(prog, netdev, fam, plan, "many clashes", time.Time{})
@@ -663,30 +664,5 @@ func TestGatewayFlowCopyClash(t *testing.T) {
 	}
 	if len(got) != len(own)+c.Copied {
 		t.Errorf("the family's table holds %d entries, want its own %d and the %d copied", len(got), len(own), c.Copied)
-	}
-}
-
-// TestParseFlowDumpEnd: a dump that ends in an error (NLMSG_DONE carrying an errno) is that error,
-// not a complete dump, and a message flagged NLM_F_DUMP_INTR says the dump was interrupted.
-func TestParseFlowDumpEnd(t *testing.T) {
-	msg := func(typ, flags uint16, body []byte) []byte {
-		b := binary.NativeEndian.AppendUint32(nil, uint32(unix.NLMSG_HDRLEN+len(body)))
-		b = binary.NativeEndian.AppendUint16(b, typ)
-		b = binary.NativeEndian.AppendUint16(b, flags)
-		b = append(b, make([]byte, 8)...) // sequence, port id
-		return append(b, body...)
-	}
-	errno := func(e int32) []byte { return binary.NativeEndian.AppendUint32(nil, uint32(e)) }
-	none := func(GatewayFlow) error { return nil }
-	if done, intr, err := parseFlowDump(msg(unix.NLMSG_DONE, unix.NLM_F_MULTI, errno(0)), none); !done || intr || err != nil {
-		t.Errorf("a dump's end: done %v, interrupted %v, err %v; want done", done, intr, err)
-	}
-	if done, _, err := parseFlowDump(msg(unix.NLMSG_DONE, unix.NLM_F_MULTI, errno(-int32(unix.EBUSY))), none); done || !errors.Is(err, unix.EBUSY) {
-		t.Errorf("a dump ended by an error: done %v, err %v; want EBUSY", done, err)
-	}
-	// An element message flagged interrupted (its body: an nfgenmsg and no attribute), then the end.
-	b := append(msg(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_NEWSETELEM, unix.NLM_F_MULTI|unix.NLM_F_DUMP_INTR, make([]byte, 4)), msg(unix.NLMSG_DONE, unix.NLM_F_MULTI, errno(0))...)
-	if done, intr, err := parseFlowDump(b, none); !done || !intr || err != nil {
-		t.Errorf("an interrupted dump: done %v, interrupted %v, err %v; want done and interrupted", done, intr, err)
 	}
 }

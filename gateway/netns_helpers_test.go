@@ -1,4 +1,4 @@
-package dataplane
+package gateway
 
 import (
 	"net/netip"
@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
 )
 
 // The pieces the gateway's namespace tests (gateway_flowcopy_test.go; gateway_netdev_test.go's
@@ -44,14 +45,14 @@ func gatewayUDPState(vip, nodeAddr string) *cluster.State {
 
 // routeGateway is a route-forwarding gateway of family f with the fast path fast (nil: none),
 // programming through prog.
-func routeGateway(f cluster.Family, fast *GatewayFastPath, prog Programmer) *GatewayProxier {
-	return NewGatewayProxier(hclog.NewNullLogger(), GatewayConfig{Forwarding: cluster.ForwardRoute, Families: []cluster.Family{f}, FastPath: fast}, prog)
+func routeGateway(f cluster.Family, fast *FastPath, prog dataplane.Programmer) *Proxier {
+	return NewProxier(hclog.NewNullLogger(), Config{Forwarding: cluster.ForwardRoute, Families: []cluster.Family{f}, FastPath: fast}, prog)
 }
 
 // syncFastPath syncs st through p and returns the flow copies the sync made, logged. The test
 // fails if the sync does, if a copy does, or if the fast path is not on (wantOn) or off as wanted;
 // what names the step in the messages.
-func syncFastPath(t *testing.T, what string, p *GatewayProxier, st *cluster.State, wantOn bool) []FlowCopy {
+func syncFastPath(t *testing.T, what string, p *Proxier, st *cluster.State, wantOn bool) []FlowCopy {
 	t.Helper()
 	rep, err := p.Sync(st, nil)
 	if err != nil {

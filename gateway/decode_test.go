@@ -1,4 +1,4 @@
-package dataplane
+package gateway
 
 import (
 	"net/netip"
@@ -7,6 +7,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
 )
 
 // TestGatewayDecodeRoundTrip: gateway tables of every forwarding mode and SNAT setting, both
@@ -16,16 +17,16 @@ import (
 func TestGatewayDecodeRoundTrip(t *testing.T) {
 	for _, c := range []struct {
 		name   string
-		cfg    GatewayConfig
+		cfg    Config
 		ranges []string
 	}{
-		{"nodePort auto", GatewayConfig{Forwarding: cluster.ForwardNodePort}, nil},
-		{"direct always", GatewayConfig{Forwarding: cluster.ForwardDirect, SNAT: cluster.SNATAlways}, nil},
-		{"route", GatewayConfig{Forwarding: cluster.ForwardRoute}, nil},
-		{"nodePort source ranges", GatewayConfig{Forwarding: cluster.ForwardNodePort}, []string{"198.51.100.0/24", "192.0.2.128/25", "2001:db8:c::/48"}},
-		{"direct source ranges", GatewayConfig{Forwarding: cluster.ForwardDirect}, []string{"198.51.100.0/24", "2001:db8:c::/48"}},
+		{"nodePort auto", Config{Forwarding: cluster.ForwardNodePort}, nil},
+		{"direct always", Config{Forwarding: cluster.ForwardDirect, SNAT: cluster.SNATAlways}, nil},
+		{"route", Config{Forwarding: cluster.ForwardRoute}, nil},
+		{"nodePort source ranges", Config{Forwarding: cluster.ForwardNodePort}, []string{"198.51.100.0/24", "192.0.2.128/25", "2001:db8:c::/48"}},
+		{"direct source ranges", Config{Forwarding: cluster.ForwardDirect}, []string{"198.51.100.0/24", "2001:db8:c::/48"}},
 		// The NAT fast path masquerades at 40000-49999: conntrack's masquerade takes 1024-39999.
-		{"nodePort NAT fast path", GatewayConfig{Forwarding: cluster.ForwardNodePort, NATPath: &GatewayNATPath{Path: &natFake{},
+		{"nodePort NAT fast path", Config{Forwarding: cluster.ForwardNodePort, NATPath: &NATPath{Path: &natFake{},
 			Interfaces: func() ([]string, error) { return nil, nil }, SNATPortMin: 40000, SNATPortMax: 49999}}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -43,13 +44,13 @@ func TestGatewayDecodeRoundTrip(t *testing.T) {
 				}
 			}
 			health := Health{{gwNode1, 32001}: true}
-			prog := &NetlinkProgrammer{NetNSFd: fd}
-			p := NewGatewayProxier(hclog.NewNullLogger(), c.cfg, prog)
+			prog := &dataplane.NetlinkProgrammer{NetNSFd: fd}
+			p := NewProxier(hclog.NewNullLogger(), c.cfg, prog)
 			if _, err := p.Sync(st, health); err != nil {
 				t.Fatal(err)
 			}
 			for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-				grs, err := BuildGatewayRuleset(c.cfg, f, st, health)
+				grs, err := BuildRuleset(c.cfg, f, st, health)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -57,34 +58,10 @@ func TestGatewayDecodeRoundTrip(t *testing.T) {
 				if err != nil {
 					t.Fatalf("IPv%d: reading the table back: %v", f, err)
 				}
-				if ok, diff := FlatEqual(grs.Ruleset.Flatten(), got); !ok {
+				if ok, diff := dataplane.FlatEqual(grs.Ruleset.Flatten(), got); !ok {
 					t.Errorf("IPv%d: the kernel's table decodes to something else: %s", f, diff)
 				}
 			}
 		})
-	}
-}
-
-// TestRepeatedElements: a set dump that gives an element twice (the kernel's walk of a hash set
-// being resized; dumpElements reads it again) is told from a complete one, and an interval set's
-// range end is not a repeat of the next range's start at the same key.
-func TestRepeatedElements(t *testing.T) {
-	el := func(key byte, end bool) KernelElement {
-		return KernelElement{Key: []byte{10, 0, 0, key}, IntervalEnd: end}
-	}
-	for _, c := range []struct {
-		name string
-		els  []KernelElement
-		want int
-	}{
-		{"none", nil, 0},
-		{"distinct", []KernelElement{el(3, false), el(1, false), el(2, false)}, 0},
-		{"one repeated", []KernelElement{el(3, false), el(1, false), el(3, false)}, 1},
-		{"one three times, one twice", []KernelElement{el(1, false), el(2, false), el(1, false), el(2, false), el(1, false)}, 3},
-		{"an end and a start at one key", []KernelElement{el(1, false), el(2, true), el(2, false), el(3, true)}, 0},
-	} {
-		if got := repeatedElements(c.els); got != c.want {
-			t.Errorf("%s: %d repeated, want %d", c.name, got, c.want)
-		}
 	}
 }

@@ -1,7 +1,6 @@
-package dataplane
+package gateway
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -14,10 +13,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
 )
 
 // TestPlanNetdev: the fast path needs every node on-link through one device; its ingress devices
@@ -25,7 +23,7 @@ import (
 func TestPlanNetdev(t *testing.T) {
 	n1, n2 := netip.MustParseAddr("192.0.2.11"), netip.MustParseAddr("192.0.2.12")
 	devs := map[netip.Addr]string{n1: "n0", n2: "n0"}
-	fp := &GatewayFastPath{
+	fp := &FastPath{
 		NodeDevice: func(a netip.Addr) (string, bool, error) {
 			if d, ok := devs[a]; ok {
 				return d, true, nil
@@ -53,40 +51,25 @@ func TestPlanNetdev(t *testing.T) {
 	}
 }
 
-// TestActionKindsDistinct: every action kind the decoder knows is a number of its own (the kinds
-// outside model.go's iota are numbered by hand; the fast path's once collided with lbalgo.go's).
-func TestActionKindsDistinct(t *testing.T) {
-	seen := map[ActionKind]bool{}
-	for _, k := range actionKinds {
-		if seen[k] {
-			t.Errorf("action kind %d is listed twice: two kinds share a number", k)
-		}
-		seen[k] = true
-	}
-	if !seen[ActFwdJhashMap] {
-		t.Errorf("ActFwdJhashMap is not in the decoder's kinds")
-	}
-}
-
 // TestRenderNetdevChecks: ingress chains only in netdev tables, with devices, and fwd only there.
 func TestRenderNetdevChecks(t *testing.T) {
-	ing := &Chain{Name: "in", Type: FilterType, Hook: HookIngress, Priority: 0}
-	f := &Flat{Family: NetdevFamily(cluster.IPv4), Table: "t", Chains: map[string]*Chain{"in": ing}}
-	if err := Render(io.Discard, f); err == nil || !strings.Contains(err.Error(), "without devices") {
+	ing := &dataplane.Chain{Name: "in", Type: dataplane.FilterType, Hook: dataplane.HookIngress, Priority: 0}
+	f := &dataplane.Flat{Family: dataplane.NetdevFamily(cluster.IPv4), Table: "t", Chains: map[string]*dataplane.Chain{"in": ing}}
+	if err := dataplane.Render(io.Discard, f); err == nil || !strings.Contains(err.Error(), "without devices") {
 		t.Errorf("an ingress chain without devices: %v", err)
 	}
 	ing.Devices = []string{"eth0"}
 	f.Family = cluster.IPv4
-	if err := Render(io.Discard, f); err == nil || !strings.Contains(err.Error(), "hook ingress in a table of family ip") {
+	if err := dataplane.Render(io.Discard, f); err == nil || !strings.Contains(err.Error(), "hook ingress in a table of family ip") {
 		t.Errorf("an ingress chain in an ip table: %v", err)
 	}
-	f.Family = NetdevFamily(cluster.IPv4)
-	if err := Render(io.Discard, f); err != nil {
+	f.Family = dataplane.NetdevFamily(cluster.IPv4)
+	if err := dataplane.Render(io.Discard, f); err != nil {
 		t.Error(err)
 	}
-	ing.Rules = []Rule{{Action: Action{Kind: ActFwdJhashMap, Map: MapGatewayRoutes, Value: 7}}}
-	f.Sets = map[string]*Set{MapGatewayRoutes: {Name: MapGatewayRoutes, Kind: KindTupleAddr}}
-	if err := Render(io.Discard, f); err == nil || !strings.Contains(err.Error(), "without a device") {
+	ing.Rules = []dataplane.Rule{{Action: dataplane.Action{Kind: dataplane.ActFwdJhashMap, Map: dataplane.MapGatewayRoutes, Value: 7}}}
+	f.Sets = map[string]*dataplane.Set{dataplane.MapGatewayRoutes: {Name: dataplane.MapGatewayRoutes, Kind: dataplane.KindTupleAddr}}
+	if err := dataplane.Render(io.Discard, f); err == nil || !strings.Contains(err.Error(), "without a device") {
 		t.Errorf("fwd without a device: %v", err)
 	}
 }
@@ -102,16 +85,16 @@ func TestGatewayFastPathPackets(t *testing.T) {
 	// A second port, for the datagram in fragments.
 	svc := st.Services[cluster.ServiceKey{Namespace: "gw", Name: "udp"}]
 	svc.Ports = append(svc.Ports, cluster.ServicePort{Name: "big", Protocol: cluster.UDP, Port: 5001, NodePort: 30501})
-	fast := &GatewayFastPath{Devices: []string{"s0"}, NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", true, nil }}
+	fast := &FastPath{Devices: []string{"s0"}, NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", true, nil }}
 	for _, c := range []struct {
 		name string
-		fp   *GatewayFastPath
+		fp   *FastPath
 	}{
 		{"dup", nil},
 		{"fastPath", fast},
 		{"dup again", nil}, // a gateway started without the fast path deletes its table
 	} {
-		prog := &NetlinkProgrammer{NetNSFd: fd}
+		prog := &dataplane.NetlinkProgrammer{NetNSFd: fd}
 		p := routeGateway(cluster.IPv4, c.fp, prog)
 		rep, err := p.Sync(st, nil)
 		prog.Close()
@@ -138,7 +121,7 @@ func TestGatewayFastPathPackets(t *testing.T) {
 			want = [2]int{0, 1}
 		} else if c.name == "dup again" {
 			// The fast path's flow too: copied into the IP table before the netdev table was
-			// deleted (gateway_flowcopy.go); the new datagrams come from another port.
+			// deleted (flowcopy.go); the new datagrams come from another port.
 			want = [2]int{2, 0}
 		}
 		if got := [2]int{ip, fwd}; got != want {
@@ -153,7 +136,7 @@ func TestGatewayFastPathPackets(t *testing.T) {
 		if c.fp != nil {
 			udpSend(t, cl, vip, 5001, 4000)
 			frag := func(family, table string) int {
-				out, _ := exec.Command("ip", "netns", "exec", gw, "nft", "list", "map", family, table, MapGatewayFlows).CombinedOutput()
+				out, _ := exec.Command("ip", "netns", "exec", gw, "nft", "list", "map", family, table, dataplane.MapGatewayFlows).CombinedOutput()
 				return strings.Count(string(out), ". 5001 ")
 			}
 			if ip, fwd := frag("ip", "vipgate"), frag("netdev", "vipgate-fwd4"); ip != 1 || fwd != 0 {
@@ -299,34 +282,36 @@ func TestGatewayNetdevDecodeRoundTrip(t *testing.T) {
 		}
 	}
 	st := gwDualState()
-	fp := &GatewayFastPath{Devices: []string{"s0", "s1"}, NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", true, nil }}
-	cfg := GatewayConfig{Forwarding: cluster.ForwardRoute, FastPath: fp}
-	prog := &NetlinkProgrammer{NetNSFd: fd}
+	fp := &FastPath{Devices: []string{"s0", "s1"}, NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", true, nil }}
+	cfg := Config{Forwarding: cluster.ForwardRoute, FastPath: fp}
+	prog := &dataplane.NetlinkProgrammer{NetNSFd: fd}
 	defer prog.Close()
-	p := NewGatewayProxier(hclog.NewNullLogger(), cfg, prog)
+	p := NewProxier(hclog.NewNullLogger(), cfg, prog)
 	if _, err := p.Sync(st, Health{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-		want := p.Flatten(NetdevFamily(f))
+		want := p.Flatten(dataplane.NetdevFamily(f))
 		if want == nil || len(want.Chains) == 0 {
 			t.Fatalf("IPv%d: no fast path table", f)
 		}
-		got, err := prog.ReadTable(NetdevFamily(f), NetdevTableName("vipgate", f))
+		got, err := prog.ReadTable(dataplane.NetdevFamily(f), dataplane.NetdevTableName("vipgate", f))
 		if err != nil {
 			t.Fatalf("IPv%d: reading the netdev table back: %v", f, err)
 		}
-		if ok, diff := FlatEqual(want, got); !ok {
+		if ok, diff := dataplane.FlatEqual(want, got); !ok {
 			t.Errorf("IPv%d: the kernel's netdev table decodes to something else: %s", f, diff)
 		}
-		if c := got.Chains[ChainGatewayIngress+"s1"]; c == nil || !slices.Equal(c.Devices, []string{"s1"}) || c.Hook != HookIngress {
+		if c := got.Chains[dataplane.ChainGatewayIngress+"s1"]; c == nil || !slices.Equal(c.Devices, []string{"s1"}) || c.Hook != dataplane.HookIngress {
 			t.Errorf("IPv%d: ingress chain of s1 read back as %+v", f, c)
-		} else if !slices.ContainsFunc(c.Rules, func(r Rule) bool { return len(r.Matches) > 0 && r.Matches[0].Kind == MatchPktTypeHost }) {
+		} else if !slices.ContainsFunc(c.Rules, func(r dataplane.Rule) bool {
+			return len(r.Matches) > 0 && r.Matches[0].Kind == dataplane.MatchPktTypeHost
+		}) {
 			t.Errorf("IPv%d: ingress chain of s1 read back without its pkttype match: %+v", f, c.Rules)
 		}
 		if ip, err := prog.ReadTable(f, "vipgate"); err != nil {
 			t.Errorf("IPv%d: reading the family's table back: %v", f, err)
-		} else if ok, diff := FlatEqual(p.Flatten(f), ip); !ok {
+		} else if ok, diff := dataplane.FlatEqual(p.Flatten(f), ip); !ok {
 			t.Errorf("IPv%d: the family's table decodes to something else: %s", f, diff)
 		}
 	}
@@ -336,25 +321,25 @@ func TestGatewayNetdevDecodeRoundTrip(t *testing.T) {
 // port goes by fwd to one of its nodes through the nodes' device, a packet to no VIP goes on to the
 // IP stack, and a packet from the host is not seen.
 func TestTraceNetdev(t *testing.T) {
-	cfg := GatewayConfig{Forwarding: cluster.ForwardRoute}.withDefaults()
-	grs, err := BuildGatewayRuleset(cfg, cluster.IPv4, gwState(), Health{})
+	cfg := Config{Forwarding: cluster.ForwardRoute}.withDefaults()
+	grs, err := BuildRuleset(cfg, cluster.IPv4, gwState(), Health{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := gatewayNetdevRuleset(cfg, cluster.IPv4, grs, netdevPlan{ingress: []string{"eth0"}, nodeDev: "eth1"}).Flatten()
-	res := Trace(f, HostInfo{}, Packet{Src: gwClient, Dst: netip.MustParseAddr("203.0.113.50"), Proto: ProtoTCP, Port: 80})
-	if res.Outcome != OutcomeRoute || len(res.Candidates) != 2 {
+	res := dataplane.Trace(f, dataplane.HostInfo{}, dataplane.Packet{Src: gwClient, Dst: netip.MustParseAddr("203.0.113.50"), Proto: dataplane.ProtoTCP, Port: 80})
+	if res.Outcome != dataplane.OutcomeRoute || len(res.Candidates) != 2 {
 		t.Fatalf("to the VIP: %s\n%s", res, res.Explain())
 	}
 	if ex := res.Explain(); !strings.Contains(ex, "fwd unchanged by device eth1") {
 		t.Errorf("the trace does not name the device:\n%s", ex)
 	}
-	res = Trace(f, HostInfo{}, Packet{Src: gwClient, Dst: netip.MustParseAddr("203.0.113.99"), Proto: ProtoTCP, Port: 80})
-	if res.Outcome != OutcomeAccept {
+	res = dataplane.Trace(f, dataplane.HostInfo{}, dataplane.Packet{Src: gwClient, Dst: netip.MustParseAddr("203.0.113.99"), Proto: dataplane.ProtoTCP, Port: 80})
+	if res.Outcome != dataplane.OutcomeAccept {
 		t.Errorf("to no VIP: %s, want ACCEPT (on to the IP stack)", res)
 	}
-	res = Trace(f, HostInfo{}, Packet{Src: gwClient, Dst: netip.MustParseAddr("203.0.113.50"), Proto: ProtoTCP, Port: 80, FromHost: true})
-	if res.Outcome != OutcomeAccept {
+	res = dataplane.Trace(f, dataplane.HostInfo{}, dataplane.Packet{Src: gwClient, Dst: netip.MustParseAddr("203.0.113.50"), Proto: dataplane.ProtoTCP, Port: 80, FromHost: true})
+	if res.Outcome != dataplane.OutcomeAccept {
 		t.Errorf("from the host: %s, want ACCEPT (not seen)", res)
 	}
 }
@@ -365,13 +350,13 @@ func TestTraceNetdev(t *testing.T) {
 func TestGatewayTraceModulusZero(t *testing.T) {
 	for _, c := range []struct {
 		fwd  cluster.Forwarding
-		kind ActionKind
+		kind dataplane.ActionKind
 	}{
-		{cluster.ForwardNodePort, ActDNATJhashMap},
-		{cluster.ForwardRoute, ActFlowPick},
+		{cluster.ForwardNodePort, dataplane.ActDNATJhashMap},
+		{cluster.ForwardRoute, dataplane.ActFlowPick},
 	} {
-		cfg := GatewayConfig{Forwarding: c.fwd}.withDefaults()
-		grs, err := BuildGatewayRuleset(cfg, cluster.IPv4, gwState(), Health{})
+		cfg := Config{Forwarding: c.fwd}.withDefaults()
+		grs, err := BuildRuleset(cfg, cluster.IPv4, gwState(), Health{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -388,8 +373,8 @@ func TestGatewayTraceModulusZero(t *testing.T) {
 		if zeroed == 0 {
 			t.Fatalf("action kind %d: no rule of that kind in the %s gateway's table", c.kind, c.fwd)
 		}
-		res := Trace(f, HostInfo{}, Packet{Src: gwClient, Dst: netip.MustParseAddr("203.0.113.50"), Proto: ProtoTCP, Port: 80})
-		if res.Outcome != OutcomeError || !strings.Contains(res.Reason, "jhash modulus 0") {
+		res := dataplane.Trace(f, dataplane.HostInfo{}, dataplane.Packet{Src: gwClient, Dst: netip.MustParseAddr("203.0.113.50"), Proto: dataplane.ProtoTCP, Port: 80})
+		if res.Outcome != dataplane.OutcomeError || !strings.Contains(res.Reason, "jhash modulus 0") {
 			t.Errorf("action kind %d: %s (%s), want an error for the modulus 0\n%s", c.kind, res.Outcome, res.Reason, res.Explain())
 		}
 	}
@@ -418,20 +403,20 @@ for i in range(%d):
 // nsGatewayFlows counts the flows in the gateway-flows map of table (of family, "ip" or "netdev") in
 // namespace ns.
 func nsGatewayFlows(ns, family, table string) int {
-	out, _ := exec.Command("ip", "netns", "exec", ns, "nft", "list", "map", family, table, MapGatewayFlows).CombinedOutput()
+	out, _ := exec.Command("ip", "netns", "exec", ns, "nft", "list", "map", family, table, dataplane.MapGatewayFlows).CombinedOutput()
 	return strings.Count(string(out), " expires ")
 }
 
 // netdevFailer is a Programmer whose netdev transactions fail while fail is set (all of them, the
 // deletion too when failDelete is).
 type netdevFailer struct {
-	txs              []*Tx
+	txs              []*dataplane.Tx
 	fail, failDelete bool
 }
 
-func (r *netdevFailer) Apply(tx *Tx) error {
+func (r *netdevFailer) Apply(tx *dataplane.Tx) error {
 	r.txs = append(r.txs, tx)
-	if isNetdev(tx.Family) && r.fail && (r.failDelete || len(tx.AddChains) > 0 || !tx.Full) {
+	if dataplane.IsNetdev(tx.Family) && r.fail && (r.failDelete || len(tx.AddChains) > 0 || !tx.Full) {
 		return errors.New("no such file or directory")
 	}
 	return nil
@@ -447,7 +432,7 @@ func TestGatewayNetdevFailureDomain(t *testing.T) {
 	st := gatewayUDPState("203.0.113.50", "192.0.2.11")
 	var lookupErr error
 	index := map[string]int{"s0": 2, "n0": 3}
-	fp := &GatewayFastPath{Devices: []string{"s0"}, OmitMissing: true,
+	fp := &FastPath{Devices: []string{"s0"}, OmitMissing: true,
 		NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", lookupErr == nil, lookupErr },
 		Index:      func(d string) int { return index[d] }}
 	prog := &netdevFailer{fail: true}
@@ -457,14 +442,14 @@ func TestGatewayNetdevFailureDomain(t *testing.T) {
 	kinds := func() string {
 		var out []string
 		for _, tx := range prog.txs {
-			out = append(out, fmt.Sprintf("%s/full=%v/chains=%d", txTableName(tx), tx.Full, len(tx.AddChains)))
+			out = append(out, fmt.Sprintf("%s/full=%v/chains=%d", dataplane.TableString(tx.Family, tx.Table), tx.Full, len(tx.AddChains)))
 		}
 		prog.txs = nil
 		return strings.Join(out, " ")
 	}
 	// sync checks the transactions, the reason for no fast path, and the retry asked for: retry is
 	// how long after the clock (0: none).
-	sync := func(step, wantTxs, wantWhy string, retry time.Duration) *GatewaySyncReport {
+	sync := func(step, wantTxs, wantWhy string, retry time.Duration) *SyncReport {
 		t.Helper()
 		rep, err := p.Sync(st, nil)
 		if err != nil {
@@ -547,14 +532,14 @@ func TestGatewayNetdevFailureDomain(t *testing.T) {
 func TestGatewayNetdevDeviceChurn(t *testing.T) {
 	cl, gw, node, fd, st := netdevUDPLab(t)
 	vip := netdevVIP
-	lookup := ifindexIn(fd)
-	fp := &GatewayFastPath{Devices: []string{"s0", "x0"},
+	lookup := dataplane.InterfaceIndexIn(fd)
+	fp := &FastPath{Devices: []string{"s0", "x0"},
 		NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", true, nil },
 		Index: func(d string) int {
 			i, _ := lookup(d)
 			return i
 		}}
-	prog := &NetlinkProgrammer{NetNSFd: fd}
+	prog := &dataplane.NetlinkProgrammer{NetNSFd: fd}
 	defer prog.Close()
 	p := routeGateway(cluster.IPv4, fp, prog)
 	ip := func(args ...string) {
@@ -612,7 +597,7 @@ func TestGatewayNetdevDeviceChurn(t *testing.T) {
 		t.Fatalf("x0 created: no fast path")
 	}
 	// The rewritten netdev table's flows were copied into the IPv4 table, and the new table seeded
-	// from it (gateway_flowcopy.go): it holds them all and the new datagram's.
+	// from it (flowcopy.go): it holds them all and the new datagram's.
 	if n, m := nsGatewayFlows(gw, "ip", "vipgate"), nsGatewayFlows(gw, "netdev", "vipgate-fwd4"); n < before || m != n+1 {
 		t.Errorf("x0 created: flows in the IPv4 table %d, in the netdev table %d; want at least %d (kept) and one more", n, m, before)
 	}
@@ -647,8 +632,8 @@ func TestGatewayNetdevDeviceChurn(t *testing.T) {
 func TestGatewayNetdevOtherHost(t *testing.T) {
 	cl, gw, node, fd, st := netdevUDPLab(t)
 	vip := netdevVIP
-	fp := &GatewayFastPath{Devices: []string{"s0"}, NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", true, nil }}
-	prog := &NetlinkProgrammer{NetNSFd: fd}
+	fp := &FastPath{Devices: []string{"s0"}, NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", true, nil }}
+	prog := &dataplane.NetlinkProgrammer{NetNSFd: fd}
 	defer prog.Close()
 	p := routeGateway(cluster.IPv4, fp, prog)
 	if rep, err := p.Sync(st, nil); err != nil || len(rep.NoFastPath) > 0 {
@@ -682,7 +667,7 @@ func TestGatewayNetdevOtherHost(t *testing.T) {
 func TestPlanNetdevNamesAndMTU(t *testing.T) {
 	n1 := netip.MustParseAddr("192.0.2.11")
 	mtus := map[string]int{"n0": 1500, "s0": 9000, "s1": 1500, "s2": 1400}
-	fp := &GatewayFastPath{
+	fp := &FastPath{
 		Devices:    []string{"a+b", "a#b"},
 		NodeDevice: func(netip.Addr) (string, bool, error) { return "n0", true, nil },
 		Index:      func(string) int { return 0 },
@@ -699,61 +684,5 @@ func TestPlanNetdevNamesAndMTU(t *testing.T) {
 	fp.Devices = []string{"s1", "s2"}
 	if p := planNetdev(fp, []netip.Addr{n1}); p.bigMTU != "" {
 		t.Errorf("MTUs not larger: warning %q", p.bigMTU)
-	}
-}
-
-// TestRewriteFwd: a dup with a device register becomes fwd; a dup that cannot be read (here one
-// without its device register) is never sent as it is, which in a netdev table would be
-// nft_dup_netdev: its message is emptied, so the kernel refuses the batch, and the error names it.
-func TestRewriteFwd(t *testing.T) {
-	dup := func(params []byte) []byte {
-		el := appendAttrString(nil, unix.NFTA_EXPR_NAME, "dup")
-		el = appendAttr(el, unix.NLA_F_NESTED|unix.NFTA_EXPR_DATA, params)
-		list := appendAttr(nil, unix.NLA_F_NESTED|unix.NFTA_LIST_ELEM, el)
-		rule := append([]byte{unix.NFPROTO_NETDEV, 0, 0, 0}, appendAttrString(nil, unix.NFTA_RULE_TABLE, "t")...)
-		return appendAttr(rule, unix.NLA_F_NESTED|unix.NFTA_RULE_EXPRESSIONS, list)
-	}
-	good := appendAttrBE32(appendAttrBE32(nil, unix.NFTA_DUP_SREG_ADDR, 1), unix.NFTA_DUP_SREG_DEV, 2)
-	bad := appendAttrBE32(nil, unix.NFTA_DUP_SREG_ADDR, 1)
-	newRule := netlink.HeaderType(nfnlSubsysNftables<<8 | unix.NFT_MSG_NEWRULE)
-	msgs := []netlink.Message{
-		{Header: netlink.Header{Type: newRule}, Data: dup(good)},
-		{Header: netlink.Header{Type: newRule}, Data: dup(bad)},
-	}
-	err := rewriteFwdMsgs(msgs, unix.NFPROTO_IPV4)
-	if err == nil || !strings.Contains(err.Error(), "message 1 of the batch") || !errors.Is(err, errFwdRewrite) {
-		t.Errorf("a dup without a device: error %v", err)
-	}
-	if !bytes.Contains(msgs[0].Data, []byte("fwd\x00")) || bytes.Contains(msgs[0].Data, []byte("dup\x00")) {
-		t.Errorf("the dup with a device was not rewritten into fwd: % x", msgs[0].Data)
-	}
-	if len(msgs[1].Data) != 4 {
-		t.Errorf("the dup that could not be rewritten is sent: % x", msgs[1].Data)
-	}
-	msgs = []netlink.Message{{Header: netlink.Header{Type: newRule}, Data: dup(good)}}
-	if err := rewriteFwdMsgs(msgs, unix.NFPROTO_IPV4); err != nil {
-		t.Errorf("a dup with a device: %v", err)
-	}
-}
-
-// TestRewriteFwdEmptiedRuleRefused: the kernel refuses the bare NEWRULE that rewriteFwd leaves of a
-// rule it cannot rewrite, and so the whole batch (in a throwaway namespace): nothing is programmed.
-func TestRewriteFwdEmptiedRuleRefused(t *testing.T) {
-	_, fd := testNetns(t)
-	prog := &NetlinkProgrammer{NetNSFd: fd}
-	defer prog.Close()
-	b, err := newBatch(NetdevFamily(cluster.IPv4), "t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.put(netlink.HeaderType(nfnlSubsysNftables<<8|unix.NFT_MSG_NEWTABLE), netlink.Request|netlink.Create,
-		appendAttrString([]byte{unix.NFPROTO_NETDEV, 0, 0, 0}, unix.NFTA_TABLE_NAME, "t"))
-	b.put(netlink.HeaderType(nfnlSubsysNftables<<8|unix.NFT_MSG_NEWRULE), netlink.Request|netlink.Create|netlink.Append,
-		[]byte{unix.NFPROTO_NETDEV, 0, 0, 0})
-	if err := prog.send(b); err == nil {
-		t.Fatal("the kernel took a bare NEWRULE")
-	}
-	if _, err := prog.ReadTable(NetdevFamily(cluster.IPv4), "t"); err == nil {
-		t.Errorf("the refused batch's table exists")
 	}
 }

@@ -5,7 +5,7 @@
 // balancer does.
 //
 // It is a leaf of the dataplane: it knows HTTP and targets, not Services or the gateway's tables.
-// The gateway lists the targets (dataplane.GatewayHealthTargets) and builds its table from the
+// The gateway lists the targets (gateway.HealthTargets) and builds its table from the
 // prober's Snapshot; cmd/vipgate wires the two.
 package healthprobe
 
@@ -26,7 +26,7 @@ import (
 
 // Target is what a Prober probes: a comparable value whose String is the address and port of an
 // HTTP health check as netip.AddrPort prints it ("10.0.0.1:32001", "[2001:db8::1]:32001").
-// The prober is generic in it so that the gateway's own type (dataplane.HealthTarget) goes in and
+// The prober is generic in it so that the gateway's own type (gateway.HealthTarget) goes in and
 // comes back out of Snapshot unconverted; netip.AddrPort is one too.
 type Target interface {
 	comparable

@@ -27,6 +27,6 @@ func TestObjectUpToDate(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(built, object) {
-		t.Fatalf("dataplane/natpath/natpath_bpfel.o is not the build of bpf/natpath.c (%d bytes built, %d committed): run `make bpf` and commit the object", len(built), len(object))
+		t.Fatalf("gateway/natpath/natpath_bpfel.o is not the build of bpf/natpath.c (%d bytes built, %d committed): run `make bpf` and commit the object", len(built), len(object))
 	}
 }

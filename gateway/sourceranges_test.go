@@ -1,4 +1,4 @@
-package dataplane
+package gateway
 
 import (
 	"net/netip"
@@ -8,6 +8,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
 )
 
 // The gateway enforces loadBalancerSourceRanges (issue #27: a Service's restriction must never be
@@ -45,33 +46,33 @@ func TestGatewaySourceRanges(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name   string
-		cfg    GatewayConfig
+		cfg    Config
 		ranges []string
 		flows  []flow
 	}{
-		{"direct, both families", GatewayConfig{Forwarding: cluster.ForwardDirect}, []string{"198.51.100.0/24", "2001:db8:c::/48"}, []flow{
+		{"direct, both families", Config{Forwarding: cluster.ForwardDirect}, []string{"198.51.100.0/24", "2001:db8:c::/48"}, []flow{
 			{in4, vip4, "10.244.1.11:8080, 10.244.2.11:8080"},
 			{out4, vip4, "DROP"},
 			{in6, vip6, "[2001:db8:244:1::11]:8080"},
 			{out6, vip6, "DROP"},
 		}},
-		{"nodePort, both families", GatewayConfig{Forwarding: cluster.ForwardNodePort}, []string{"198.51.100.0/24", "2001:db8:c::/48"}, []flow{
+		{"nodePort, both families", Config{Forwarding: cluster.ForwardNodePort}, []string{"198.51.100.0/24", "2001:db8:c::/48"}, []flow{
 			{in4, vip4, "192.0.2.11:30080, 192.0.2.12:30080 masq"},
 			{out4, vip4, "DROP"},
 			{in6, vip6, "[2001:db8:1::11]:30080, [2001:db8:1::12]:30080 masq"},
 			{out6, vip6, "DROP"},
 		}},
-		{"nodePort, IPv4 ranges only: IPv6 open", GatewayConfig{Forwarding: cluster.ForwardNodePort}, []string{"198.51.100.0/24"}, []flow{
+		{"nodePort, IPv4 ranges only: IPv6 open", Config{Forwarding: cluster.ForwardNodePort}, []string{"198.51.100.0/24"}, []flow{
 			{in4, vip4, "192.0.2.11:30080, 192.0.2.12:30080 masq"},
 			{out4, vip4, "DROP"},
 			{out6, vip6, "[2001:db8:1::11]:30080, [2001:db8:1::12]:30080 masq"},
 		}},
-		{"direct, IPv6 ranges only: IPv4 open", GatewayConfig{Forwarding: cluster.ForwardDirect}, []string{"2001:db8:c::/48"}, []flow{
+		{"direct, IPv6 ranges only: IPv4 open", Config{Forwarding: cluster.ForwardDirect}, []string{"2001:db8:c::/48"}, []flow{
 			{out4, vip4, "10.244.1.11:8080, 10.244.2.11:8080"},
 			{in6, vip6, "[2001:db8:244:1::11]:8080"},
 			{out6, vip6, "DROP"},
 		}},
-		{"direct, several ranges", GatewayConfig{Forwarding: cluster.ForwardDirect}, []string{"192.0.2.128/25", "198.51.100.8/29"}, []flow{
+		{"direct, several ranges", Config{Forwarding: cluster.ForwardDirect}, []string{"192.0.2.128/25", "198.51.100.8/29"}, []flow{
 			{in4, vip4, "10.244.1.11:8080, 10.244.2.11:8080"},
 			{"198.51.100.16", vip4, "DROP"},
 			{"192.0.2.200", vip4, "10.244.1.11:8080, 10.244.2.11:8080"},
@@ -79,9 +80,9 @@ func TestGatewaySourceRanges(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			st := gwRangesState(c.ranges...)
-			flats := map[cluster.Family]*Flat{}
+			flats := map[cluster.Family]*dataplane.Flat{}
 			for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-				grs, err := BuildGatewayRuleset(c.cfg, f, st, nil)
+				grs, err := BuildRuleset(c.cfg, f, st, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -92,7 +93,7 @@ func TestGatewaySourceRanges(t *testing.T) {
 			}
 			for _, fl := range c.flows {
 				dst := netip.MustParseAddr(fl.dst)
-				r := Trace(flats[cluster.FamilyOf(dst)], HostInfo{}, Packet{Src: netip.MustParseAddr(fl.src), Dst: dst, Proto: ProtoTCP, Port: 80})
+				r := dataplane.Trace(flats[cluster.FamilyOf(dst)], dataplane.HostInfo{}, dataplane.Packet{Src: netip.MustParseAddr(fl.src), Dst: dst, Proto: dataplane.ProtoTCP, Port: 80})
 				if got := r.String(); got != fl.want {
 					t.Errorf("%s -> %s:80: got %q, want %q\n%s", fl.src, fl.dst, got, fl.want, r.Explain())
 				}
@@ -107,9 +108,9 @@ func TestGatewaySourceRanges(t *testing.T) {
 // ranges to the node: its table has no firewall.
 func TestGatewaySourceRangesNotOnNATPath(t *testing.T) {
 	st := gwRangesState("198.51.100.0/24")
-	cfg := GatewayConfig{Forwarding: cluster.ForwardDirect, NATPath: &GatewayNATPath{}}
+	cfg := Config{Forwarding: cluster.ForwardDirect, NATPath: &NATPath{}}
 	natVIPs := func(f cluster.Family) []string {
-		grs, err := BuildGatewayRuleset(cfg, f, st, nil)
+		grs, err := BuildRuleset(cfg, f, st, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -127,12 +128,12 @@ func TestGatewaySourceRangesNotOnNATPath(t *testing.T) {
 	if got := natVIPs(cluster.IPv6); len(got) != 1 || got[0] != "2001:db8:ff::50" {
 		t.Errorf("IPv6 NAT fast path VIP ports: %v, want 2001:db8:ff::50 (no IPv6 ranges: open)", got)
 	}
-	grs, err := BuildGatewayRuleset(GatewayConfig{Forwarding: cluster.ForwardRoute}, cluster.IPv4, st, nil)
+	grs, err := BuildRuleset(Config{Forwarding: cluster.ForwardRoute}, cluster.IPv4, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := grs.Ruleset.Flatten(); f.Chains[ChainFirewallCheck] != nil {
-		t.Errorf("route forwarding: the gateway's table has %s; the node enforces the ranges", ChainFirewallCheck)
+	if f := grs.Ruleset.Flatten(); f.Chains[dataplane.ChainFirewallCheck] != nil {
+		t.Errorf("route forwarding: the gateway's table has %s; the node enforces the ranges", dataplane.ChainFirewallCheck)
 	}
 }
 
@@ -140,8 +141,8 @@ func TestGatewaySourceRangesNotOnNATPath(t *testing.T) {
 func TestGatewaySourceRangesBudget(t *testing.T) {
 	st := gwRangesState()
 	web := st.Services[cluster.ServiceKey{Namespace: "gw", Name: "web"}]
-	cfg := GatewayConfig{Forwarding: cluster.ForwardDirect, MaglevSize: 7}
-	grs, err := BuildGatewayRuleset(cfg, cluster.IPv4, st, nil)
+	cfg := Config{Forwarding: cluster.ForwardDirect, MaglevSize: 7}
+	grs, err := BuildRuleset(cfg, cluster.IPv4, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +152,7 @@ func TestGatewaySourceRangesBudget(t *testing.T) {
 		web.LoadBalancerSourceRanges = append(web.LoadBalancerSourceRanges, netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), 32))
 	}
 	cfg.Limits = cluster.ServiceLimits{MaxElements: base + 50}
-	grs, err = BuildGatewayRuleset(cfg, cluster.IPv4, st, nil)
+	grs, err = BuildRuleset(cfg, cluster.IPv4, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +160,7 @@ func TestGatewaySourceRangesBudget(t *testing.T) {
 		t.Errorf("a Service whose fw- rules go over maxElements is programmed: conflicts %v", grs.Conflicts)
 	}
 	cfg.Limits = cluster.ServiceLimits{MaxElements: base + 2*41 + 1 + 10}
-	if grs, err = BuildGatewayRuleset(cfg, cluster.IPv4, st, nil); err != nil {
+	if grs, err = BuildRuleset(cfg, cluster.IPv4, st, nil); err != nil {
 		t.Fatal(err)
 	}
 	if grs.Ruleset.Services[web.Key] == nil {
@@ -180,16 +181,16 @@ func conflictText(cs []cluster.Rejection) string {
 // table a fresh build gives (the firewall chains and map come and go with the base).
 func TestGatewaySourceRangesIncremental(t *testing.T) {
 	_, fd := testNetns(t)
-	cfg := GatewayConfig{Forwarding: cluster.ForwardDirect, MaglevSize: 7}
-	prog := &NetlinkProgrammer{NetNSFd: fd}
-	p := NewGatewayProxier(hclog.NewNullLogger(), cfg, prog)
+	cfg := Config{Forwarding: cluster.ForwardDirect, MaglevSize: 7}
+	prog := &dataplane.NetlinkProgrammer{NetNSFd: fd}
+	p := NewProxier(hclog.NewNullLogger(), cfg, prog)
 	for _, ranges := range [][]string{nil, {"198.51.100.0/24"}, {"198.51.100.0/25", "2001:db8:c::/48"}, {"2001:db8:c::/48"}, nil} {
 		st := gwRangesState(ranges...)
 		if _, err := p.Sync(st, nil); err != nil {
 			t.Fatalf("ranges %v: %v", ranges, err)
 		}
 		for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-			grs, err := BuildGatewayRuleset(cfg, f, st, nil)
+			grs, err := BuildRuleset(cfg, f, st, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -197,7 +198,7 @@ func TestGatewaySourceRangesIncremental(t *testing.T) {
 			if err != nil {
 				t.Fatalf("ranges %v, IPv%d: reading the table back: %v", ranges, f, err)
 			}
-			if ok, diff := FlatEqual(grs.Ruleset.Flatten(), got); !ok {
+			if ok, diff := dataplane.FlatEqual(grs.Ruleset.Flatten(), got); !ok {
 				t.Errorf("ranges %v, IPv%d: the kernel's table is not the built one: %s", ranges, f, diff)
 			}
 		}

@@ -1,4 +1,4 @@
-package dataplane
+package gateway
 
 import (
 	"net/netip"
@@ -8,8 +8,9 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/conntrack"
-	"github.com/vipgate/vipgate/dataplane/natpath"
+	"github.com/vipgate/vipgate/gateway/natpath"
 )
 
 // natFake records what the gateway gives the NAT fast path.
@@ -33,11 +34,11 @@ func (f *natFake) DeleteFlows(stale func(natpath.Flow) bool) (int, error) {
 	return n, nil
 }
 
-func natGateway(fwd cluster.Forwarding, nat *GatewayNATPath) *GatewayProxier {
+func natGateway(fwd cluster.Forwarding, nat *NATPath) *Proxier {
 	nat.Interfaces = func() ([]string, error) { return []string{"eth0", "eth1", "wg0"}, nil }
 	nat.Index = func(d string) int { return map[string]int{"eth0": 2, "eth1": 3, "wg0": 4}[d] }
 	nat.Ethernet = func(d string) bool { return d != "wg0" }
-	return NewGatewayProxier(hclog.NewNullLogger(), GatewayConfig{Forwarding: fwd, Families: []cluster.Family{cluster.IPv4}, NATPath: nat}, &gwRecorder{})
+	return NewProxier(hclog.NewNullLogger(), Config{Forwarding: fwd, Families: []cluster.Family{cluster.IPv4}, NATPath: nat}, &gwRecorder{})
 }
 
 // The NAT fast path gets every VIP port with backends, each with the Maglev table the family's
@@ -45,7 +46,7 @@ func natGateway(fwd cluster.Forwarding, nat *GatewayNATPath) *GatewayProxier {
 func TestGatewayNATPathPorts(t *testing.T) {
 	for _, fwd := range []cluster.Forwarding{cluster.ForwardDirect, cluster.ForwardNodePort} {
 		fake := &natFake{}
-		p := natGateway(fwd, &GatewayNATPath{Path: fake})
+		p := natGateway(fwd, &NATPath{Path: fake})
 		both := Health{{gwNode1, 32001}: true, {gwNode2, 32001}: true}
 		st := gwState()
 		rep, err := p.Sync(st, both)
@@ -58,7 +59,7 @@ func TestGatewayNATPathPorts(t *testing.T) {
 		// Slot tables as the family's table holds them.
 		f := p.Flatten(cluster.IPv4)
 		want := map[natpath.VIPKey][]netip.AddrPort{}
-		for _, e := range f.Elements[MapGatewayBackends] {
+		for _, e := range f.Elements[dataplane.MapGatewayBackends] {
 			k := natpath.VIPKey{VIP: e.Addr, Proto: e.Proto, Port: e.Port}
 			for len(want[k]) <= int(e.Index) {
 				want[k] = append(want[k], netip.AddrPort{})
@@ -97,7 +98,7 @@ func TestGatewayNATPathLeavesOut(t *testing.T) {
 	sh.Annotations = map[string]string{cluster.LBAlgorithmAnnotation: string(cluster.LBSourceHash)}
 	st.Services[web.Key] = &sh
 	fake := &natFake{}
-	p := natGateway(cluster.ForwardDirect, &GatewayNATPath{Path: fake})
+	p := natGateway(cluster.ForwardDirect, &NATPath{Path: fake})
 	if _, err := p.Sync(st, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +108,7 @@ func TestGatewayNATPathLeavesOut(t *testing.T) {
 		}
 	}
 	fake = &natFake{}
-	p = natGateway(cluster.ForwardNodePort, &GatewayNATPath{Path: fake, NoSNAT: true})
+	p = natGateway(cluster.ForwardNodePort, &NATPath{Path: fake, NoSNAT: true})
 	if _, err := p.Sync(gwState(), Health{{gwNode1, 32001}: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +158,7 @@ func TestGatewayNATPathStaleFlows(t *testing.T) {
 // listed one (or one that does not exist) is a warning.
 func TestGatewayNATPathDevices(t *testing.T) {
 	fake := &natFake{}
-	p := natGateway(cluster.ForwardDirect, &GatewayNATPath{Path: fake, Devices: []string{"eth1", "wg0", "nope0"}})
+	p := natGateway(cluster.ForwardDirect, &NATPath{Path: fake, Devices: []string{"eth1", "wg0", "nope0"}})
 	rep, err := p.Sync(gwState(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -173,27 +174,27 @@ func TestGatewayNATPathDevices(t *testing.T) {
 func TestGatewayNATPathMasqueradePorts(t *testing.T) {
 	for _, c := range []struct {
 		name       string
-		nat        *GatewayNATPath
+		nat        *NATPath
 		wantLo, hi uint16
 	}{
-		{"default 61000-65535", &GatewayNATPath{Path: &natFake{}}, 1024, 60999},
-		{"40000-49999", &GatewayNATPath{Path: &natFake{}, SNATPortMin: 40000, SNATPortMax: 49999}, 1024, 39999},
-		{"2000-40000", &GatewayNATPath{Path: &natFake{}, SNATPortMin: 2000, SNATPortMax: 40000}, 40001, 65535},
-		{"NoSNAT", &GatewayNATPath{Path: &natFake{}, NoSNAT: true}, 0, 0},
+		{"default 61000-65535", &NATPath{Path: &natFake{}}, 1024, 60999},
+		{"40000-49999", &NATPath{Path: &natFake{}, SNATPortMin: 40000, SNATPortMax: 49999}, 1024, 39999},
+		{"2000-40000", &NATPath{Path: &natFake{}, SNATPortMin: 2000, SNATPortMax: 40000}, 40001, 65535},
+		{"NoSNAT", &NATPath{Path: &natFake{}, NoSNAT: true}, 0, 0},
 		{"no NAT fast path", nil, 0, 0},
 	} {
-		cfg := GatewayConfig{Forwarding: cluster.ForwardNodePort, Families: []cluster.Family{cluster.IPv4}, NATPath: c.nat}
-		var p *GatewayProxier
+		cfg := Config{Forwarding: cluster.ForwardNodePort, Families: []cluster.Family{cluster.IPv4}, NATPath: c.nat}
+		var p *Proxier
 		if c.nat != nil {
 			p = natGateway(cluster.ForwardNodePort, c.nat)
 		} else {
-			p = NewGatewayProxier(hclog.NewNullLogger(), cfg, &gwRecorder{})
+			p = NewProxier(hclog.NewNullLogger(), cfg, &gwRecorder{})
 		}
 		if _, err := p.Sync(gwState(), Health{{gwNode1, 32001}: true}); err != nil {
 			t.Fatal(err)
 		}
-		ch := p.Flatten(cluster.IPv4).Chains[ChainMasquerading]
-		if ch == nil || len(ch.Rules) != 1 || ch.Rules[0].Action.Kind != ActMasqClearMark {
+		ch := p.Flatten(cluster.IPv4).Chains[dataplane.ChainMasquerading]
+		if ch == nil || len(ch.Rules) != 1 || ch.Rules[0].Action.Kind != dataplane.ActMasqClearMark {
 			t.Fatalf("%s: masquerading chain %+v", c.name, ch)
 		}
 		if a := ch.Rules[0].Action; a.Port != c.wantLo || a.PortMax != c.hi {

@@ -1,4 +1,4 @@
-package dataplane
+package gateway
 
 import (
 	"fmt"
@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/maglev"
 )
 
@@ -68,9 +69,9 @@ func gwState() *cluster.State {
 	return st
 }
 
-func gwFlat(t *testing.T, cfg GatewayConfig, st *cluster.State, h Health) *Flat {
+func gwFlat(t *testing.T, cfg Config, st *cluster.State, h Health) *dataplane.Flat {
 	t.Helper()
-	grs, err := BuildGatewayRuleset(cfg, cluster.IPv4, st, h)
+	grs, err := BuildRuleset(cfg, cluster.IPv4, st, h)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,11 +85,11 @@ type gwFlow struct {
 	want string
 }
 
-func gwRun(t *testing.T, f *Flat, flows []gwFlow) {
+func gwRun(t *testing.T, f *dataplane.Flat, flows []gwFlow) {
 	t.Helper()
 	for _, fl := range flows {
 		t.Run(fl.name, func(t *testing.T) {
-			r := Trace(f, HostInfo{}, Packet{Src: gwClient, Dst: netip.MustParseAddr(fl.dst), Proto: ProtoTCP, Port: fl.port})
+			r := dataplane.Trace(f, dataplane.HostInfo{}, dataplane.Packet{Src: gwClient, Dst: netip.MustParseAddr(fl.dst), Proto: dataplane.ProtoTCP, Port: fl.port})
 			if got := r.String(); got != fl.want {
 				t.Errorf("client -> %s:%d: got %q, want %q\n%s", fl.dst, fl.port, got, fl.want, r.Explain())
 			}
@@ -102,7 +103,7 @@ func TestGatewayFlowsDirect(t *testing.T) {
 		masq string
 	}{{cluster.SNATAuto, ""}, {cluster.SNATNever, ""}, {cluster.SNATAlways, " masq"}} {
 		t.Run(string(c.snat), func(t *testing.T) {
-			f := gwFlat(t, GatewayConfig{Forwarding: cluster.ForwardDirect, SNAT: c.snat}, gwState(), nil)
+			f := gwFlat(t, Config{Forwarding: cluster.ForwardDirect, SNAT: c.snat}, gwState(), nil)
 			gwRun(t, f, []gwFlow{
 				{"eTP=Cluster to every ready pod", "203.0.113.50", 80, "10.244.1.11:8080, 10.244.2.11:8080" + c.masq},
 				{"eTP=Local to every ready pod too (the gateway is the load balancer)", "203.0.113.51", 80, "10.244.1.12:8080" + c.masq},
@@ -118,7 +119,7 @@ func TestGatewayFlowsDirect(t *testing.T) {
 func TestGatewayFlowsNodePort(t *testing.T) {
 	both := Health{{gwNode1, 32001}: true, {gwNode2, 32001}: true}
 	one := Health{{gwNode1, 32001}: true}
-	cfg := GatewayConfig{Forwarding: cluster.ForwardNodePort}
+	cfg := Config{Forwarding: cluster.ForwardNodePort}
 	t.Run("auto", func(t *testing.T) {
 		gwRun(t, gwFlat(t, cfg, gwState(), one), []gwFlow{
 			{"eTP=Cluster: every node, masqueraded (the node masquerades anyway)", "203.0.113.50", 80, "192.0.2.11:30080, 192.0.2.12:30080 masq"},
@@ -152,13 +153,13 @@ func TestGatewayFlowsNodePort(t *testing.T) {
 }
 
 func TestGatewayHealthTargetsAndExpectedHealth(t *testing.T) {
-	cfg := GatewayConfig{Forwarding: cluster.ForwardNodePort}
-	got := GatewayHealthTargets(cfg, gwState())
+	cfg := Config{Forwarding: cluster.ForwardNodePort}
+	got := HealthTargets(cfg, gwState())
 	want := []HealthTarget{{gwNode1, 32001}, {gwNode2, 32001}}
 	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
 		t.Errorf("health targets %v, want %v", got, want)
 	}
-	if d := GatewayHealthTargets(GatewayConfig{Forwarding: cluster.ForwardDirect}, gwState()); len(d) != 0 {
+	if d := HealthTargets(Config{Forwarding: cluster.ForwardDirect}, gwState()); len(d) != 0 {
 		t.Errorf("direct forwarding probes %v, want nothing", d)
 	}
 	h := ExpectedHealth(cfg, gwState())
@@ -171,7 +172,7 @@ func TestGatewayConflictAndMaglevElements(t *testing.T) {
 	st := gwState()
 	dup := gwService("zdup", "203.0.113.50", false, 80, 30099, 0)
 	st.Services[dup.Key] = dup
-	grs, err := BuildGatewayRuleset(GatewayConfig{Forwarding: cluster.ForwardNodePort, MaglevSize: 251}, cluster.IPv4, st, nil)
+	grs, err := BuildRuleset(Config{Forwarding: cluster.ForwardNodePort, MaglevSize: 251}, cluster.IPv4, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +180,7 @@ func TestGatewayConflictAndMaglevElements(t *testing.T) {
 		t.Errorf("conflicts %v, want gw/zdup refused", grs.Conflicts)
 	}
 	n := 0
-	for _, e := range grs.Ruleset.Flatten().Elements[MapGatewayBackends] {
+	for _, e := range grs.Ruleset.Flatten().Elements[dataplane.MapGatewayBackends] {
 		if e.Addr == netip.MustParseAddr("203.0.113.50") {
 			n++
 		}
@@ -193,8 +194,8 @@ func TestGatewayConflictAndMaglevElements(t *testing.T) {
 // replaced), nothing else.
 func TestGatewayProxierIncremental(t *testing.T) {
 	rec := &gwRecorder{}
-	cfg := GatewayConfig{Forwarding: cluster.ForwardNodePort, Families: []cluster.Family{cluster.IPv4}}
-	p := NewGatewayProxier(hclog.NewNullLogger(), cfg, rec)
+	cfg := Config{Forwarding: cluster.ForwardNodePort, Families: []cluster.Family{cluster.IPv4}}
+	p := NewProxier(hclog.NewNullLogger(), cfg, rec)
 	both := Health{{gwNode1, 32001}: true, {gwNode2, 32001}: true}
 	rep, err := p.Sync(gwState(), both)
 	if err != nil {
@@ -222,14 +223,14 @@ func TestGatewayProxierIncremental(t *testing.T) {
 	}
 }
 
-type gwRecorder struct{ txs []*Tx }
+type gwRecorder struct{ txs []*dataplane.Tx }
 
-func (r *gwRecorder) Apply(tx *Tx) error { r.txs = append(r.txs, tx); return nil }
+func (r *gwRecorder) Apply(tx *dataplane.Tx) error { r.txs = append(r.txs, tx); return nil }
 
 // Rendered IPv4 gateway tables load with nft -c (in a throwaway namespace).
 func TestGatewayRenderNftCheck(t *testing.T) {
-	f := gwFlat(t, GatewayConfig{Forwarding: cluster.ForwardNodePort}, gwState(), Health{{gwNode1, 32001}: true})
-	text := RenderString(f)
+	f := gwFlat(t, Config{Forwarding: cluster.ForwardNodePort}, gwState(), Health{{gwNode1, 32001}: true})
+	text := dataplane.RenderString(f)
 	if !strings.Contains(text, "jhash ip saddr . th sport . ip daddr . th dport mod 1021 seed 0x76697067 map @gateway-backends") {
 		t.Fatalf("rendered table lacks the jhash DNAT:\n%s", text)
 	}
@@ -256,7 +257,7 @@ func TestGatewayNetlinkInNetns(t *testing.T) {
 	v6 := gwService("web6", "2001:db8:ff::50", false, 80, 30090, 0)
 	st.Services[v6.Key] = v6
 	st.Nodes["node1"].Addresses = append(st.Nodes["node1"].Addresses, netip.MustParseAddr("2001:db8:1::11"))
-	p := NewGatewayProxier(hclog.NewNullLogger(), GatewayConfig{Forwarding: cluster.ForwardNodePort}, &NetlinkProgrammer{NetNSFd: fd})
+	p := NewProxier(hclog.NewNullLogger(), Config{Forwarding: cluster.ForwardNodePort}, &dataplane.NetlinkProgrammer{NetNSFd: fd})
 	rep, err := p.Sync(st, Health{{gwNode1, 32001}: true})
 	if err != nil {
 		t.Fatalf("first sync: %v", err)
@@ -309,7 +310,7 @@ func TestGatewayScaleInNetns(t *testing.T) {
 			st.EndpointSlices[svc.Key] = []*cluster.EndpointSlice{gwSlice(svc,
 				gwEp(fmt.Sprintf("10.244.1.%d", i+1), "node1"), gwEp(fmt.Sprintf("10.244.2.%d", i+1), "node2"), gwEp(fmt.Sprintf("10.244.3.%d", i+1), "node3"))}
 		}
-		p := NewGatewayProxier(hclog.NewNullLogger(), GatewayConfig{Forwarding: cluster.ForwardDirect, MaglevSize: m, Families: []cluster.Family{cluster.IPv4}}, &NetlinkProgrammer{NetNSFd: fd})
+		p := NewProxier(hclog.NewNullLogger(), Config{Forwarding: cluster.ForwardDirect, MaglevSize: m, Families: []cluster.Family{cluster.IPv4}}, &dataplane.NetlinkProgrammer{NetNSFd: fd})
 		start := time.Now()
 		if _, err := p.Sync(st, nil); err != nil {
 			t.Fatal(err)

@@ -5,7 +5,7 @@
 // What it does not take, the family's table forwards as before.
 //
 // The package is a leaf: it knows VIP ports, Maglev tables and flows, not Services. The gateway
-// (dataplane/gateway_natpath.go) gives it the VIP ports of each sync and the stale flows to end.
+// (gateway/natpath.go) gives it the VIP ports of each sync and the stale flows to end.
 //
 // Ownership: Path owns the maps' contents but the flow tables' entries, which the program writes
 // (the first packet of a flow writes its two entries among the unconfirmed flows, its
