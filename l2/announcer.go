@@ -2,12 +2,14 @@ package l2
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -334,6 +336,40 @@ func (a *Announcer) SetOwnedWhere(owned map[netip.Addr]Where) error {
 	a.updateOwnedGauge(next)
 	a.logFailuresOnce(errs)
 	return errors.Join(errs...)
+}
+
+// Reannounce announces every owned VIP again (gratuitous ARP, unsolicited NA, then the repeats) on
+// every interface it is answered on, as at a takeover, and returns how many pairs it announced. For
+// an owner that never gave its VIPs up while another host answered for them too (it was cut off:
+// its peer took them over, the LAN's caches point there): when it hears its peer again, the
+// caches must come back. Pairs answered without announcing (SetOwnedWhere) are announced too.
+func (a *Announcer) Reannounce() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return 0
+	}
+	var pairs []pairKey
+	for ip, ifaces := range *a.owned.Load() {
+		for iface := range ifaces {
+			pairs = append(pairs, pairKey{ip: ip, iface: iface})
+		}
+	}
+	slices.SortFunc(pairs, func(x, y pairKey) int { return cmp.Or(x.ip.Compare(y.ip), strings.Compare(x.iface, y.iface)) })
+	n := 0
+	for _, p := range pairs {
+		r, ok := a.responders[p.responder()]
+		if !ok {
+			continue
+		}
+		if err := r.gratuitous(p.ip); err != nil {
+			a.log.Warn("announcing VIP again", "ip", p.ip, "interface", p.iface, "err", err)
+		}
+		a.log.Info("announced VIP again", "ip", p.ip, "interface", p.iface)
+		a.startRepeats(p, r)
+		n++
+	}
+	return n
 }
 
 // announceable reports whether ip can be a VIP answered by ARP/NDP.

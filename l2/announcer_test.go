@@ -405,3 +405,34 @@ func TestNewRegistersMetricsOnce(t *testing.T) {
 		t.Errorf("New without a registry: %v", err)
 	}
 }
+
+// TestAnnouncerReannounce: an owner cut off from its peer kept its VIPs while the peer took them
+// over; when it hears the peer again, Reannounce sends the takeover announcements again (the
+// LAN's caches point at the peer), and nothing for VIPs it does not own.
+func TestAnnouncerReannounce(t *testing.T) {
+	h := newFakeHost(eth0)
+	a, _ := newTestAnnouncer(t, noRepeats, h)
+	if err := a.SetOwned(map[netip.Addr][]string{vip4: {"eth0"}}); err != nil {
+		t.Fatal(err)
+	}
+	arp0 := h.lastARP(t, "eth0")
+	before := len(arp0.frames())
+	if n := a.Reannounce(); n != 1 {
+		t.Errorf("Reannounce announced %d pairs, want 1", n)
+	}
+	frames := arp0.frames()[before:]
+	if len(frames) != 2 {
+		t.Fatalf("%d ARP frames after Reannounce, want 2 (gratuitous request and reply)", len(frames))
+	}
+	for _, b := range frames {
+		if v := parseARPFrame(t, b); v.SPA != vip4.String() || v.TPA != vip4.String() || v.EthDst != bcast {
+			t.Errorf("frame is not a gratuitous ARP for %s: %+v", vip4, v)
+		}
+	}
+	if err := a.SetOwned(nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := a.Reannounce(); n != 0 {
+		t.Errorf("Reannounce announced %d pairs owning nothing", n)
+	}
+}

@@ -287,11 +287,18 @@ func watchGatewayPeers(ctx context.Context, cfg *cluster.GatewayConfig, log hclo
 					}
 				}
 			}
+			returned := false
 			for name := range alive {
-				if alive[name] && !prevAlive[name] && name != cfg.Name && sup != nil && seen[name] {
-					go sendTable(name)
+				if alive[name] && !prevAlive[name] && name != cfg.Name && seen[name] {
+					returned = true
+					if sup != nil {
+						go sendTable(name)
+					}
 				}
 			}
+			// A peer heard again after a silence: if we were the one cut off, it answered for our
+			// own addresses meanwhile and the LAN's caches point at it. Announce them again.
+			reannounce := returned && len(prevAlive) > 0
 			prevAlive = alive
 			owned := ctsync.OwnedSNAT(cfg.Name, byGw, alive, takeover)
 			// SetOwned again now and then: a failed interface is retried (l2's contract).
@@ -309,6 +316,11 @@ func watchGatewayPeers(ctx context.Context, cfg *cluster.GatewayConfig, log hclo
 					log.Info("SNAT addresses answered here", "addresses", owned, "alive", alive, "takeover", takeover)
 				}
 				last, lastSet = owned, time.Now()
+			}
+			if ann != nil && reannounce {
+				if n := ann.Reannounce(); n > 0 {
+					log.Info("SNAT addresses announced again: a peer is back", "pairs", n)
+				}
 			}
 			select {
 			case <-ctx.Done():

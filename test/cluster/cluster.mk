@@ -104,6 +104,8 @@ cluster-down: $(BIN)/vgcluster
 conformance: cluster-deps $(K8S_BIN)/e2e.test
 	$(GO) run ./test/cluster/vgcluster conformance --focus '$(CONFORMANCE_FOCUS)' --out $(CONFORMANCE_OUT) $(VGCLUSTER_BIN)
 
-# test-cluster-gateways: TestGatewaysInFront in every forwarding mode (make test runs route only).
+# test-cluster-gateways: TestGatewaysInFront in every forwarding mode with the long disruptions
+# (1,000 held connections through a gateway package upgrade and a node drain); make test runs route
+# and one gateway death only.
 test-cluster-gateways: cluster-deps
-	$(TEST_ENV) VIPGATE_CLUSTER_TESTS=1 VIPGATE_GATEWAY_MODES=route,nodePort,direct $(GO) test -count=1 -timeout 40m -v -run TestGatewaysInFront ./test/cluster/
+	$(TEST_ENV) VIPGATE_CLUSTER_TESTS=1 VIPGATE_GATEWAY_MODES=route,nodePort,direct VIPGATE_GATEWAY_DISRUPTIONS=1 $(GO) test -count=1 -timeout 40m -v -run TestGatewaysInFront ./test/cluster/

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/vipgate/vipgate/test/lab"
 )
@@ -24,8 +25,9 @@ import (
 //	client ── router (BIRD: ECMP + BFD over gw1, gw2) ── LAN ──┬── gw1 192.0.2.13, gw2 192.0.2.14
 //	                                                             └── node1, node2 (kubelet, vipgate node)
 //
-// The gateways read the cluster's API (Services, EndpointSlices, Nodes, MetalLB objects) with a
-// kubeconfig, announce the pools whose advertisements select vipgate.io/role: gateway (BGP to the
+// The gateways read the cluster's API (Services, EndpointSlices, Nodes, MetalLB objects) with the
+// least-privilege kubeconfig an operator makes (deploy/manifests/12-rbac-gateway.yaml, `vipgate
+// gateway kubeconfig`), announce the pools whose advertisements select vipgate.io/role: gateway (BGP to the
 // router as AS 64514; L2 on the LAN) and forward into the cluster as GatewaySpec.Forwarding says.
 // Services reach them through those pools (metallb.io/address-pool: gateway or gateway-lan); the
 // nodes keep announcing the cluster's own pools (their BGPPeer and advertisements select the hosts
@@ -40,16 +42,27 @@ var (
 	GatewayLANPool = "192.0.2.230-192.0.2.239"
 )
 
+// GatewayFlowTimeout is the gateways' flowTimeout (default 1h): route forwarding daisy-chains a
+// connection it does not know (one a dead peer carried) to its slot's previous node for that long
+// after a backend change, which is wrong for connections that started after the change; the
+// tests wait this long after the last change before they kill a gateway.
+const GatewayFlowTimeout = 15 * time.Second
+
+// SNATAddress is gateway i's (0-based) own SNAT address with forwarding "<mode>+sync".
+func SNATAddress(i int) netip.Addr { return netip.AddrFrom4([4]byte{192, 0, 2, byte(240 + i)}) }
+
 // GatewaySpec describes the gateway hosts.
 type GatewaySpec struct {
 	// Count is the number of gateway hosts, gw1..gwN (0: none).
 	Count int
-	// Forwarding is the gateways' forwarding mode: nodePort (default), direct or route.
+	// Forwarding is the gateways' forwarding mode: nodePort (default), direct or route; with
+	// "+sync" (nodePort+sync, direct+sync) an SNAT pair with conntrack sync.
 	Forwarding string
 	// Deb is the gateway package installed into each host's root. Default: bin/vipgate_*_<arch>.deb
 	// when `make deb` built one, else the binary and unit laid out as the package installs them.
 	Deb string
-	// Kubeconfig is what the gateways read the API with (default: the admin's).
+	// Kubeconfig is what the gateways read the API with (default: the ServiceAccount
+	// vipgate-gateway's of deploy/manifests/12-rbac-gateway.yaml, made by `vipgate gateway kubeconfig`).
 	Kubeconfig string
 	// Default makes the gateways' pool the one LoadBalancer Services get without asking (the
 	// nodes' bgp pool then only by annotation): the upstream e2e suite's Services go through them.
@@ -60,7 +73,8 @@ type GatewaySpec struct {
 type Gateway struct {
 	Name string
 	Lab  *lab.Node
-	// Root is the host's own root: the package unpacked, /etc/vipgate written; Dir its work directory.
+	// Root holds the host's own files: the package unpacked, /etc/vipgate written (StartGateway
+	// lays them over the machine's /usr and /etc, read-only); Dir is its work directory.
 	Root, Dir string
 	proc      *lab.Proc
 }
@@ -125,13 +139,27 @@ func (c *Cluster) startGateways(ctx context.Context) error {
 		return err
 	}
 	hosts := c.gatewayLabNodes()
+	var gws []*Gateway
 	for _, ln := range hosts {
 		g := &Gateway{Name: ln.Name, Lab: ln, Dir: filepath.Join(c.Dir, ln.Name)}
 		g.Root = filepath.Join(g.Dir, "root")
 		if err := c.installGateway(g); err != nil {
 			return fmt.Errorf("gateway %s: %w", g.Name, err)
 		}
-		if err := c.configureGateway(g, hosts, hex.EncodeToString(key)); err != nil {
+		gws = append(gws, g)
+	}
+	kubeconfig := spec.Kubeconfig
+	if kubeconfig == "admin" {
+		kubeconfig = c.Kubeconfig
+	}
+	if kubeconfig == "" {
+		var err error
+		if kubeconfig, err = c.gatewayKubeconfig(ctx, gws[0]); err != nil {
+			return err
+		}
+	}
+	for _, g := range gws {
+		if err := c.configureGateway(g, hosts, hex.EncodeToString(key), kubeconfig); err != nil {
 			return fmt.Errorf("gateway %s: %w", g.Name, err)
 		}
 		if err := c.StartGateway(g); err != nil {
@@ -140,6 +168,44 @@ func (c *Cluster) startGateways(ctx context.Context) error {
 		c.Gateways = append(c.Gateways, g)
 	}
 	return nil
+}
+
+// gatewayKubeconfig makes the gateways' kubeconfig as docs/gateway.md tells an operator: the RBAC
+// manifest (ServiceAccount vipgate-gateway, read-only but Events) applied by the admin, then
+// `vipgate gateway kubeconfig` (the installed binary) asks for its token.
+func (c *Cluster) gatewayKubeconfig(ctx context.Context, g *Gateway) (string, error) {
+	root, err := lab.ModuleRoot()
+	if err != nil {
+		return "", err
+	}
+	rbac, err := os.ReadFile(filepath.Join(root, "deploy", "manifests", "12-rbac-gateway.yaml"))
+	if err != nil {
+		return "", err
+	}
+	if _, err := c.Kubectl(ctx, string(rbac), "apply", "-f", "-"); err != nil {
+		return "", fmt.Errorf("the gateways' RBAC: %w", err)
+	}
+	argv, err := g.execStart()
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(c.Dir, "gateway.kubeconfig")
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", c.CPNS, filepath.Join(g.Root, argv[0]), "gateway", "kubeconfig",
+		"--server", APIServerURL(), "--kubeconfig", c.Kubeconfig, "--output", out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("vipgate gateway kubeconfig: %w: %s", err, b)
+	}
+	return out, nil
+}
+
+// execStart is the command line of the installed unit's ExecStart=.
+func (g *Gateway) execStart() ([]string, error) {
+	for _, p := range unitPaths {
+		if b, err := os.ReadFile(filepath.Join(g.Root, p)); err == nil {
+			return execStart(string(b))
+		}
+	}
+	return nil, fmt.Errorf("no vipgate-gateway.service in %s", g.Root)
 }
 
 // gatewayDeb is the package to install: spec.Deb, else the newest bin/vipgate_*_<arch>.deb.
@@ -224,7 +290,7 @@ func execStart(unit string) ([]string, error) {
 // configureGateway writes what an operator puts into /etc/vipgate: the GatewayConfig, the
 // kubeconfig, the membership key shared by the gateways (0400); and the forwarding sysctls of the
 // package's drop-in (or the same two without one) in the host's network namespace.
-func (c *Cluster) configureGateway(g *Gateway, group []*lab.Node, key string) error {
+func (c *Cluster) configureGateway(g *Gateway, group []*lab.Node, key, kubeconfig string) error {
 	etc := filepath.Join(g.Root, "etc", "vipgate")
 	if err := os.MkdirAll(etc, 0o755); err != nil {
 		return err
@@ -239,6 +305,9 @@ func (c *Cluster) configureGateway(g *Gateway, group []*lab.Node, key string) er
 	if fwd == "direct" {
 		snat = "always"
 	}
+	// "+sync": an SNAT pair, each gateway masquerading to an address of its own that the survivor
+	// takes over, conntrackd copying the NAT state to the peer (keyed with the membership key).
+	fwd, sync := strings.CutSuffix(fwd, "+sync")
 	var b strings.Builder
 	fmt.Fprintf(&b, `# written by test/cluster (gateways in front of the cluster)
 apiVersion: vipgate.io/v1alpha1
@@ -248,19 +317,27 @@ gatewayIPs: [%q]
 forwarding: %s
 snat: %s
 healthCheckInterval: 500ms
+flowTimeout: %s
 clusterCIDRs: [%q]
 serviceCIDRs: [%q]
 logFormat: text
 speaker:
   memberKeyFile: /etc/vipgate/member.key
   members:
-`, g.Name, g.Lab.IPv4, fwd, snat, lab.ClusterCIDRv4, ServiceCIDR)
+`, g.Name, g.Lab.IPv4, fwd, snat, GatewayFlowTimeout, lab.ClusterCIDRv4, ServiceCIDR)
 	for _, m := range group {
 		fmt.Fprintf(&b, "    - {name: %s, address: %q}\n", m.Name, m.IPv4)
 	}
-	kubeconfig := c.Spec.Gateways.Kubeconfig
-	if kubeconfig == "" {
-		kubeconfig = c.Kubeconfig
+	if sync {
+		b.WriteString("snatAddresses:\n")
+		var peer netip.Addr
+		for i, m := range group {
+			fmt.Fprintf(&b, "  - {gateway: %s, addresses: [%q]}\n", m.Name, SNATAddress(i))
+			if m.Name != g.Name {
+				peer = m.IPv4
+			}
+		}
+		fmt.Fprintf(&b, "conntrackSync: {peer: %q, stateDir: /var/lib/vipgate/ctsync}\n", peer)
 	}
 	kc, err := os.ReadFile(kubeconfig)
 	if err != nil {
@@ -321,32 +398,31 @@ speaker:
 // the host's own mount and UTS namespace with its root as /, with /proc, /sys, /dev and tmpfs /run,
 // /tmp, /var/lib/vipgate (the unit's StateDirectory) mounted there.
 func (c *Cluster) StartGateway(g *Gateway) error {
-	var unit []byte
-	for _, p := range unitPaths {
-		if b, err := os.ReadFile(filepath.Join(g.Root, p)); err == nil {
-			unit = b
-			break
-		}
-	}
-	if unit == nil {
-		return fmt.Errorf("no vipgate-gateway.service in %s", g.Root)
-	}
-	argv, err := execStart(string(unit))
+	argv, err := g.execStart()
 	if err != nil {
 		return err
 	}
+	// The host's / is a tmpfs of its own with the Debian system under it read-only (/usr and /etc
+	// of the machine as overlay lower layers: conntrackd, nft and the C library, as on a VM with
+	// the package's Recommends installed) and the host's own files as the upper layers: the
+	// package's, /etc/vipgate. Nothing the host writes reaches the machine's files.
 	script := fmt.Sprintf(`set -e
-r=%[1]q
-for d in proc sys dev run tmp var/lib/vipgate var/log; do mkdir -p "$r/$d"; done
+r=%[1]q/merged up=%[2]q wk=%[1]q/work
+mkdir -p "$r" "$wk/usr" "$wk/etc" "$up/usr" "$up/etc"
+mount -t tmpfs -o mode=0755 tmpfs "$r"
+for d in usr etc proc sys dev run tmp var/lib/vipgate var/log; do mkdir -p "$r/$d"; done
+for l in bin sbin lib lib64; do ln -s "usr/$l" "$r/$l"; done
+mount -t overlay overlay -o "lowerdir=/usr,upperdir=$up/usr,workdir=$wk/usr" "$r/usr"
+mount -t overlay overlay -o "lowerdir=/etc,upperdir=$up/etc,workdir=$wk/etc" "$r/etc"
 mount -t proc proc "$r/proc"
 mount -t sysfs sysfs "$r/sys"
 mount --rbind /dev "$r/dev"
 mount -t tmpfs -o mode=0755 tmpfs "$r/run"
 mount -t tmpfs tmpfs "$r/tmp"
 mount -t tmpfs -o mode=0700 tmpfs "$r/var/lib/vipgate"
-hostname %[2]s
-exec chroot "$r" %[3]s
-`, g.Root, g.Name, strings.Join(argv, " "))
+hostname %[3]s
+exec chroot "$r" %[4]s
+`, g.Dir, g.Root, g.Name, strings.Join(argv, " "))
 	path := filepath.Join(g.Dir, "start.sh")
 	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
 		return err
@@ -357,4 +433,45 @@ exec chroot "$r" %[3]s
 	}
 	g.proc, err = c.Lab.Start(g.Name, filepath.Join(g.Dir, "gateway.log"), unshare, "--mount", "--uts", "--propagation", "private", "/bin/sh", path)
 	return err
+}
+
+// UpgradeGateway upgrades g to the package deb and restarts it, as `dpkg -i` of a newer version and
+// the maintainer script's `systemctl try-restart` do: the gateway stops (SIGTERM), the package's
+// files are replaced in the host's root, the operator's /etc/vipgate stays as it was (an edited
+// conffile is kept), and the gateway starts again.
+func (c *Cluster) UpgradeGateway(g *Gateway, deb string) error {
+	etc := filepath.Join(g.Root, "etc", "vipgate")
+	saved := map[string][]byte{}
+	modes := map[string]os.FileMode{}
+	ents, err := os.ReadDir(etc)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		p := filepath.Join(etc, e.Name())
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		saved[e.Name()], modes[e.Name()] = b, fi.Mode().Perm()
+	}
+	if err := g.Stop(); err != nil {
+		c.logf("%s: stop: %v", g.Name, err)
+	}
+	if out, err := exec.Command("dpkg-deb", "-x", deb, g.Root).CombinedOutput(); err != nil {
+		return fmt.Errorf("dpkg-deb -x %s: %w: %s", deb, err, out)
+	}
+	for name, b := range saved {
+		p := filepath.Join(etc, name)
+		_ = os.Remove(p)
+		if err := os.WriteFile(p, b, modes[name]); err != nil {
+			return err
+		}
+	}
+	c.logf("%s: upgraded to %s", g.Name, filepath.Base(deb))
+	return c.StartGateway(g)
 }
