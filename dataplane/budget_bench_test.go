@@ -21,13 +21,13 @@ func BenchmarkServiceObjectSize(b *testing.B) {
 	n0.Limits = cluster.ServiceLimits{MaxEntries: 1 << 24, MaxElements: 1 << 24}
 	for _, n := range []int{50, 100, 200, 400} {
 		for _, shape := range []hostileShape{
-			{name: "externalIPs", ports: 100, externalIPs: n, endpoints: 1},
-			{name: "maglev-ports", ports: n, endpoints: 1, alg: "maglev"},
+			{Name: "externalIPs", Ports: 100, ExternalIPs: n, Endpoints: 1},
+			{Name: "maglev-ports", Ports: n, Endpoints: 1, Alg: "maglev"},
 		} {
 			svc, eps := hostileService(shape)
 			part := buildService(n0, svc, eps, true)
 			entries := len(part.Entries)
-			b.Run(fmt.Sprintf("build/%s/n=%d", shape.name, n), func(b *testing.B) {
+			b.Run(fmt.Sprintf("build/%s/n=%d", shape.Name, n), func(b *testing.B) {
 				cpu := cpuTime()
 				for b.Loop() {
 					p := buildService(n0, svc, eps, true)
@@ -36,7 +36,7 @@ func BenchmarkServiceObjectSize(b *testing.B) {
 				reportPerEntry(b, cpu, entries)
 				b.ReportMetric(float64(part.numElements()), "elements")
 			})
-			b.Run(fmt.Sprintf("claims/%s/n=%d", shape.name, n), func(b *testing.B) {
+			b.Run(fmt.Sprintf("claims/%s/n=%d", shape.Name, n), func(b *testing.B) {
 				cpu := cpuTime()
 				for b.Loop() {
 					claimsOf(nil, svc, part)

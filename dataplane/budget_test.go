@@ -43,28 +43,28 @@ func TestHostileServiceCost(t *testing.T) {
 		h       hostileShape
 		refused bool
 	}{
-		{hostileShape{name: "maglev-500p-1ep", ports: 500, endpoints: 1, alg: "maglev"}, false}, // 500 x 101 slots
-		{hostileShape{name: "maglev-500p-1ep-lb", ports: 500, lbIPs: 1, endpoints: 1, alg: "maglev"}, true},
-		{hostileShape{name: "maglev-100p-10ep", ports: 100, endpoints: 10, alg: "maglev"}, false},
-		{hostileShape{name: "maglev-1p-1000ep-lb-local", ports: 1, lbIPs: 1, endpoints: 1000, alg: "maglev", local: true}, true},
-		{hostileShape{name: "maglev-1p-1000ep", ports: 1, endpoints: 1000, alg: "maglev"}, false}, // one 65,537-slot table
-		{hostileShape{name: "ext-400x200p", ports: 200, externalIPs: 400, endpoints: 1}, true},
-		{hostileShape{name: "ext-200x200p", ports: 200, externalIPs: 200, endpoints: 1}, true},
-		{hostileShape{name: "ext-50x200p", ports: 200, externalIPs: 50, endpoints: 1}, false},
-		{hostileShape{name: "ext-50x200p-local", ports: 200, externalIPs: 50, endpoints: 2, local: true}, false},
-		{hostileShape{name: "ext-50x200p-maglev", ports: 200, externalIPs: 50, endpoints: 1, alg: "maglev"}, true},
-		{hostileShape{name: "ext-400x50p-source-hash", ports: 50, externalIPs: 400, endpoints: 1, alg: "source-hash"}, true},
-		{hostileShape{name: "ranges-1000x200p", ports: 200, lbIPs: 1, ranges: 1000, endpoints: 1}, true},
-		{hostileShape{name: "ranges-100x20p", ports: 20, lbIPs: 2, ranges: 100, endpoints: 1}, false},
-		{hostileShape{name: "eps-1000x100p", ports: 100, endpoints: 1000}, true},
-		{hostileShape{name: "eps-1000x10p", ports: 10, endpoints: 1000}, false},
-		{hostileShape{name: "affinity-1000x100p", ports: 100, endpoints: 1000, affinity: true}, true},
-		{hostileShape{name: "round-robin-1000x100p", ports: 100, lbIPs: 1, endpoints: 1000, alg: "round-robin"}, true},
-		{hostileShape{name: "ports-20000", ports: 20000, endpoints: 1}, false},
-		{hostileShape{name: "ports-20000-lb", ports: 20000, lbIPs: 1, endpoints: 1}, true},
+		{hostileShape{Name: "maglev-500p-1ep", Ports: 500, Endpoints: 1, Alg: "maglev"}, false}, // 500 x 101 slots
+		{hostileShape{Name: "maglev-500p-1ep-lb", Ports: 500, LBIPs: 1, Endpoints: 1, Alg: "maglev"}, true},
+		{hostileShape{Name: "maglev-100p-10ep", Ports: 100, Endpoints: 10, Alg: "maglev"}, false},
+		{hostileShape{Name: "maglev-1p-1000ep-lb-local", Ports: 1, LBIPs: 1, Endpoints: 1000, Alg: "maglev", Local: true}, true},
+		{hostileShape{Name: "maglev-1p-1000ep", Ports: 1, Endpoints: 1000, Alg: "maglev"}, false}, // one 65,537-slot table
+		{hostileShape{Name: "ext-400x200p", Ports: 200, ExternalIPs: 400, Endpoints: 1}, true},
+		{hostileShape{Name: "ext-200x200p", Ports: 200, ExternalIPs: 200, Endpoints: 1}, true},
+		{hostileShape{Name: "ext-50x200p", Ports: 200, ExternalIPs: 50, Endpoints: 1}, false},
+		{hostileShape{Name: "ext-50x200p-local", Ports: 200, ExternalIPs: 50, Endpoints: 2, Local: true}, false},
+		{hostileShape{Name: "ext-50x200p-maglev", Ports: 200, ExternalIPs: 50, Endpoints: 1, Alg: "maglev"}, true},
+		{hostileShape{Name: "ext-400x50p-source-hash", Ports: 50, ExternalIPs: 400, Endpoints: 1, Alg: "source-hash"}, true},
+		{hostileShape{Name: "ranges-1000x200p", Ports: 200, LBIPs: 1, Ranges: 1000, Endpoints: 1}, true},
+		{hostileShape{Name: "ranges-100x20p", Ports: 20, LBIPs: 2, Ranges: 100, Endpoints: 1}, false},
+		{hostileShape{Name: "eps-1000x100p", Ports: 100, Endpoints: 1000}, true},
+		{hostileShape{Name: "eps-1000x10p", Ports: 10, Endpoints: 1000}, false},
+		{hostileShape{Name: "affinity-1000x100p", Ports: 100, Endpoints: 1000, Affinity: true}, true},
+		{hostileShape{Name: "round-robin-1000x100p", Ports: 100, LBIPs: 1, Endpoints: 1000, Alg: "round-robin"}, true},
+		{hostileShape{Name: "ports-20000", Ports: 20000, Endpoints: 1}, false},
+		{hostileShape{Name: "ports-20000-lb", Ports: 20000, LBIPs: 1, Endpoints: 1}, true},
 	}
 	for _, c := range cases {
-		t.Run(c.h.name, func(t *testing.T) {
+		t.Run(c.h.Name, func(t *testing.T) {
 			svc, eps := hostileService(c.h)
 			good, goodEps := goodService()
 			st := &cluster.State{
@@ -109,7 +109,7 @@ func TestHostileServiceCost(t *testing.T) {
 			if !refused && len(p.Entries) == 0 {
 				t.Errorf("a Service within its limits has no entries")
 			}
-			t.Logf("%s: %d entries, %d elements, %d rules (~%.1f MiB), built in %v of CPU, refused %v %q", c.h.name, len(p.Entries), elements, rules,
+			t.Logf("%s: %d entries, %d elements, %d rules (~%.1f MiB), built in %v of CPU, refused %v %q", c.h.Name, len(p.Entries), elements, rules,
 				float64(cost*kernelBytesPerElement)/(1<<20), cpu.Round(time.Millisecond), refused, why)
 		})
 	}
@@ -118,7 +118,7 @@ func TestHostileServiceCost(t *testing.T) {
 // TestServiceLimitsConfigured: configured limits replace the defaults, and the refusal names the
 // configured value; a Service just within them is programmed.
 func TestServiceLimitsConfigured(t *testing.T) {
-	svc, eps := hostileService(hostileShape{name: "maglev-20p", ports: 20, endpoints: 1, alg: "maglev"})
+	svc, eps := hostileService(hostileShape{Name: "maglev-20p", Ports: 20, Endpoints: 1, Alg: "maglev"})
 	n := hostileNodeInfo()
 	n.NodeName = "node9" // no local endpoint, so no hairpin elements
 	// 20 entries of 101 slots, one vmap element each, and the cluster IP: 2,041 elements.
@@ -155,7 +155,7 @@ func TestMaglevNodeTableSized(t *testing.T) {
 		}
 	}
 	for _, n := range []int{1, 2, 3} {
-		svc, eps := hostileService(hostileShape{name: fmt.Sprintf("mg%d", n), ports: 2, endpoints: n, alg: "maglev"})
+		svc, eps := hostileService(hostileShape{Name: fmt.Sprintf("mg%d", n), Ports: 2, Endpoints: n, Alg: "maglev"})
 		ni := hostileNodeInfo()
 		ni.NodeName = "node9" // no local endpoint, so no hairpin elements
 		p := BuildService(ni, svc, eps)
@@ -170,7 +170,7 @@ func TestMaglevNodeTableSized(t *testing.T) {
 // limit is withdrawn (its entries leave the kernel, none kept), reported, and comes back when it
 // shrinks; the other Service is untouched.
 func TestServiceLimitsSync(t *testing.T) {
-	svc, eps := hostileService(hostileShape{name: "grows", ports: 10, externalIPs: 2, endpoints: 1})
+	svc, eps := hostileService(hostileShape{Name: "grows", Ports: 10, ExternalIPs: 2, Endpoints: 1})
 	good, goodEps := goodService()
 	st := &cluster.State{
 		Services:       map[cluster.ServiceKey]*cluster.Service{svc.Key: svc, good.Key: good},

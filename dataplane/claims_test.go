@@ -391,7 +391,7 @@ func FuzzConflictOrder(f *testing.F) {
 // claims each entry once, in the order of its part, and an external IP equal to its own cluster IP
 // is claimed once, as a cluster IP, whichever comes first.
 func TestClaimsOfManyEntries(t *testing.T) {
-	svc, eps := hostileService(hostileShape{name: "many", ports: 30, externalIPs: 3, endpoints: 1})
+	svc, eps := hostileService(hostileShape{Name: "many", Ports: 30, ExternalIPs: 3, Endpoints: 1})
 	svc.ExternalIPs = append(svc.ExternalIPs, svc.ClusterIPs[0]) // also its own cluster IP
 	p := BuildService(hostileNodeInfo(), svc, eps)
 	// The part lists the cluster IP entry, then the external ones, per port: put a duplicate of

@@ -40,6 +40,8 @@ var importRules = []importRule{
 		"healthCheckNodePort and /healthz servers: they take the counts the sync reports, not the Proxier"},
 	{"dataplane/conntrack", []string{"cluster"},
 		"conntrack cleanup: dataplane.ConntrackView adapts a cluster.State; the leaf knows only views and StaleFlow"},
+	{"dataplane/dptest", []string{"cluster"},
+		"test helpers the engine's tests and the gateway's share (a network namespace, nft -c, the hostile-Service corpus): only cluster, so dataplane's own tests can import it"},
 	{"dataplane/maglev", nil,
 		"Maglev table construction: pure, the same on every gateway and node; the dataplane programs its tables"},
 	// Any other package under dataplane/ is a leaf too: it may use other leaves, never the dataplane

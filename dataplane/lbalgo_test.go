@@ -138,24 +138,6 @@ func TestLBAlgorithmDecodeRoundTrip(t *testing.T) {
 	}
 }
 
-func slicesContainsReason(rs []cluster.Rejection, sub string) bool {
-	for _, r := range rs {
-		if strings.Contains(r.Reason, sub) {
-			return true
-		}
-	}
-	return false
-}
-
-// maxDeviation is the largest |count/even - 1| over the backends.
-func maxDeviation(counts map[netip.Addr]int, even float64) float64 {
-	d := 0.0
-	for _, c := range counts {
-		d = math.Max(d, math.Abs(float64(c)/even-1))
-	}
-	return d
-}
-
 // wantTypedTrace checks the typed fields the gateway's and the algorithms' trace hooks record: every
 // candidate has its rule and a known probability, the probabilities sum to 1, and every rule step
 // says whether its rule matched (no StepRule).

@@ -1,69 +1,14 @@
 package dataplane
 
 import (
-	"fmt"
 	"net/netip"
-	"os"
-	"os/exec"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
 )
-
-// testNetns creates a throwaway network namespace and returns its name and an open fd to it.
-func testNetns(t testing.TB) (string, int) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (creates a network namespace)")
-	}
-	sweepStaleNetns.Do(sweepDeadOwnersNetns)
-	name := fmt.Sprintf("vgt%d-dp%d", os.Getpid(), time.Now().UnixNano()%100000)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	f, err := os.Open("/run/netns/" + name)
-	if err != nil {
-		exec.Command("ip", "netns", "del", name).Run()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		f.Close()
-		exec.Command("ip", "netns", "del", name).Run()
-	})
-	return name, int(f.Fd())
-}
-
-var sweepStaleNetns sync.Once
-
-// sweepDeadOwnersNetns deletes the namespaces this helper named after a test process that no longer
-// runs ("vgt<pid>-dp…"): a test binary killed by a timeout or a signal runs no t.Cleanup.
-func sweepDeadOwnersNetns() {
-	entries, _ := os.ReadDir("/run/netns")
-	for _, e := range entries {
-		var pid int
-		if _, err := fmt.Sscanf(e.Name(), "vgt%d-dp", &pid); err != nil || pid <= 0 || !strings.HasPrefix(e.Name(), fmt.Sprintf("vgt%d-dp", pid)) {
-			continue
-		}
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
-			continue // its test is still running (or the pid was reused: then leave it)
-		}
-		exec.Command("ip", "netns", "del", e.Name()).Run()
-	}
-}
-
-func nftList(t testing.TB, ns string) string {
-	t.Helper()
-	out, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "ruleset").CombinedOutput()
-	if err != nil {
-		t.Fatalf("nft list ruleset: %v: %s", err, out)
-	}
-	return string(out)
-}
 
 func testConfig() Config {
 	return Config{

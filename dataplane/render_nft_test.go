@@ -2,9 +2,6 @@ package dataplane
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -16,31 +13,6 @@ import (
 // operator must be able to check and load what `vipgate render` prints. nft -c needs a network
 // namespace of its own (it still opens a netlink socket), so every check runs under `unshare -n`:
 // a namespace that exists only for that one command.
-
-// nftCheckOrSkip skips the test where `nft -c` cannot run.
-func nftCheckOrSkip(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("nft -c needs root (a network namespace of its own)")
-	}
-	for _, bin := range []string{"nft", "unshare"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("no %s binary", bin)
-		}
-	}
-}
-
-// nftCheck runs `nft -c -f` over text in a throwaway network namespace and fails with nft's message.
-func nftCheck(t *testing.T, name, text string) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), strings.NewReplacer("/", "_", " ", "_").Replace(name)+".nft")
-	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("unshare", "-n", "nft", "-c", "-f", path).CombinedOutput(); err != nil {
-		t.Fatalf("nft -c -f of %s: %v\n%s\n--- rendered:\n%s", name, err, out, text)
-	}
-}
 
 // withAlgorithm returns the fixture with every Service annotated with alg ("" leaves them as they
 // are): each rule kind (affinity, eTP Local, NodePorts, source ranges, ...) meets each algorithm.

@@ -26,7 +26,7 @@ func TestHostileGatewayServiceCost(t *testing.T) {
 	}{{200, 1, true}, {100, 1, false}, {20, 200, true}, {1, 200, true}, {1, 100, false}} {
 		t.Run(fmt.Sprintf("%dp-%dvips", c.ports, c.vips), func(t *testing.T) {
 			st := gwState()
-			svc, eps := hostileService(hostileShape{name: "big", ports: c.ports, lbIPs: 1, endpoints: 2})
+			svc, eps := hostileService(hostileShape{Name: "big", Ports: c.ports, LBIPs: 1, Endpoints: 2})
 			svc.LoadBalancerIPs = nil
 			for i := range c.vips {
 				svc.LoadBalancerIPs = append(svc.LoadBalancerIPs, netip.AddrFrom4([4]byte{203, 0, 113, byte(55 + i)}))
