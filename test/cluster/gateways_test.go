@@ -188,6 +188,15 @@ func testGatewaysInFront(t *testing.T, mode string) {
 	if out, err := c.Lab.Exec(dead.Name, "ip", "link", "set", "eth0", "up"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
+	// The kernel dropped the routes through eth0 with the link; a host's network manager puts them
+	// back (without its default route an SNAT gateway cannot send the clients their replies).
+	routes := []string{"route replace default via " + lab.RouterLANv4.String()}
+	for _, n := range c.kubeLabNodes() {
+		routes = append(routes, fmt.Sprintf("route replace %s via %s", n.PodCIDRv4, n.IPv4))
+	}
+	if err := lab.IPBatch(dead.Lab.NS, routes); err != nil {
+		t.Fatal(err)
+	}
 	if err := poll(ctx, time.Minute, func(context.Context) error {
 		if hops := routerNextHops(c, vip); !slices.Equal(hops, gws) {
 			return fmt.Errorf("next hops %v, want both gateways back", hops)
