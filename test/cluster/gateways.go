@@ -232,8 +232,8 @@ func (c *Cluster) installGateway(g *Gateway) error {
 		return err
 	}
 	if deb := c.gatewayDeb(); deb != "" {
-		if out, err := exec.Command("dpkg-deb", "-x", deb, g.Root).CombinedOutput(); err != nil {
-			return fmt.Errorf("dpkg-deb -x %s: %w: %s", deb, err, out)
+		if err := g.unpack(deb); err != nil {
+			return err
 		}
 		c.logf("%s: installed %s into %s", g.Name, filepath.Base(deb), g.Root)
 		return nil
@@ -462,8 +462,8 @@ func (c *Cluster) UpgradeGateway(g *Gateway, deb string) error {
 	if err := g.Stop(); err != nil {
 		c.logf("%s: stop: %v", g.Name, err)
 	}
-	if out, err := exec.Command("dpkg-deb", "-x", deb, g.Root).CombinedOutput(); err != nil {
-		return fmt.Errorf("dpkg-deb -x %s: %w: %s", deb, err, out)
+	if err := g.unpack(deb); err != nil {
+		return err
 	}
 	for name, b := range saved {
 		p := filepath.Join(etc, name)
@@ -474,4 +474,13 @@ func (c *Cluster) UpgradeGateway(g *Gateway, deb string) error {
 	}
 	c.logf("%s: upgraded to %s", g.Name, filepath.Base(deb))
 	return c.StartGateway(g)
+}
+
+// unpack lays the package's files into g's root as dpkg does (dpkg-deb -x; its maintainer scripts
+// are tested by `make test-deb`).
+func (g *Gateway) unpack(deb string) error {
+	if out, err := exec.Command("dpkg-deb", "-x", deb, g.Root).CombinedOutput(); err != nil {
+		return fmt.Errorf("dpkg-deb -x %s: %w: %s", deb, err, out)
+	}
+	return nil
 }

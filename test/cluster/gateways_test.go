@@ -74,15 +74,8 @@ func testGatewaysInFront(t *testing.T, mode string) {
 	// BGP: both gateways are the router's next hops for the VIP, and no node announces it.
 	gws := []string{c.Gateways[0].Lab.IPv4.String(), c.Gateways[1].Lab.IPv4.String()}
 	start := time.Now()
-	if err := poll(ctx, 2*time.Minute, func(context.Context) error {
-		if hops := routerNextHops(c, vip); !slices.Equal(hops, gws) {
-			return fmt.Errorf("router's next hops for %s: %v, want the gateways %v", vip, hops, gws)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%s: %s announced by both gateways %.1f s after the Service had its IP", mode, vip, time.Since(start).Seconds())
+	announced := waitNextHops(t, ctx, c, vip, gws, 2*time.Minute)
+	t.Logf("%s: %s announced by both gateways %.1f s after the Service had its IP", mode, vip, announced.Sub(start).Seconds())
 
 	// Answered from outside through the gateways, spread over pods; the pod sees the client where
 	// the mode keeps its address.
@@ -151,16 +144,7 @@ func testGatewaysInFront(t *testing.T, mode string) {
 	if out, err := c.Lab.Exec(dead.Name, "ip", "link", "set", "eth0", "down"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	var gone time.Duration
-	if err := poll(ctx, 30*time.Second, func(context.Context) error {
-		if hops := routerNextHops(c, vip); !slices.Equal(hops, gws[1:]) {
-			return fmt.Errorf("next hops %v", hops)
-		}
-		gone = time.Since(killed)
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	gone := waitNextHops(t, ctx, c, vip, gws[1:], 30*time.Second).Sub(killed)
 	res, err := hold.Wait(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -197,14 +181,7 @@ func testGatewaysInFront(t *testing.T, mode string) {
 	if err := lab.IPBatch(dead.Lab.NS, routes); err != nil {
 		t.Fatal(err)
 	}
-	if err := poll(ctx, time.Minute, func(context.Context) error {
-		if hops := routerNextHops(c, vip); !slices.Equal(hops, gws) {
-			return fmt.Errorf("next hops %v, want both gateways back", hops)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	waitNextHops(t, ctx, c, vip, gws, time.Minute)
 	held := func(what string, do func()) {
 		t.Helper()
 		waitSameBackends(t, ctx, c, vip+":8080")
@@ -245,14 +222,7 @@ func testGatewaysInFront(t *testing.T, mode string) {
 			t.Fatal(err)
 		}
 		// Back in the router's ECMP set (BGP up again, its VIPs announced).
-		if err := poll(ctx, time.Minute, func(context.Context) error {
-			if hops := routerNextHops(c, vip); !slices.Equal(hops, gws) {
-				return fmt.Errorf("next hops %v", hops)
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
+		waitNextHops(t, ctx, c, vip, gws, time.Minute)
 	})
 	held("node2 drained", func() {
 		kubectl(t, ctx, c, "drain", "node2", "--pod-selector=app=web", "--delete-emptydir-data", "--timeout=2m")
@@ -345,4 +315,19 @@ func waitSameBackends(t *testing.T, ctx context.Context, c *Cluster, vipPort str
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// waitNextHops waits until the router's ECMP next hops for vip are want (sorted) and returns when
+// it saw them.
+func waitNextHops(t *testing.T, ctx context.Context, c *Cluster, vip string, want []string, timeout time.Duration) time.Time {
+	t.Helper()
+	if err := poll(ctx, timeout, func(context.Context) error {
+		if hops := routerNextHops(c, vip); !slices.Equal(hops, want) {
+			return fmt.Errorf("router's next hops for %s: %v, want %v", vip, hops, want)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return time.Now()
 }
