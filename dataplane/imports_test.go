@@ -76,7 +76,11 @@ var importRules = []importRule{
 		"cluster is the model every layer reads; it must not depend on any of them"},
 	// The speaker decides what to announce from the State; l2 and bgp are its protocol engines.
 	{"speaker", []string{"cluster", "bgp"},
-		"the speaker reads cluster.State and drives bgp; it does not need the dataplane (cmd passes what it needs)"},
+		"the speaker reads cluster.State and drives bgp; it does not need the dataplane (cmd passes what it needs), and it reads the membership through its own Membership interface (cmd adapts membership.Members)"},
+	// The L2 membership protocol: heartbeats and gossip, their socket, keys and wire format, and
+	// the views they give. The speaker decides with those views; the protocol never decides.
+	{"membership", nil,
+		"the speakers' UDP membership protocol: sockets, keys, wire format and views only; it knows no State and no owner (the speaker decides, cmd/vipgate wires the two)"},
 	{"l2", nil,
 		"ARP/NDP engine: protocol only, reusable and testable without the cluster model"},
 	{"bgp", []string{"bgp"},
@@ -182,7 +186,7 @@ func moduleRoot(t *testing.T) string {
 
 func TestImportRules(t *testing.T) {
 	pkgs := modulePackages(t, moduleRoot(t))
-	for _, want := range []string{"dataplane", "dataplane/healthcheck", "dataplane/conntrack", "gateway/ctsync", "dataplane/maglev", "gateway/healthprobe", "gateway", "gateway/natpath", "cluster", "speaker", "l2", "bgp", "cmd/vipgate"} {
+	for _, want := range []string{"dataplane", "dataplane/healthcheck", "dataplane/conntrack", "gateway/ctsync", "dataplane/maglev", "gateway/healthprobe", "gateway", "gateway/natpath", "cluster", "speaker", "membership", "l2", "bgp", "cmd/vipgate"} {
 		if _, ok := pkgs[want]; !ok {
 			t.Fatalf("package %s not found: the walk is broken", want)
 		}
@@ -247,6 +251,9 @@ func TestImportRulesCatch(t *testing.T) {
 		{"cluster/mlbstatus", "speaker"},
 		{"dataplane", "speaker"},
 		{"speaker", "dataplane"},
+		{"speaker", "membership"},
+		{"membership", "speaker"},
+		{"membership", "cluster"},
 		{"l2", "cluster"},
 		{"bgp/bfd", "speaker"},
 	} {

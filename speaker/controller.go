@@ -20,9 +20,9 @@ import (
 
 // The speaker controller: the runtime around the pure decisions (DecideL2, DecideBGP). It takes
 // the desired State and the membership's views, decides, and drives the I/O through small
-// interfaces — L2Announcer (l2.Announcer), BGPAnnouncer (bgp.Speaker), EventRecorder (the
-// Kubernetes source), StatusSink (mlbstatus.Writer) — so that it is unit-tested with recording
-// fakes. cmd/vipgate wires the real ones.
+// interfaces — L2Announcer (l2.Announcer), BGPAnnouncer (bgp.Speaker), Membership
+// (membership.Members), EventRecorder (the Kubernetes source), StatusSink (mlbstatus.Writer) — so
+// that it is unit-tested with recording fakes. cmd/vipgate wires the real ones.
 
 // L2Where are the interfaces of one owned VIP (l2.Where): Answer where ARP/NDP requests for it are
 // answered, Announce those of them where a takeover is announced (nil: every one of Answer).
@@ -51,13 +51,31 @@ type BGPAnnouncer interface {
 	Stop(ctx context.Context) error
 }
 
-// Membership is what the controller needs of Members: it hands over the member lists of the
-// segments this node is in and reads the views back.
+// Membership is what the controller needs of the L2 membership protocol (membership.Members,
+// adapted in cmd/vipgate; the speaker never imports it, as MetalLB's speaker keeps memberlist
+// behind its own interface): it hands over the member lists of the segments this node is in and
+// reads the views back. OnChange, keys and the socket stay with whoever runs it.
 type Membership interface {
+	// SetSegments replaces the members (name -> addresses) and the member lists of the L2
+	// segments that hold this node (SegmentsOf).
 	SetSegments(peers map[string][]netip.Addr, segments [][]string)
+	// SetWilling says this node can announce (it has a State): until then it is never a candidate.
 	SetWilling(w bool)
+	// View is the membership over all of this node's segments (Total alone is read: the "no
+	// other speakers known" warning).
 	View() View
+	// SegmentViews are the views of this node's segments by L2Segment.Key (the segment's digest,
+	// which the membership also puts on the wire: see segmentKey).
 	SegmentViews() map[uint64]View
+}
+
+// View is what the speaker reads of one evaluation of the membership.
+type View struct {
+	// Candidates are the members that may own VIPs (alive, and themselves hearing a majority of the
+	// segment; this node only while it does): what DecideL2 picks owners from.
+	Candidates map[string]bool
+	// Total is the member count, this node included.
+	Total int
 }
 
 // EventRecorder records a Kubernetes Event (cluster.KubeSource implements it).

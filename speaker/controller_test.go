@@ -166,11 +166,10 @@ func (m *fakeMembers) view(members []string) View {
 	for _, n := range members {
 		if m.net.cands[n] {
 			v.Candidates[n] = true
-			v.Heard++
 		}
 	}
-	v.Ready = m.willing && v.Candidates[m.self]
-	if !v.Ready {
+	// Not ready (unwilling, or not a candidate on the net): never its own candidate.
+	if !m.willing {
 		delete(v.Candidates, m.self)
 	}
 	return v
@@ -193,7 +192,7 @@ func (m *fakeMembers) SegmentViews() map[uint64]View {
 	m.mu.Unlock()
 	out := map[uint64]View{}
 	for _, s := range segs {
-		out[memberDigest(s)] = m.view(s)
+		out[segmentKey(s)] = m.view(s)
 	}
 	return out
 }

@@ -18,7 +18,7 @@ import (
 type L2Input struct {
 	// Self is this host's node name.
 	Self string
-	// Live are the members that may own VIPs (Members.View().Candidates): alive, and themselves
+	// Live are the members that may own VIPs (Membership.View().Candidates): alive, and themselves
 	// hearing a majority. Self announces only if it is in Live.
 	Live map[string]bool
 	// Links are this host's interfaces and the prefixes on them. They choose the interfaces when an
@@ -30,7 +30,7 @@ type L2Input struct {
 	DefaultInterface string
 	State            *cluster.State
 	// Segments are the L2 segments of State (L2Segments) and SegmentViews the membership's view of
-	// those that hold Self (Members.SegmentViews). With Segments set, an IP's candidates are the
+	// those that hold Self (Membership.SegmentViews). With Segments set, an IP's candidates are the
 	// candidates of its pool's segment and Live is not used; an IP whose segment does not hold Self
 	// gets no owner here (the segment's members decide it among themselves). Without: Live, one
 	// membership for every IP.

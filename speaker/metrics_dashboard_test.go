@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 func TestOwnerChanges(t *testing.T) {
@@ -101,4 +102,12 @@ func TestOwnerChangesCountedByDecideL2(t *testing.T) {
 	if n != 6 {
 		t.Errorf("vipgate_l2_owner_changes_total on the registry: %d series, want 6 (every change/reason pair, from the start)", n)
 	}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
 }

@@ -2,7 +2,10 @@ package speaker
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/binary"
 	"slices"
+	"strings"
 
 	metallbv1beta1 "go.universe.tf/metallb/api/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,7 +28,8 @@ const WitnessLabel = "vipgate.io/l2-witness"
 // L2Segment is one L2 membership: the speakers that some L2Advertisement covering its pools can
 // select (nodeSelectors; not labelled ExcludeFromLBLabel), witnesses included.
 type L2Segment struct {
-	// Key identifies the segment on the wire and in Members.SegmentViews: the digest of Members.
+	// Key identifies the segment on the wire and in Membership.SegmentViews: the digest of
+	// Members (segmentKey).
 	Key uint64
 	// Members are the segment's speakers, sorted.
 	Members []string
@@ -64,7 +68,7 @@ func L2Segments(st *cluster.State, speakers []string) []L2Segment {
 		if len(members) == 0 {
 			continue
 		}
-		key := memberDigest(members)
+		key := segmentKey(members)
 		g := byKey[key]
 		if g == nil {
 			g = &L2Segment{Key: key, Members: members}
@@ -81,7 +85,17 @@ func L2Segments(st *cluster.State, speakers []string) []L2Segment {
 	return out
 }
 
-// SegmentsOf lists the member lists of the segments that hold self (what Members.SetSegments takes).
+// segmentKey is a segment's digest: the first 8 bytes of sha256 over its sorted members joined by
+// newlines. The membership protocol carries the same digest in its heartbeats and keys its
+// SegmentViews by it (membership.SegmentKey, which must stay equal to this: it is on the wire, so
+// nodes of different versions agree; cmd/vipgate's tests check the two match).
+func segmentKey(sorted []string) uint64 {
+	h := sha256.Sum256([]byte(strings.Join(sorted, "\n")))
+	return binary.BigEndian.Uint64(h[:8])
+}
+
+// SegmentsOf lists the member lists of the segments that hold self (what Membership.SetSegments
+// takes).
 func SegmentsOf(segs []L2Segment, self string) [][]string {
 	var out [][]string
 	for _, g := range segs {

@@ -6,12 +6,9 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/hashicorp/go-hclog"
 	metallbv1beta1 "go.universe.tf/metallb/api/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -47,7 +44,7 @@ func TestL2Segments(t *testing.T) {
 	type seg struct{ Members, Pools string }
 	var gotS []seg
 	for _, g := range got {
-		if g.Key != memberDigest(g.Members) {
+		if g.Key != segmentKey(g.Members) {
 			t.Errorf("segment %v: key %x is not the digest of its members", g.Members, g.Key)
 		}
 		gotS = append(gotS, seg{strings.Join(g.Members, ","), strings.Join(g.Pools, ",")})
@@ -82,7 +79,7 @@ func TestDecideL2Segments(t *testing.T) {
 	w := segWorld().svc("in-a", false, []string{"192.0.2.10"}, "n1", "n2").svc("in-b", false, []string{"198.51.100.10"}, "n4").
 		svc("in-ab", false, []string{"203.0.113.10"}, "n1").svc("local-a", true, []string{"192.0.2.70"}, "n3", "n6")
 	segs := L2Segments(w.st, segSpeakers)
-	keyOf := func(members string) uint64 { return memberDigest(strings.Split(members, ",")) }
+	keyOf := func(members string) uint64 { return segmentKey(strings.Split(members, ",")) }
 	views := map[uint64]View{
 		// n3 is silent in rack a; in the big segment everyone but the witness is a candidate (it is
 		// ready and heard, but never announces).
@@ -113,105 +110,6 @@ func TestDecideL2Segments(t *testing.T) {
 		t.Errorf("decisions (-want +got):\n%s", d)
 	}
 }
-
-// TestSegmentReadiness: n2 is in A = {n1,n2,n3} and B = {n2,n3,n4}. Each segment has its own
-// majority; n3's ready flag for A says nothing about B; heartbeats go to the members of n2's
-// segments only, one datagram per shared segment.
-func TestSegmentReadiness(t *testing.T) {
-	key := testKeys[0]
-	conn := &recordConn{}
-	m, err := newMembers(hclog.NewNullLogger(), "n2", MemberOptions{Keys: [][]byte{key}}, conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrs := map[string][]netip.Addr{}
-	for i, n := range []string{"n1", "n2", "n3", "n4", "n5", "n6"} {
-		addrs[n] = []netip.Addr{netip.AddrFrom4([4]byte{192, 0, 2, byte(i + 1)})}
-	}
-	A, B, C := []string{"n1", "n2", "n3"}, []string{"n2", "n3", "n4"}, []string{"n5", "n6"}
-	m.SetSegments(addrs, [][]string{A, B, C})
-	m.SetWilling(true)
-	ka, kb := memberDigest(A), memberDigest(B)
-	now := time.Now().Add(time.Second) // past the start-up grace
-	counter := uint64(1e18)
-	send := func(from string, seg []string, ready bool) {
-		t.Helper()
-		counter++
-		b := seal(t, key, "n2", heartbeat{name: from, ready: ready, counter: counter, echo: m.boot, digest: memberDigest(seg), heard: newBitmap(3)})
-		now = now.Add(time.Millisecond)
-		if r := m.handle(b, addrs[from][0], now); r != acceptedReason {
-			t.Fatalf("heartbeat of %s: %s", from, r)
-		}
-	}
-	views := func() string {
-		m.evaluate(now)
-		var out []string
-		for _, k := range []uint64{ka, kb} {
-			v := m.SegmentViews()[k]
-			c := slices.Sorted(func(yield func(string) bool) {
-				for n := range v.Candidates {
-					if !yield(n) {
-						return
-					}
-				}
-			})
-			out = append(out, fmt.Sprintf("ready=%v heard=%d/%d %v", v.Ready, v.Heard, v.Total, c))
-		}
-		return strings.Join(out, " | ")
-	}
-	if len(m.SegmentViews()) != 2 {
-		t.Fatalf("n2 is in %d segments, want 2 (not C)", len(m.SegmentViews()))
-	}
-	send("n1", A, true)
-	if got, want := views(), "ready=true heard=2/3 [n1 n2] | ready=false heard=1/3 []"; got != want {
-		t.Errorf("n1 heard:\n got %s\nwant %s", got, want)
-	}
-	send("n3", A, true)
-	send("n3", B, false) // n3 hears too little of B
-	if got, want := views(), "ready=true heard=3/3 [n1 n2 n3] | ready=true heard=2/3 [n2]"; got != want {
-		t.Errorf("n3 ready in A only:\n got %s\nwant %s", got, want)
-	}
-	// A stranger's digest (lists not agreed yet) from a member of two segments: liveness counts,
-	// the ready flag cannot be placed and the last readable ones stay.
-	send("n3", []string{"n2", "n3"}, false)
-	if got, want := views(), "ready=true heard=3/3 [n1 n2 n3] | ready=true heard=2/3 [n2]"; got != want {
-		t.Errorf("unknown digest:\n got %s\nwant %s", got, want)
-	}
-	// Heartbeats: to n1 (A), n3 (A and B: two datagrams), n4 (B); never to n5 and n6.
-	m.send(nil)
-	got := map[string]int{}
-	for _, d := range conn.dsts {
-		got[d.Addr().String()]++
-	}
-	if d := cmp.Diff(map[string]int{"192.0.2.1": 1, "192.0.2.3": 2, "192.0.2.4": 1}, got); d != "" {
-		t.Errorf("heartbeats sent (-want +got):\n%s", d)
-	}
-
-	// In no segment at all: nothing is sent, never ready.
-	conn.dsts = nil
-	m.SetSegments(addrs, [][]string{C})
-	m.send(nil)
-	if len(conn.dsts) != 0 || m.View().Ready {
-		t.Errorf("in no segment: sent %d heartbeats, view %+v", len(conn.dsts), m.View())
-	}
-}
-
-// recordConn records what is sent.
-type recordConn struct {
-	mu   sync.Mutex
-	dsts []netip.AddrPort
-}
-
-func (c *recordConn) ReadFromUDPAddrPort([]byte) (int, netip.AddrPort, error) {
-	select {}
-}
-func (c *recordConn) WriteToUDPAddrPort(b []byte, a netip.AddrPort) (int, error) {
-	c.mu.Lock()
-	c.dsts = append(c.dsts, a)
-	c.mu.Unlock()
-	return len(b), nil
-}
-func (c *recordConn) Close() error { return nil }
 
 // TestOwnerCacheProperty: on random sequences of candidates joining and leaving (one, a few, most
 // of them at once) and VIPs coming and going, the cached owner of every VIP is the full
@@ -315,56 +213,4 @@ func BenchmarkDecideL2MembershipChange(b *testing.B) {
 			})
 		}
 	}
-}
-
-// TestSegmentsOverUDP: four members over real UDP on loopback, segments A = {n1,n2,n3} and
-// B = {n3,n4}. When n3 is cut off from everyone, A's majority (n1, n2) takes its place there, n3
-// stops announcing A's VIPs, and B keeps exactly one owner by the two-member rule (n3, the lower
-// name, alone; n4 yields): each segment decides by its own members, and no segment has two owners.
-func TestSegmentsOverUDP(t *testing.T) {
-	f := &fabric{}
-	names := []string{"n1", "n2", "n3", "n4"}
-	ms, _ := startMembers(t, f, names...)
-	addrs := map[string][]netip.Addr{}
-	for i, n := range names {
-		addrs[n] = []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, byte(i + 1)})}
-	}
-	A, B := []string{"n1", "n2", "n3"}, []string{"n3", "n4"}
-	for _, m := range ms {
-		m.SetSegments(addrs, [][]string{A, B})
-	}
-	ka, kb := memberDigest(A), memberDigest(B)
-	wait := func(want map[string]string) time.Duration {
-		t.Helper()
-		start := time.Now()
-		for {
-			got := map[string]string{}
-			for k := range want {
-				n, seg, _ := strings.Cut(k, "/")
-				key := ka
-				if seg == "B" {
-					key = kb
-				}
-				got[k] = describe(ms[n].SegmentViews()[key])
-			}
-			if cmp.Equal(want, got) {
-				return time.Since(start)
-			}
-			if time.Since(start) > 5*time.Second {
-				t.Fatalf("segment views (-want +got):\n%s", cmp.Diff(want, got))
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	wait(map[string]string{"n1/A": "true n1,n2,n3", "n2/A": "true n1,n2,n3", "n3/A": "true n1,n2,n3",
-		"n3/B": "true n3,n4", "n4/B": "true n3,n4"})
-	if _, ok := ms["n1"].SegmentViews()[kb]; ok {
-		t.Error("n1 has a view of segment B, which it is not in")
-	}
-	f.isolate("n3", true, "n1", "n2", "n4")
-	d := wait(map[string]string{"n1/A": "true n1,n2", "n2/A": "true n1,n2", "n3/A": "false ",
-		"n3/B": "true n3", "n4/B": "false "})
-	t.Logf("n3 cut off: A decided by n1, n2 and B by n3 alone %v later", d.Round(time.Millisecond))
-	f.isolate("n3", false, "n1", "n2", "n4")
-	wait(map[string]string{"n1/A": "true n1,n2,n3", "n3/A": "true n1,n2,n3", "n3/B": "true n3,n4", "n4/B": "true n3,n4"})
 }

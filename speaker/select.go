@@ -1,6 +1,7 @@
 // Package speaker decides which LoadBalancer IPs this host announces, and how. It decides from the
 // desired state (Services, EndpointSlices, Nodes, MetalLB pools and advertisements) and the live
-// membership alone; l2/ and bgp/ do the I/O.
+// membership alone; l2/ and bgp/ do the I/O, and membership/ runs the protocol whose views it reads
+// (through Membership, an interface of its own).
 package speaker
 
 import (

@@ -21,6 +21,7 @@ import (
 	"github.com/vipgate/vipgate/cluster/mlbstatus"
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/l2"
+	"github.com/vipgate/vipgate/membership"
 	"github.com/vipgate/vipgate/speaker"
 )
 
@@ -47,7 +48,7 @@ type nodeSpeaker interface {
 // speakerFlags are the speaker's command-line flags (addFlags).
 type speakerFlags struct {
 	// MemberPort is --member-port: the UDP port of the speakers' membership heartbeats. 0 takes the
-	// config's speaker.memberPort, else speaker.DefaultMemberPort.
+	// config's speaker.memberPort, else membership.DefaultPort.
 	MemberPort int
 	// MemberKeyFile is --member-key-file: the keys that authenticate the membership heartbeats, one
 	// per line (over the config's speaker.memberKeyFile). MemberInsecure is --member-insecure: run
@@ -156,18 +157,18 @@ func newSpeakerWith(ctx context.Context, o speakerOptions, log hclog.Logger) (*l
 		}
 		return b, nil
 	}
-	mem, err := speaker.NewMembers(log.Named("members"), o.Name, speaker.MemberOptions{
+	mem, err := membership.New(log.Named("members"), o.Name, membership.Options{
 		Port:              cmp.Or(o.Flags.MemberPort, sc.MemberPort),
 		HeartbeatInterval: sc.HeartbeatInterval,
 		DeadAfter:         sc.DeadAfter,
 		Keys:              keys,
 		Insecure:          insecure,
-		// The config's 0 means "every segment gossips"; MemberOptions' 0 means the default.
-		DirectMembersLimit: speaker.DirectMembersLimitOption(sc.DirectMembersLimit),
+		// The config's 0 means "every segment gossips"; Options' 0 means the default.
+		DirectMembersLimit: membership.DirectMembersLimitOption(sc.DirectMembersLimit),
 		GossipFanout:       sc.GossipFanout,
 	})
 	switch {
-	case errors.Is(err, speaker.ErrNoMemberKey):
+	case errors.Is(err, membership.ErrNoKey):
 		// The dataplane and BGP do not need the membership: refuse L2 alone, loudly, rather than
 		// take the node's Service routing down with it.
 		copts.L2Disabled = "L2 mode refused: " + err.Error()
@@ -182,7 +183,7 @@ func newSpeakerWith(ctx context.Context, o speakerOptions, log hclog.Logger) (*l
 			return nil, err
 		}
 		s.mem = mem
-		copts.Members = mem
+		copts.Members = speakerMembership{mem}
 		if insecure {
 			copts.Insecure = "membership heartbeats are not authenticated (--member-insecure): anyone on the LAN can steer which node answers for the VIPs"
 			log.Warn(copts.Insecure)
@@ -222,6 +223,30 @@ func (a l2Adapter) SetOwned(owned map[netip.Addr]speaker.L2Where) error {
 
 func (a l2Adapter) Close() error { return a.a.Close() }
 
+// speakerMembership is the membership protocol as the speaker.Controller's Membership. The speaker
+// declares what it reads (speaker.View: the candidates and the member count) and never imports
+// membership, so this is where the two meet; the segment keys are the same digest on both sides
+// (TestSegmentKeysAgree).
+type speakerMembership struct{ *membership.Members }
+
+var _ speaker.Membership = speakerMembership{}
+
+func (m speakerMembership) View() speaker.View { return speakerView(m.Members.View()) }
+
+func (m speakerMembership) SegmentViews() map[uint64]speaker.View {
+	vs := m.Members.SegmentViews()
+	out := make(map[uint64]speaker.View, len(vs))
+	for k, v := range vs {
+		out[k] = speakerView(v)
+	}
+	return out
+}
+
+// speakerView is what the speaker reads of a membership.View (its maps are already copies).
+func speakerView(v membership.View) speaker.View {
+	return speaker.View{Candidates: v.Candidates, Total: v.Total}
+}
+
 // l2Speaker is the speaker of a node or gateway: speaker.Controller with the real announcers, the
 // membership and the Kubernetes side (Events, pod watch, status resources) wired in.
 type l2Speaker struct {
@@ -229,7 +254,7 @@ type l2Speaker struct {
 	self string
 	ctrl *speaker.Controller
 	// mem is nil when L2 is refused (the gateway's conntrack sync reads its View too).
-	mem    *speaker.Members
+	mem    *membership.Members
 	ctx    context.Context
 	cancel context.CancelFunc
 	// fixedPeers says the members come from the config (speaker.members), not the pods.
@@ -306,10 +331,10 @@ func (s *l2Speaker) Stop() {
 	s.ctrl.Stop()
 }
 
-// readMemberKeys reads a membership key file (speaker.ReadMemberKeyFile: a regular file, not
+// readMemberKeys reads a membership key file (membership.ReadKeyFile: a regular file, not
 // readable by others, keys of at least 128 bits).
 func readMemberKeys(path string) ([][]byte, error) {
-	return speaker.ReadMemberKeyFile(path)
+	return membership.ReadKeyFile(path)
 }
 
 // reloadKeys reads the key file again every memberKeyReload and hands changed keys to the

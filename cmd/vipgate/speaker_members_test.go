@@ -2,10 +2,17 @@ package main
 
 import (
 	"flag"
+	"fmt"
+	"net/netip"
 	"testing"
 	"time"
 
+	metallbv1beta1 "go.universe.tf/metallb/api/v1beta1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/membership"
+	"github.com/vipgate/vipgate/speaker"
 )
 
 // TestSpeakerFlags: the speaker's flags parse into speakerFlags (no package globals), and the
@@ -37,6 +44,42 @@ func TestSpeakerFlags(t *testing.T) {
 		key, insecure := memberSettings(c.f, c.sc)
 		if key != c.wantKey || insecure != c.wantInsecure {
 			t.Errorf("%s: key %q insecure %v, want %q %v", c.name, key, insecure, c.wantKey, c.wantInsecure)
+		}
+	}
+}
+
+// TestSegmentKeysAgree: the speaker looks the membership's views up by its L2Segment.Key, and the
+// membership keys them by the digest its heartbeats carry (membership.SegmentKey). The two packages
+// compute it apart (neither imports the other), so here they must agree: otherwise every VIP of a
+// segment would read "this node is not in the IP's L2 segment" and lose its owner.
+func TestSegmentKeysAgree(t *testing.T) {
+	st := &cluster.State{Nodes: map[string]*cluster.Node{}, MetalLB: &cluster.MetalLBConfig{}}
+	var speakers []string
+	for i := range 5 {
+		n := fmt.Sprintf("node-%d", i)
+		speakers = append(speakers, n)
+		st.Nodes[n] = &cluster.Node{Name: n, Labels: map[string]string{"rack": fmt.Sprint(i % 2)},
+			Addresses: []netip.Addr{netip.AddrFrom4([4]byte{192, 0, 2, byte(i + 1)})}}
+	}
+	for i, rack := range []string{"", "0", "1"} {
+		name := fmt.Sprintf("pool-%d", i)
+		st.MetalLB.IPAddressPools = append(st.MetalLB.IPAddressPools, &metallbv1beta1.IPAddressPool{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "mlb"},
+			Spec:       metallbv1beta1.IPAddressPoolSpec{Addresses: []string{fmt.Sprintf("198.51.100.%d/32", i+1)}}})
+		ad := &metallbv1beta1.L2Advertisement{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "mlb"},
+			Spec: metallbv1beta1.L2AdvertisementSpec{IPAddressPools: []string{name}}}
+		if rack != "" {
+			ad.Spec.NodeSelectors = []metav1.LabelSelector{{MatchLabels: map[string]string{"rack": rack}}}
+		}
+		st.MetalLB.L2Advertisements = append(st.MetalLB.L2Advertisements, ad)
+	}
+	segs := speaker.L2Segments(st, speakers)
+	if len(segs) != 3 {
+		t.Fatalf("%d segments, want 3 (everyone, rack 0, rack 1): %+v", len(segs), segs)
+	}
+	for _, g := range segs {
+		if k := membership.SegmentKey(g.Members); k != g.Key {
+			t.Errorf("segment %v: the speaker's key %016x, the membership's %016x", g.Members, g.Key, k)
 		}
 	}
 }

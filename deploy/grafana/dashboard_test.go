@@ -25,6 +25,7 @@ import (
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/l2"
+	"github.com/vipgate/vipgate/membership"
 	"github.com/vipgate/vipgate/speaker"
 )
 
@@ -84,16 +85,16 @@ func must(t *testing.T, err error) {
 	}
 }
 
-// newMembersInNetns creates the membership in a network namespace of its own: NewMembers binds its
-// UDP port, which must not happen in the machine's namespace. The thread that entered the namespace
-// stays locked and exits with its goroutine, so nothing else runs in it.
-func newMembersInNetns(t *testing.T) *speaker.Members {
+// newMembersInNetns creates the membership in a network namespace of its own: membership.New binds
+// its UDP port, which must not happen in the machine's namespace. The thread that entered the
+// namespace stays locked and exits with its goroutine, so nothing else runs in it.
+func newMembersInNetns(t *testing.T) *membership.Members {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root for a network namespace (NewMembers binds a UDP port)")
+		t.Skip("needs root for a network namespace (membership.New binds a UDP port)")
 	}
 	type result struct {
-		m   *speaker.Members
+		m   *membership.Members
 		err error
 	}
 	ch := make(chan result)
@@ -103,7 +104,7 @@ func newMembersInNetns(t *testing.T) *speaker.Members {
 			ch <- result{err: err}
 			return
 		}
-		m, err := speaker.NewMembers(hclog.NewNullLogger(), "node1", speaker.MemberOptions{Insecure: true})
+		m, err := membership.New(hclog.NewNullLogger(), "node1", membership.Options{Insecure: true})
 		ch <- result{m, err}
 	}()
 	r := <-ch

@@ -1,4 +1,4 @@
-package speaker
+package membership
 
 import (
 	"net/netip"
@@ -14,7 +14,7 @@ import (
 // is expired one tick later.
 func TestMembersStallGrace(t *testing.T) {
 	key := testKeys[0]
-	m, err := newMembers(hclog.NewNullLogger(), "a", MemberOptions{Keys: [][]byte{key}}, nil)
+	m, err := newMembers(hclog.NewNullLogger(), "a", Options{Keys: [][]byte{key}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

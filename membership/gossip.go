@@ -1,11 +1,11 @@
-package speaker
+package membership
 
 import (
 	"math"
 	"time"
 )
 
-// Gossip mode: the membership of a segment larger than MemberOptions.DirectMembersLimit. Instead of
+// Gossip mode: the membership of a segment larger than Options.DirectMembersLimit. Instead of
 // every member heartbeating every other member each interval (N² datagrams), every member keeps an
 // age vector over the segment's sorted members and, every round, sends it to a few members picked
 // at random, who answer with theirs (push-pull; van Renesse, Minsky, Hayden 1998, with ages instead
@@ -112,7 +112,7 @@ func gossipBudget(n int) float64 { return min(2e6, 5e9/float64(n)) / 8 * 0.9 }
 // deriveGossipParams picks the round, fanout, unit and thresholds of a segment of n members whose
 // vector goes in chunks of at most perChunk entries (see README.md "Scale" for the derivation):
 //
-//   - Fanout F (MemberOptions.GossipFanout, default 1) and round R: R is a quarter of the
+//   - Fanout F (Options.GossipFanout, default 1) and round R: R is a quarter of the
 //     heartbeat interval (at least one tick), stretched (to a multiple of tick) until push-pull
 //     traffic, about 4·F vectors per round in and out, fits gossipBudget. At equal traffic a
 //     smaller fanout with shorter rounds spreads news faster (measured: README.md).
@@ -126,7 +126,7 @@ func gossipBudget(n int) float64 { return min(2e6, 5e9/float64(n)) / 8 * 0.9 }
 //     out is at most one round older than its last one in), so they drop it after it stopped.
 //   - Unit: Dead fits in gossipMaxUnits-8 units (rounded up to 100 µs), so every entry that
 //     matters can be relayed.
-func deriveGossipParams(opts MemberOptions, tick time.Duration, n, perChunk, nameLen int) gossipParams {
+func deriveGossipParams(opts Options, tick time.Duration, n, perChunk, nameLen int) gossipParams {
 	f := opts.GossipFanout
 	if f <= 0 {
 		f = DefaultGossipFanout

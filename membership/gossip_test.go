@@ -1,4 +1,4 @@
-package speaker
+package membership
 
 import (
 	"context"
@@ -124,7 +124,7 @@ func startGossipMembers(t *testing.T, f *fabric, names ...string) (ms map[string
 	return startMembersLimit(t, f, -1, names...)
 }
 
-// startMembersLimit is startGossipMembers with a given MemberOptions.DirectMembersLimit.
+// startMembersLimit is startGossipMembers with a given Options.DirectMembersLimit.
 func startMembersLimit(t *testing.T, f *fabric, limit int, names ...string) (ms map[string]*Members, kill, start func(string)) {
 	t.Helper()
 	port := 20000 + (os.Getpid()+int(portSeq.Add(1)))%20000
@@ -135,7 +135,7 @@ func startMembersLimit(t *testing.T, f *fabric, limit int, names ...string) (ms 
 	out := map[string]*Members{}
 	cancels := map[string]context.CancelFunc{}
 	start = func(n string) {
-		m, err := NewMembers(hclog.NewNullLogger(), n, MemberOptions{Port: port, Bind: addrs[n][0], Keys: testKeys, DirectMembersLimit: limit})
+		m, err := New(hclog.NewNullLogger(), n, Options{Port: port, Bind: addrs[n][0], Keys: testKeys, DirectMembersLimit: limit})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -222,7 +222,7 @@ func TestGossipSegmentsOverUDP(t *testing.T) {
 	for _, m := range ms {
 		m.SetSegments(addrs, [][]string{A, B})
 	}
-	ka, kb := memberDigest(A), memberDigest(B)
+	ka, kb := SegmentKey(A), SegmentKey(B)
 	ms["n3"].mu.Lock()
 	for _, g := range ms["n3"].segs {
 		if (g.gossip != nil) != (g.key == ka) {

@@ -1,4 +1,4 @@
-package speaker
+package membership
 
 import (
 	"errors"
@@ -68,7 +68,7 @@ func TestReadMemberKeyFile(t *testing.T) {
 	} {
 		done := make(chan error, 1)
 		go func() {
-			_, err := ReadMemberKeyFile(tc.path)
+			_, err := ReadKeyFile(tc.path)
 			done <- err
 		}()
 		select {

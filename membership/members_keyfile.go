@@ -1,4 +1,4 @@
-package speaker
+package membership
 
 import (
 	"errors"
@@ -9,10 +9,10 @@ import (
 	"syscall"
 )
 
-// maxKeyFile bounds what ReadMemberKeyFile reads: a key file holds a few lines.
+// maxKeyFile bounds what ReadKeyFile reads: a key file holds a few lines.
 const maxKeyFile = 64 << 10
 
-// ReadMemberKeyFile reads a membership key file (ParseMemberKeys) after checking that it is safe
+// ReadKeyFile reads a membership key file (ParseKeys) after checking that it is safe
 // to trust: a regular file (a FIFO or a device would hang or feed start-up forever), readable by
 // its owner and at most its group, never by others.
 //
@@ -23,7 +23,7 @@ const maxKeyFile = 64 << 10
 // kubelet gives a Secret mounted with defaultMode 0400 (the chart and the manifests), and stays
 // compatible with 0440 and with an fsGroup, which adds group read; the kubelet's default, 0644,
 // is refused.
-func ReadMemberKeyFile(path string) ([][]byte, error) {
+func ReadKeyFile(path string) ([][]byte, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("reading the membership key file: %w", err)
@@ -43,7 +43,7 @@ func ReadMemberKeyFile(path string) ([][]byte, error) {
 	if len(data) > maxKeyFile {
 		return nil, fmt.Errorf("membership key file %s: larger than %d bytes", path, maxKeyFile)
 	}
-	keys, err := ParseMemberKeys(data)
+	keys, err := ParseKeys(data)
 	if err != nil {
 		return nil, fmt.Errorf("membership key file %s: %w", path, err)
 	}

@@ -1,4 +1,4 @@
-package speaker
+package membership
 
 import (
 	"fmt"
@@ -17,7 +17,7 @@ import (
 // rules computed from scratch, as the protocol states them.
 func TestMembersIncrementalMatchesModel(t *testing.T) {
 	key := testKeys[0]
-	m, err := newMembers(hclog.NewNullLogger(), "m00", MemberOptions{Keys: [][]byte{key}}, nil)
+	m, err := newMembers(hclog.NewNullLogger(), "m00", Options{Keys: [][]byte{key}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

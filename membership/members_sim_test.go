@@ -1,4 +1,4 @@
-package speaker
+package membership
 
 import (
 	"fmt"
@@ -50,7 +50,7 @@ type simSegment struct {
 	busy        time.Duration
 }
 
-func newSimSegment(tb testing.TB, n int, opts MemberOptions) *simSegment {
+func newSimSegment(tb testing.TB, n int, opts Options) *simSegment {
 	tb.Helper()
 	s := &simSegment{sink: &sinkConn{}, key: testKeys[0], now: time.Unix(1e9, 0)}
 	peers := map[string][]netip.Addr{}
@@ -164,7 +164,7 @@ func TestMembershipSimulation(t *testing.T) {
 	t.Logf("%-7s %-13s %-9s %-13s %-13s %-11s %-9s", "members", "interval/dead", "failover", "datagrams/s", "bytes/s", "Mbit/s", "CPU")
 	for _, timing := range [][2]time.Duration{{100 * time.Millisecond, 400 * time.Millisecond}, {50 * time.Millisecond, 200 * time.Millisecond}} {
 		for _, n := range sizes {
-			s := newSimSegment(t, n, MemberOptions{HeartbeatInterval: timing[0], DeadAfter: timing[1]})
+			s := newSimSegment(t, n, Options{HeartbeatInterval: timing[0], DeadAfter: timing[1]})
 			s.run(time.Second, "") // everyone heard, ready
 			if v := s.m.View(); !v.Ready || len(v.Candidates) != n {
 				t.Fatalf("%d members: not settled: ready %v, %d candidates", n, v.Ready, len(v.Candidates))
@@ -221,7 +221,7 @@ func BenchmarkUDPLoopback(b *testing.B) {
 // changes nothing (the steady state), when it is forged (bad MAC) and when it comes from a stranger.
 func BenchmarkHeartbeat(b *testing.B) {
 	for _, n := range []int{100, 1000, 5000} {
-		s := newSimSegment(b, n, MemberOptions{})
+		s := newSimSegment(b, n, Options{})
 		s.run(time.Second, "")
 		// Pre-signed heartbeats, a few rounds of them, replayed with fresh counters as the observer's
 		// memory of the counters is reset between passes.

@@ -1,4 +1,4 @@
-package speaker
+package membership
 
 import (
 	"bytes"
@@ -14,13 +14,13 @@ import (
 // encodes back to the same bytes; and nothing is ever accepted whose MAC does not verify (the
 // fuzzer cannot forge one, so only the unmutated seeds may count).
 //
-//	go test -run '^$' -fuzz '^FuzzMembershipDatagram$' -fuzztime 20000x ./speaker/
+//	go test -run '^$' -fuzz '^FuzzMembershipDatagram$' -fuzztime 20000x ./membership/
 func FuzzMembershipDatagram(f *testing.F) {
 	addrs := map[string][]netip.Addr{
 		"n1": {netip.MustParseAddr("192.0.2.1")}, "n2": {netip.MustParseAddr("192.0.2.2")}, "n3": {netip.MustParseAddr("192.0.2.3")},
 	}
 	mk := func(limit int) *Members {
-		m, err := newMembers(hclog.NewNullLogger(), "n2", MemberOptions{Keys: testKeys, DirectMembersLimit: limit}, &queueConn{})
+		m, err := newMembers(hclog.NewNullLogger(), "n2", Options{Keys: testKeys, DirectMembersLimit: limit}, &queueConn{})
 		if err != nil {
 			f.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package speaker
+package membership
 
 import (
 	"errors"
@@ -58,13 +58,13 @@ func TestHeartbeatSizeBound(t *testing.T) {
 }
 
 func TestNoKeyRefused(t *testing.T) {
-	if _, err := newMembers(hclog.NewNullLogger(), "n1", MemberOptions{}, nil); !errors.Is(err, ErrNoMemberKey) {
-		t.Errorf("no key: %v, want ErrNoMemberKey", err)
+	if _, err := newMembers(hclog.NewNullLogger(), "n1", Options{}, nil); !errors.Is(err, ErrNoKey) {
+		t.Errorf("no key: %v, want ErrNoKey", err)
 	}
-	if _, err := newMembers(hclog.NewNullLogger(), "n1", MemberOptions{Keys: [][]byte{[]byte("short")}}, nil); err == nil {
+	if _, err := newMembers(hclog.NewNullLogger(), "n1", Options{Keys: [][]byte{[]byte("short")}}, nil); err == nil {
 		t.Errorf("a 5-byte key was accepted")
 	}
-	m, err := newMembers(hclog.NewNullLogger(), "n1", MemberOptions{Insecure: true}, nil)
+	m, err := newMembers(hclog.NewNullLogger(), "n1", Options{Insecure: true}, nil)
 	if err != nil || !m.Insecure() {
 		t.Errorf("insecure: %v %v", m, err)
 	}
@@ -84,7 +84,7 @@ var authAddrs = map[string][]netip.Addr{
 }
 
 func newAuthFixture(t *testing.T, keys ...[]byte) *authFixture {
-	m, err := newMembers(hclog.NewNullLogger(), "n2", MemberOptions{Keys: keys}, nil)
+	m, err := newMembers(hclog.NewNullLogger(), "n2", Options{Keys: keys}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,13 +195,13 @@ func counterValue(c prometheus.Counter) float64 {
 
 func TestParseMemberKeys(t *testing.T) {
 	k1, k2 := strings.Repeat("0123456789abcdef", 2), strings.Repeat("fedcba9876543210", 2)
-	keys, err := ParseMemberKeys([]byte("# rotation in progress\n " + k1 + " \n\n" + k2 + "\n"))
+	keys, err := ParseKeys([]byte("# rotation in progress\n " + k1 + " \n\n" + k2 + "\n"))
 	if err != nil || len(keys) != 2 || string(keys[0]) != k1 || string(keys[1]) != k2 {
 		t.Errorf("two keys: %q %v", keys, err)
 	}
 	// 16 hex characters are 64 bits (accepted before); 32 are the least for 128.
 	for _, bad := range []string{"", "\n# only a comment\n", "short\n", "0123456789abcdef\n", k1[:31] + "\n"} {
-		if _, err := ParseMemberKeys([]byte(bad)); err == nil {
+		if _, err := ParseKeys([]byte(bad)); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
 	}

@@ -1,4 +1,4 @@
-package speaker
+package membership
 
 import (
 	"testing"
@@ -35,7 +35,7 @@ func (l *wireLab) forgeGossip(from, to string, entries map[string]byte) dropReas
 // fresher entry won with its readiness, so n2 dropped n1, which was still announcing: two owners
 // for n1's VIPs. Now n1's own word, heard directly, beats what a relay says about it.
 func TestGossipRelayCannotRemoveLiveMember(t *testing.T) {
-	l := newWireLab(t, MemberOptions{DirectMembersLimit: -1}, "n1", "n2", "n3")
+	l := newWireLab(t, Options{DirectMembersLimit: -1}, "n1", "n2", "n3")
 	if l.until(80, l.allHearAll) < 0 {
 		t.Fatal("the members never heard each other")
 	}
@@ -62,7 +62,7 @@ func TestGossipRelayCannotRemoveLiveMember(t *testing.T) {
 // so: n1's VIPs were never taken over. Now relayed liveness ends tRelay after n1's own word, and n1
 // is dropped within tRelay + Dead.
 func TestGossipRelayCannotKeepDeadMemberAlive(t *testing.T) {
-	l := newWireLab(t, MemberOptions{DirectMembersLimit: -1}, "n1", "n2", "n3")
+	l := newWireLab(t, Options{DirectMembersLimit: -1}, "n1", "n2", "n3")
 	if l.until(80, l.allHearAll) < 0 {
 		t.Fatal("the members never heard each other")
 	}

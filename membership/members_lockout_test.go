@@ -1,4 +1,4 @@
-package speaker
+package membership
 
 import (
 	"fmt"
@@ -16,7 +16,7 @@ import (
 // receiver's handle. Datagrams are kept (captured) for replays.
 type wireLab struct {
 	t      *testing.T
-	opts   MemberOptions
+	opts   Options
 	names  []string
 	addrs  map[string][]netip.Addr
 	byAddr map[netip.Addr]string
@@ -31,7 +31,7 @@ type wireLab struct {
 	steps int
 }
 
-func newWireLab(t *testing.T, opts MemberOptions, names ...string) *wireLab {
+func newWireLab(t *testing.T, opts Options, names ...string) *wireLab {
 	l := &wireLab{t: t, opts: opts, names: names, addrs: map[string][]netip.Addr{}, byAddr: map[netip.Addr]string{},
 		ms: map[string]*Members{}, conns: map[string]*queueConn{}, now: time.Now(), captured: map[string][][]byte{}}
 	l.opts.Keys = testKeys
@@ -153,7 +153,7 @@ func (l *wireLab) allHearAll() bool {
 func TestForgedCounterNoLockout(t *testing.T) {
 	for _, mutual := range []bool{false, true} {
 		t.Run(fmt.Sprintf("mutual=%v", mutual), func(t *testing.T) {
-			l := newWireLab(t, MemberOptions{}, "n1", "n2", "n3")
+			l := newWireLab(t, Options{}, "n1", "n2", "n3")
 			if l.until(80, l.allHearAll) < 0 {
 				t.Fatal("the members never heard each other")
 			}
@@ -197,7 +197,7 @@ func TestRestartClockBehind(t *testing.T) {
 	}{{"n1", false}, {"n2", false}, {"n1", true}, {"n2", true}} {
 		t.Run(fmt.Sprintf("restarted=%s/gossip=%v", tc.who, tc.gossip), func(t *testing.T) {
 			who := tc.who
-			opts := MemberOptions{}
+			opts := Options{}
 			if tc.gossip {
 				opts.DirectMembersLimit = -1
 			}
@@ -264,7 +264,7 @@ func TestReplayedOldRunNoEchoPoison(t *testing.T) {
 		{false, true, []string{"n1", "n2", "n3", "n4", "n5"}},
 	} {
 		t.Run(fmt.Sprintf("gossip=%v/early=%v/members=%d", tc.gossip, tc.early, len(tc.names)), func(t *testing.T) {
-			opts := MemberOptions{}
+			opts := Options{}
 			if tc.gossip {
 				opts.DirectMembersLimit = -1
 			}

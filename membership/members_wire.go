@@ -1,4 +1,4 @@
-package speaker
+package membership
 
 import (
 	"crypto/hmac"
@@ -149,9 +149,11 @@ func verify(keys [][]byte, self string, b []byte) bool {
 	return false
 }
 
-// memberDigest identifies a sorted member list, so a heard bitmap is read only against the list it
-// was written for.
-func memberDigest(sorted []string) uint64 {
+// SegmentKey identifies a sorted member list, so a heard bitmap is read only against the list it
+// was written for: the digest a heartbeat carries, and the key of SegmentViews. It is on the wire
+// (nodes of different versions must agree on it), and the speaker computes the same key for its
+// L2 segments (speaker.L2Segment.Key; cmd/vipgate's tests check the two agree).
+func SegmentKey(sorted []string) uint64 {
 	h := sha256.Sum256([]byte(strings.Join(sorted, "\n")))
 	return binary.BigEndian.Uint64(h[:8])
 }
@@ -183,12 +185,12 @@ func trailingZeros8(w byte) int {
 	return n
 }
 
-// ParseMemberKeys reads a membership key file: one key per line (blank lines and lines starting
+// ParseKeys reads a membership key file: one key per line (blank lines and lines starting
 // with # are skipped), each at least MinKeyLen characters; the first key signs, every key verifies.
-// ReadMemberKeyFile checks the file itself first. A Kubernetes Secret created with
+// ReadKeyFile checks the file itself first. A Kubernetes Secret created with
 // `--from-literal=key=$(openssl rand -hex 32)` and mounted as a file is such a file with one key;
 // during a rotation it holds two lines (new key first once every member has both).
-func ParseMemberKeys(data []byte) ([][]byte, error) {
+func ParseKeys(data []byte) ([][]byte, error) {
 	var keys [][]byte
 	for i, line := range strings.Split(string(data), "\n") {
 		line = strings.TrimSpace(line)

@@ -2,9 +2,9 @@
 // liveness layer vipgate's L2 speakers could use, on an in-memory lossy network in one process:
 // the time until every live member has declared a silently dead one gone, datagrams and bytes per
 // second per member, and the process's CPU divided by the member count (no kernel). It is its own
-// module so that vipgate does not depend on memberlist; speaker/README.md has the figures.
+// module so that vipgate does not depend on memberlist; membership/README.md has the figures.
 //
-//	cd speaker/memberlistsim && go run . -n 100 -tuned=true
+//	cd membership/memberlistsim && go run . -n 100 -tuned=true
 package main
 
 import (

@@ -1,4 +1,4 @@
-module github.com/vipgate/vipgate/speaker/memberlistsim
+module github.com/vipgate/vipgate/membership/memberlistsim
 
 go 1.26
 

@@ -1,4 +1,4 @@
-package speaker
+package membership
 
 import (
 	"hash/fnv"
@@ -390,7 +390,7 @@ func (m *Members) gossipSendErr(err error, now time.Time) {
 }
 
 // DirectMembersLimitOption converts the config's speaker.directMembersLimit (nil: the default; 0:
-// every segment gossips) to MemberOptions.DirectMembersLimit (0: the default; negative: every
+// every segment gossips) to Options.DirectMembersLimit (0: the default; negative: every
 // segment gossips).
 func DirectMembersLimitOption(limit *int) int {
 	switch {

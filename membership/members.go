@@ -1,4 +1,10 @@
-package speaker
+// Package membership is the protocol by which vipgate's L2 speakers agree on which of them may
+// announce: authenticated UDP heartbeats (gossip in large segments), their socket, keys and wire
+// format, and the View each member derives (who is alive and ready, per L2 segment). It decides no
+// owner and knows no Service: the speaker (speaker/) groups the members into segments, reads the
+// views through its own Membership interface and decides; cmd/vipgate wires the two. README.md
+// has the design and the measurements.
+package membership
 
 import (
 	"cmp"
@@ -20,8 +26,8 @@ import (
 // second, and safe against split brain and against forged heartbeats. README.md explains the
 // design; in short:
 //
-//   - Members are grouped into L2 segments (segments.go: the speakers that can announce a pool's
-//     VIPs); everything below holds per segment, over one socket: liveness is per peer, readiness,
+//   - Members are grouped into L2 segments (speaker.L2Segments: the speakers that can announce a
+//     pool's VIPs; SetSegments hands them over); everything below holds per segment, over one socket: liveness is per peer, readiness,
 //     heard sets and candidates per segment, and a heartbeat carries its segment's digest.
 //   - Every member sends a small UDP heartbeat to every other member of its segments every
 //     HeartbeatInterval (100 ms) and counts a member as silent after DeadAfter (400 ms) without
@@ -44,8 +50,9 @@ import (
 //     hears someone who does. So a partial partition (A and B cannot hear each other but both hear
 //     C) does not make A and B both take the other's VIPs: every member still agrees on the same
 //     candidate set.
-//   - Ownership is then a pure function of the candidate set (rendezvous hashing in DecideL2), so
-//     members that see the same set agree on the owners without exchanging them.
+//   - Ownership is then a pure function of the candidate set (rendezvous hashing in the speaker's
+//     DecideL2, not here), so members that see the same set agree on the owners without
+//     exchanging them.
 //   - Two members cannot form a majority after a failure. There the lexically lowest name keeps
 //     announcing alone and the other one stops: a partition never leaves two owners, at the price
 //     that the lower-named host's death is not taken over. A third member (any host running the
@@ -61,7 +68,7 @@ type Members struct {
 	self string
 	conn packetConn
 	port int
-	opts MemberOptions
+	opts Options
 	// boot is this incarnation's first counter (unix ns at start): peers must echo at least this.
 	boot uint64
 
@@ -103,7 +110,7 @@ type Members struct {
 	// name). Liveness (alive, vouched, counters) is per peer, whatever segment its datagram was for.
 	byName map[string]*peer
 	peers  []*peer
-	// segs are the L2 segments this member belongs to (segments.go), sorted by key. Readiness,
+	// segs are the L2 segments this member belongs to (SetSegments), sorted by key. Readiness,
 	// heard sets and candidates are per segment. Without SetSegments there is one segment: every
 	// member given to SetPeers (the behaviour before segments).
 	segs     []*segment
@@ -190,8 +197,8 @@ type packetConn interface {
 	Close() error
 }
 
-// MemberOptions configures the membership protocol. Zero values mean the defaults.
-type MemberOptions struct {
+// Options configures the membership protocol. Zero values mean the defaults.
+type Options struct {
 	// Port is the UDP port heartbeats are sent to and received on, the same on every member (7473).
 	Port int
 	// Bind is the local address to listen on (default: all addresses, both families).
@@ -214,9 +221,9 @@ type MemberOptions struct {
 	GossipFanout int
 }
 
-// Defaults of MemberOptions.
+// Defaults of Options.
 const (
-	DefaultMemberPort        = 7473
+	DefaultPort              = 7473
 	DefaultHeartbeatInterval = 100 * time.Millisecond
 	DefaultDeadAfter         = 400 * time.Millisecond
 	// DefaultDirectMembersLimit is the largest segment that heartbeats all-to-all (above: gossip).
@@ -229,15 +236,15 @@ const (
 	MinKeyLen = 32
 )
 
-// ErrNoMemberKey is returned by NewMembers without a key and without Insecure.
-var ErrNoMemberKey = errors.New("the L2 membership needs a shared key to authenticate heartbeats " +
+// ErrNoKey is returned by New without a key and without Insecure.
+var ErrNoKey = errors.New("the L2 membership needs a shared key to authenticate heartbeats " +
 	"(--member-key-file or speaker.memberKeyFile, e.g. the vipgate-memberlist Secret); " +
 	"--member-insecure runs without one, for labs only")
 
 // View is one evaluation of the membership from this member's side.
 type View struct {
 	// Candidates are the members that may own VIPs: this one if Ready, and every ready member it
-	// hears directly or through a member it hears. DecideL2 takes it as L2Input.Live.
+	// hears directly or through a member it hears. The speaker picks owners among them (DecideL2).
 	Candidates map[string]bool
 	// Ready says this member may announce: it is willing (SetWilling), hears a strict majority of the
 	// members (or wins the two-member tie-break) and its start-up grace is over.
@@ -258,9 +265,9 @@ func (v View) equal(o View) bool {
 	return true
 }
 
-// NewMembers listens for heartbeats and returns the membership of self. It sends nothing until Run.
-func NewMembers(log hclog.Logger, self string, opts MemberOptions) (*Members, error) {
-	opts.Port = cmp.Or(opts.Port, DefaultMemberPort)
+// New listens for heartbeats and returns the membership of self. It sends nothing until Run.
+func New(log hclog.Logger, self string, opts Options) (*Members, error) {
+	opts.Port = cmp.Or(opts.Port, DefaultPort)
 	laddr := &net.UDPAddr{Port: opts.Port}
 	if opts.Bind.IsValid() {
 		laddr.IP = opts.Bind.AsSlice()
@@ -277,15 +284,15 @@ func NewMembers(log hclog.Logger, self string, opts MemberOptions) (*Members, er
 	return m, nil
 }
 
-// newMembers is NewMembers on a given transport (nil: set by the caller).
-func newMembers(log hclog.Logger, self string, opts MemberOptions, conn packetConn) (*Members, error) {
+// newMembers is New on a given transport (nil: set by the caller).
+func newMembers(log hclog.Logger, self string, opts Options, conn packetConn) (*Members, error) {
 	if self == "" {
 		return nil, errors.New("membership needs this node's name")
 	}
 	if len(self) > 253 {
 		return nil, fmt.Errorf("membership: node name %q is longer than 253 bytes", self)
 	}
-	opts.Port = cmp.Or(opts.Port, DefaultMemberPort)
+	opts.Port = cmp.Or(opts.Port, DefaultPort)
 	opts.HeartbeatInterval = cmp.Or(opts.HeartbeatInterval, DefaultHeartbeatInterval)
 	opts.DeadAfter = cmp.Or(opts.DeadAfter, DefaultDeadAfter)
 	if opts.DeadAfter <= opts.HeartbeatInterval {
@@ -320,7 +327,7 @@ func newMembers(log hclog.Logger, self string, opts MemberOptions, conn packetCo
 func checkKeys(keys [][]byte, insecure bool) ([][]byte, error) {
 	if len(keys) == 0 {
 		if !insecure {
-			return nil, ErrNoMemberKey
+			return nil, ErrNoKey
 		}
 		return [][]byte{nil}, nil
 	}
@@ -338,7 +345,7 @@ func (m *Members) Insecure() bool { return m.opts.Insecure && len(m.opts.Keys) =
 // SetKeys replaces the keys (a rotation: the first signs from now on, any verifies).
 func (m *Members) SetKeys(keys [][]byte) error {
 	if len(keys) == 0 && !m.Insecure() {
-		return ErrNoMemberKey
+		return ErrNoKey
 	}
 	k, err := checkKeys(keys, m.Insecure())
 	if err != nil {
@@ -363,8 +370,8 @@ func (m *Members) SetPeers(peers map[string][]netip.Addr) {
 	}
 }
 
-// SetSegments replaces the member list and the L2 segments (each a list of member names, see
-// L2Segments). Only the segments holding this member count: it sends heartbeats to their members
+// SetSegments replaces the member list and the L2 segments (each a list of member names: the
+// speaker's L2Segments). Only the segments holding this member count: it sends heartbeats to their members
 // only, and is ready (per segment) when it hears a strict majority of a segment. Members in no
 // segment shared with this one are not tracked; with no segment at all, nothing is sent. A segment
 // member without an address counts in its segment's majority but can never be heard.
@@ -383,7 +390,7 @@ func newSegment(members []string, self string) *segment {
 	sorted := slices.Clone(members)
 	slices.Sort(sorted)
 	sorted = slices.Compact(sorted)
-	g := &segment{key: memberDigest(sorted), sorted: sorted, heardBy: make([]int32, len(sorted)), dirty: true,
+	g := &segment{key: SegmentKey(sorted), sorted: sorted, heardBy: make([]int32, len(sorted)), dirty: true,
 		view: View{Candidates: map[string]bool{}, Total: len(sorted), Heard: 1}}
 	g.selfIdx, _ = slices.BinarySearch(sorted, self)
 	return g
@@ -600,7 +607,8 @@ func (m *Members) View() View {
 }
 
 // SegmentViews returns the latest evaluation of every segment this member belongs to, by segment
-// key (L2Segment.Key): what DecideL2 takes as L2Input.Segments.
+// key (SegmentKey of its sorted members, which is speaker.L2Segment.Key): what the speaker's
+// DecideL2 takes as L2Input.SegmentViews.
 func (m *Members) SegmentViews() map[uint64]View {
 	m.mu.Lock()
 	defer m.mu.Unlock()
