@@ -68,10 +68,10 @@ e2e: deps build apiserver
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzFileDocument$$' -fuzztime $(FUZZ_FILE) ./cluster/
-	$(GO) test -run '^$$' -fuzz '^FuzzRuleset$$' -fuzztime $(FUZZ_RULESET) ./dataplane/
-	$(GO) test -run '^$$' -fuzz '^FuzzConflictOrder$$' -fuzztime 3000x ./dataplane/
+	$(GO) test -run '^$$' -fuzz '^FuzzRuleset$$' -fuzztime $(FUZZ_RULESET) ./proxy/
+	$(GO) test -run '^$$' -fuzz '^FuzzConflictOrder$$' -fuzztime 3000x ./proxy/
 	$(GO) test -run '^$$' -fuzz '^FuzzPacket$$' -fuzztime $(FUZZ_PACKET) ./gateway/natpath/
-	$(GO) test -run '^$$' -fuzz '^FuzzMembershipDatagram$$' -fuzztime 20000x ./speaker/
+	$(GO) test -run '^$$' -fuzz '^FuzzMembershipDatagram$$' -fuzztime 20000x ./membership/
 	$(GO) test -run '^$$' -fuzz '^FuzzRelayDatagram$$' -fuzztime 20000x ./gateway/ctsync/relay/
 	$(GO) test -run '^$$' -fuzz '^FuzzAuthSection$$' -fuzztime 100000x ./bgp/bfd/
 
@@ -89,7 +89,7 @@ demo: deps build
 # BENCH_KUBEPROXY=v1.37.2,v1.36.3 adds v1.36.3. BENCH_ARGS goes to the bench as it is, e.g.
 # BENCH_ARGS="--sizes 1000,3000,10000,30000,100000" for the 100,000-Service full sync, or
 # "--no-kube-proxy-churn". `go run ./test/bench --quick --no-kube-proxy` takes
-# about a minute. Go benchmarks of the pure parts: `go test -run '^$$' -bench . -benchmem ./dataplane/`.
+# about a minute. Go benchmarks of the pure parts: `go test -run '^$$' -bench . -benchmem ./dataplane/ ./proxy/`.
 BENCH_KUBEPROXY ?= v1.37.2
 BENCH_ARGS ?=
 bench_comma := ,

@@ -203,11 +203,11 @@ func nameIndex(names []string, s string) ([]string, uint8, bool) {
 	return append(names, s), uint8(len(names)), true
 }
 
-// nameInterner hands out one copy of each short list of names (a packed part's name table, a
+// NameInterner hands out one copy of each short list of names (a packed part's name table, a
 // part's Uses) to the parts built in one sync: a full sync builds the same few lists for most
 // Services. Lists handed out are shared and never changed (their capacity is their length). A nil
 // interner copies every list.
-type nameInterner struct {
+type NameInterner struct {
 	m map[nameKey]*[]string
 }
 
@@ -216,13 +216,13 @@ type nameKey struct {
 	s [8]string
 }
 
-func newNameInterner() *nameInterner { return &nameInterner{m: map[nameKey]*[]string{}} }
+func NewNameInterner() *NameInterner { return &NameInterner{m: map[nameKey]*[]string{}} }
 
 // noNames is the name table of a part that uses none.
 var noNames = []string{}
 
-// intern returns a list equal to names that the caller must not change.
-func (in *nameInterner) intern(names []string) *[]string {
+// Intern returns a list equal to names that the caller must not change.
+func (in *NameInterner) Intern(names []string) *[]string {
 	if len(names) == 0 {
 		return &noNames
 	}
@@ -374,7 +374,7 @@ func appendBackend(b []byte, prev, be *Backend) []byte {
 
 // packElements returns els and backends in packed form, or false if one of them cannot be packed
 // exactly. Its name table comes from in (nil: a copy of its own).
-func packElements(els []Element, backends []Backend, in *nameInterner) (*packedPart, bool) {
+func packElements(els []Element, backends []Backend, in *NameInterner) (*packedPart, bool) {
 	// First the names and whether everything can be packed; then the bytes, written in scratch
 	// space and kept in one allocation of their exact size.
 	var namesBuf [16]string // a part uses a handful: kept at their exact number
@@ -415,7 +415,7 @@ func packElements(els []Element, backends []Backend, in *nameInterner) (*packedP
 	copy(data[len(h):], b)
 	*scratch = b[:0]
 	packScratch.Put(scratch)
-	return &packedPart{names: in.intern(names), data: data}, true
+	return &packedPart{names: in.Intern(names), data: data}, true
 }
 
 // header returns the numbers of elements and backends, the offset of the first element and that
@@ -573,9 +573,9 @@ func (pp *packedPart) backends(yield func(Backend) bool) {
 	}
 }
 
-// pack moves the part's elements and backends into packed form, if they can be packed exactly. A
+// Pack moves the part's elements and backends into packed form, if they can be packed exactly. A
 // packed part is read through allElements and allBackends.
-func (p *Part) pack() {
+func (p *Part) Pack() {
 	if p.packed != nil || (len(p.Elements) == 0 && len(p.Backends) == 0) {
 		return
 	}
@@ -586,9 +586,25 @@ func (p *Part) pack() {
 	p.packed, p.Elements, p.Backends = pp, nil, nil
 }
 
-// unpacked returns the part with its elements and backends as slices: p itself if it is not
+// Packed says whether the part holds its elements and backends packed (read them through
+// AllElements and AllBackends).
+func (p *Part) Packed() bool { return p.packed != nil }
+
+// PackFrom gives p the elements els and backends bs in packed form, if they can be packed exactly
+// (with name tables from in; nil: fresh ones), and reports whether it did. Then p keeps neither
+// slice (the caller may reuse them) and its Elements and Backends are nil; if not, p is unchanged.
+func (p *Part) PackFrom(els []Element, bs []Backend, in *NameInterner) bool {
+	pp, ok := packElements(els, bs, in)
+	if !ok {
+		return false
+	}
+	p.packed, p.Elements, p.Backends = pp, nil, nil
+	return true
+}
+
+// Unpacked returns the part with its elements and backends as slices: p itself if it is not
 // packed, else a copy.
-func (p *Part) unpacked() *Part {
+func (p *Part) Unpacked() *Part {
 	if p == nil || p.packed == nil {
 		return p
 	}
@@ -607,8 +623,8 @@ func (p *Part) unpacked() *Part {
 	return &np
 }
 
-// allElements yields the part's elements, packed or not.
-func (p *Part) allElements() iter.Seq[Element] {
+// AllElements yields the part's elements, packed or not.
+func (p *Part) AllElements() iter.Seq[Element] {
 	return func(yield func(Element) bool) {
 		if p.packed != nil {
 			p.packed.elements(yield)
@@ -622,8 +638,8 @@ func (p *Part) allElements() iter.Seq[Element] {
 	}
 }
 
-// countElements counts the part's elements, and those of them in sharable sets.
-func (p *Part) countElements() (all, sharable int) {
+// CountElements counts the part's elements, and those of them in sharable sets.
+func (p *Part) CountElements() (all, sharable int) {
 	if pp := p.packed; pp != nil {
 		r, n := pp.elementReader()
 		for range n {
@@ -641,16 +657,16 @@ func (p *Part) countElements() (all, sharable int) {
 	return len(p.Elements), sharable
 }
 
-// numElements counts the part's elements, packed or not.
-func (p *Part) numElements() int {
+// NumElements counts the part's elements, packed or not.
+func (p *Part) NumElements() int {
 	if p.packed != nil {
 		return p.packed.numElements()
 	}
 	return len(p.Elements)
 }
 
-// allBackends yields the part's backends, packed or not.
-func (p *Part) allBackends() iter.Seq[Backend] {
+// AllBackends yields the part's backends, packed or not.
+func (p *Part) AllBackends() iter.Seq[Backend] {
 	return func(yield func(Backend) bool) {
 		if p.packed != nil {
 			p.packed.backends(yield)
@@ -664,13 +680,13 @@ func (p *Part) allBackends() iter.Seq[Backend] {
 	}
 }
 
-// elementRefs counts, for the sets whose elements several parts may hold (sharableSets: hairpin,
+// ElementRefs counts, for the sets whose elements several parts may hold (sharableSets: hairpin,
 // cluster IPs), how many parts hold each element: one per cluster IP and per local endpoint, ~20,000
 // at 10,000 Services. They are counted under a packed key instead of the Element's 160 bytes: 14
 // bytes when both addresses are IPv4 (every element of an IPv4 table), else 38; an element no key
 // can hold exactly (any field a sharable element does not use set, an address with a zone) is
 // counted under the Element itself.
-type elementRefs struct {
+type ElementRefs struct {
 	packed4 map[sharedKey4]int32
 	packed  map[sharedKey]int32
 	other   map[Element]int
@@ -699,13 +715,13 @@ type sharedKey4 struct {
 
 // newElementRefs returns an empty count, with room for n elements of an IPv4 table (a full sync
 // knows how many).
-func newElementRefs(n int) *elementRefs {
-	return newElementRefsOf(cluster.IPv4, n)
+func newElementRefs(n int) *ElementRefs {
+	return NewElementRefs(cluster.IPv4, n)
 }
 
-// newElementRefsOf returns an empty count with room for n elements of a table of family f.
-func newElementRefsOf(f cluster.Family, n int) *elementRefs {
-	r := &elementRefs{other: map[Element]int{}}
+// NewElementRefs returns an empty count with room for n elements of a table of family f.
+func NewElementRefs(f cluster.Family, n int) *ElementRefs {
+	r := &ElementRefs{other: map[Element]int{}}
 	if f == cluster.IPv4 {
 		r.packed4, r.packed = make(map[sharedKey4]int32, n), map[sharedKey]int32{}
 	} else {
@@ -743,7 +759,7 @@ func (k sharedKey) key4() (sharedKey4, bool) {
 }
 
 // add adds delta to e's count and returns the new count; an element at 0 is forgotten.
-func (r *elementRefs) add(e Element, delta int) int {
+func (r *ElementRefs) add(e Element, delta int) int {
 	if k, ok := sharedKeyOf(e); ok {
 		if k4, ok := k.key4(); ok {
 			return addRef(r.packed4, k4, delta)
@@ -769,5 +785,5 @@ func addRef[K comparable](m map[K]int32, k K, delta int) int {
 	return n
 }
 
-// len counts the elements held.
-func (r *elementRefs) len() int { return len(r.packed4) + len(r.packed) + len(r.other) }
+// Len counts the elements held.
+func (r *ElementRefs) Len() int { return len(r.packed4) + len(r.packed) + len(r.other) }

@@ -547,20 +547,20 @@ func serviceRuleComment(chain string, r Rule) string {
 	switch cn.Role {
 	case ChainRoleFirewall:
 		if len(r.Matches) == 0 && r.Action.Kind == ActDrop {
-			return commentNotInSourceRanges
+			return CommentNotInSourceRanges
 		}
 	case ChainRoleExternalLocalIP, ChainRoleExternalLocalNodePort:
 		switch {
 		case has(MatchSaddrInSet) && r.Matches[0].Set == SetClusterCIDRs && r.Action.Kind == ActGoto:
-			return commentShortCircuitPods
+			return CommentShortCircuitPods
 		case has(MatchFibSaddrLocal) && r.Action.Kind == ActJump && r.Action.Chain == ChainMarkForMasquerade:
-			return commentMasqueradeLocal
+			return CommentMasqueradeLocal
 		case has(MatchFibSaddrLocal) && r.Action.Kind == ActGoto:
-			return commentShortCircuitLocal
+			return CommentShortCircuitLocal
 		}
 	case ChainRoleExternal:
 		if len(r.Matches) == 0 && r.Action.Kind == ActJump && r.Action.Chain == ChainMarkForMasquerade {
-			return commentMasquerade
+			return CommentMasquerade
 		}
 	}
 	return ""

@@ -88,6 +88,16 @@ func (t *Tx) AddedElements() iter.Seq[Element] {
 	}
 }
 
+// AddedParts lists, in order, the parts whose elements the transaction adds after AddElements
+// (DiffOptions.AddParts), less the elements of sharable sets an earlier part added.
+func (t *Tx) AddedParts() []*Part {
+	out := make([]*Part, len(t.addParts))
+	for i, ap := range t.addParts {
+		out[i] = ap.p
+	}
+	return out
+}
+
 // AffinityPurge asks for the clients an affinity map remembers with an endpoint address not in Keep
 // to be forgotten: the endpoints they were sent to left the Service port (kube-proxy deletes the
 // departed endpoint's set). Affinity maps are written by packets, so only the kernel knows these
@@ -112,9 +122,9 @@ func affinityEndpoints(c *Chain) map[string][]netip.Addr {
 	return out
 }
 
-// affinityPurges returns the purges a changed affinity chain needs: for each map it keeps, the
+// AffinityPurges returns the purges a changed affinity chain needs: for each map it keeps, the
 // endpoints it no longer sends clients to.
-func affinityPurges(old, new *Chain) []AffinityPurge {
+func AffinityPurges(old, new *Chain) []AffinityPurge {
 	before := affinityEndpoints(old)
 	var out []AffinityPurge
 	for set, keep := range affinityEndpoints(new) {
@@ -162,7 +172,7 @@ type diffState struct {
 	tx *Tx
 	// refs counts the elements of sharable sets (the proxier's, compact.go); without it elemRefs
 	// does.
-	refs        *elementRefs
+	refs        *ElementRefs
 	elemRefs    map[Element]int
 	sharedRefs  map[string]int
 	sharedDelta map[string]int
@@ -173,12 +183,62 @@ type diffState struct {
 	lazyAdds bool
 }
 
+// Diff accumulates one sync's changes to one family's table into a transaction: each part's old
+// and new version in turn (Part), then Finish. Elements of the sharable sets (hairpin, cluster IPs)
+// and shared chains (Part.Uses) are reference counted across the parts, in counts the caller keeps
+// from one sync to the next (DiffOptions). DiffRulesets is a Diff of two whole rulesets.
+type Diff struct{ d diffState }
+
+// DiffOptions are the counts and indexes a Diff updates, which its caller keeps between syncs, and
+// how it lists what it adds.
+type DiffOptions struct {
+	// Refs counts the elements of sharable sets held by the parts (nil: a fresh map of Elements).
+	Refs *ElementRefs
+	// SharedRefs counts, per shared chain, the parts that use it; a chain at 0 exists unused.
+	SharedRefs map[string]int
+	// Sets indexes the table's sets by name (the netlink edge needs their kinds); the Diff adds
+	// and removes the parts' sets.
+	Sets map[string]*Set
+	// AddParts lists the parts added from nothing in the transaction instead of their elements
+	// (Tx.AddedElements reads them from the packed parts when the batch is encoded): for a full
+	// sync, where nothing is deleted, so no addition cancels out. Parts is how many parts it will
+	// add, to size the list at once.
+	AddParts bool
+	Parts    int
+}
+
+// NewDiff returns a Diff that adds to tx.
+func NewDiff(tx *Tx, o DiffOptions) *Diff {
+	d := &Diff{d: diffState{tx: tx, refs: o.Refs, sharedRefs: o.SharedRefs, sharedDelta: map[string]int{}, sets: o.Sets, lazyAdds: o.AddParts}}
+	if o.Refs == nil {
+		d.d.elemRefs = map[Element]int{}
+	}
+	if d.d.sharedRefs == nil {
+		d.d.sharedRefs = map[string]int{}
+	}
+	if d.d.sets == nil {
+		d.d.sets = map[string]*Set{}
+	}
+	if o.AddParts && o.Parts > 0 {
+		tx.addParts = slices.Grow(tx.addParts, o.Parts)
+	}
+	return d
+}
+
+// Part adds to the transaction what turns part old into part new. Either may be nil.
+func (d *Diff) Part(old, new *Part) { d.d.diffPart(old, new) }
+
+// Finish turns the shared chains' reference changes into chain additions and deletions, drops the
+// element changes that cancel out, and on a full sync adds the neighbouring pickers
+// (addNeighbourPickers). Call it once, after the last Part.
+func (d *Diff) Finish() { d.d.finish() }
+
 // diffPart adds to the transaction what turns part old into part new. Either may be nil.
 func (d *diffState) diffPart(old, new *Part) {
 	if new == nil {
 		new = &Part{}
 	}
-	if old == nil || (len(old.Chains) == 0 && len(old.Sets) == 0 && old.numElements() == 0 && len(old.Uses) == 0) {
+	if old == nil || (len(old.Chains) == 0 && len(old.Sets) == 0 && old.NumElements() == 0 && len(old.Uses) == 0) {
 		d.addPart(new)
 		return
 	}
@@ -193,7 +253,7 @@ func (d *diffState) diffPart(old, new *Part) {
 			d.tx.AddChains = append(d.tx.AddChains, c)
 		} else if !chainEqual(oc, c) {
 			d.tx.FlushChains = append(d.tx.FlushChains, c)
-			d.tx.Purges = append(d.tx.Purges, affinityPurges(oc, c)...)
+			d.tx.Purges = append(d.tx.Purges, AffinityPurges(oc, c)...)
 		}
 	}
 	for _, c := range old.Chains {
@@ -225,12 +285,12 @@ func (d *diffState) diffPart(old, new *Part) {
 		}
 	}
 
-	oldEls := make(map[Element]struct{}, old.numElements())
-	for e := range old.allElements() {
+	oldEls := make(map[Element]struct{}, old.NumElements())
+	for e := range old.AllElements() {
 		oldEls[e] = struct{}{}
 	}
-	newEls := make(map[Element]struct{}, new.numElements())
-	for e := range new.allElements() {
+	newEls := make(map[Element]struct{}, new.NumElements())
+	for e := range new.AllElements() {
 		newEls[e] = struct{}{}
 	}
 	for e := range oldEls {
@@ -274,7 +334,7 @@ func (d *diffState) addPart(p *Part) {
 	if d.lazyAdds {
 		ap := addedPart{p: p}
 		i := int32(0)
-		for e := range p.allElements() {
+		for e := range p.AllElements() {
 			if sharableSets[e.Set] && d.ref(e, 1) > 1 {
 				ap.skip = append(ap.skip, i)
 			}
@@ -285,7 +345,7 @@ func (d *diffState) addPart(p *Part) {
 			d.tx.nAdd += n
 		}
 	} else {
-		for e := range p.allElements() {
+		for e := range p.AllElements() {
 			if sharableSets[e.Set] && d.ref(e, 1) > 1 {
 				continue
 			}
@@ -329,7 +389,7 @@ func (d *diffState) addNeighbourPickers() {
 			continue
 		}
 		for _, size := range []int{c.Size - 1, c.Size + 1} {
-			name := pickChainFor(c.Algorithm, c.Map, size)
+			name := PickChainFor(c.Algorithm, c.Map, size)
 			if _, exists := d.sharedRefs[name]; !exists && size > 0 && !slices.Contains(add, name) {
 				add = append(add, name)
 			}

@@ -79,13 +79,13 @@ func ResolveTargetPorts(svcPorts []cluster.ServicePort, slices_ []*cluster.Endpo
 // own slice. Duplicates (the same addr:port in two slices) are kept once, preferring a ready copy. The
 // result is sorted by address and port so that the endpoint index in the maps is stable.
 func PortEndpoints(targets TargetPorts, j int, slices_ []*cluster.EndpointSlice, family cluster.Family, nodeName string) []Endpoint {
-	return portEndpoints(nil, targets, j, slices_, family, nodeName)
+	return AppendPortEndpoints(nil, targets, j, slices_, family, nodeName)
 }
 
-// portEndpoints is PortEndpoints building the result in buf (grown as needed): the proxier's full
+// AppendPortEndpoints is PortEndpoints building the result in buf (grown as needed): the proxier's full
 // sync collects the endpoints of every Service port, and needs each list only while it builds that
 // port.
-func portEndpoints(buf []Endpoint, targets TargetPorts, j int, slices_ []*cluster.EndpointSlice, family cluster.Family, nodeName string) []Endpoint {
+func AppendPortEndpoints(buf []Endpoint, targets TargetPorts, j int, slices_ []*cluster.EndpointSlice, family cluster.Family, nodeName string) []Endpoint {
 	total := 0
 	for _, es := range slices_ {
 		total += len(es.Endpoints)
@@ -147,127 +147,4 @@ func portEndpoints(buf []Endpoint, targets TargetPorts, j int, slices_ []*cluste
 	}
 	slices.SortFunc(out, func(a, b Endpoint) int { return a.AddrPort().Compare(b.AddrPort()) })
 	return out
-}
-
-// Categorized is the result of applying a Service's traffic policies and topology to its endpoints on
-// one node, exactly as kube-proxy's CategorizeEndpoints does.
-type Categorized struct {
-	// Cluster is used for traffic policy Cluster (after topology filtering and terminating fallback).
-	Cluster []Endpoint
-	// Local is used for traffic policy Local (this node's endpoints, with terminating fallback).
-	Local []Endpoint
-	// HasAny is true if the Service has any usable endpoint anywhere.
-	HasAny bool
-}
-
-// UsesClusterEndpoints and UsesLocalEndpoints follow kube-proxy's ServicePort methods.
-func usesClusterEndpoints(svc *cluster.Service, external bool) bool {
-	return !svc.InternalPolicyLocal || (external && !svc.ExternalPolicyLocal)
-}
-
-func usesLocalEndpoints(svc *cluster.Service, external bool) bool {
-	return svc.InternalPolicyLocal || (external && svc.ExternalPolicyLocal)
-}
-
-// Categorize splits eps into the cluster and local endpoint sets.
-func Categorize(eps []Endpoint, svc *cluster.Service, external bool, nodeName, zone string) Categorized {
-	var c Categorized
-	if len(eps) == 0 {
-		return c
-	}
-	if usesClusterEndpoints(svc, external) {
-		mode := topologyMode(eps, nodeName, zone)
-		c.Cluster = filter(eps, func(e Endpoint) bool { return e.Ready && availableForTopology(e, mode, nodeName, zone) })
-		if len(c.Cluster) == 0 {
-			// Terminating fallback: when nothing is ready, use what is still serving while terminating,
-			// so connections keep working through a rolling update.
-			c.Cluster = filter(eps, func(e Endpoint) bool { return e.Serving && e.Terminating })
-		}
-		c.HasAny = len(c.Cluster) > 0
-	}
-	if !usesLocalEndpoints(svc, external) {
-		return c
-	}
-	localReady, localTerm := false, false
-	for _, e := range eps {
-		if e.Ready {
-			c.HasAny = true
-			localReady = localReady || e.Local
-		} else if e.Serving && e.Terminating {
-			c.HasAny = true
-			localTerm = localTerm || e.Local
-		}
-	}
-	switch {
-	case localReady:
-		c.Local = filter(eps, func(e Endpoint) bool { return e.Local && e.Ready })
-	case localTerm:
-		c.Local = filter(eps, func(e Endpoint) bool { return e.Local && e.Serving && e.Terminating })
-	}
-	return c
-}
-
-const (
-	topologyNone     = ""
-	topologySameNode = "PreferSameNode"
-	topologySameZone = "PreferSameZone"
-)
-
-// topologyMode decides whether hints apply: only when every ready endpoint carries hints and at least
-// one is for this node (node hints) or zone (zone hints). Otherwise hints are ignored, as in kube-proxy.
-func topologyMode(eps []Endpoint, nodeName, zone string) string {
-	hasReady, nodeHit, allNode, zoneHit, allZone := false, false, true, false, true
-	for _, e := range eps {
-		if !e.Ready {
-			continue
-		}
-		hasReady = true
-		if len(e.NodeHints) == 0 {
-			allNode = false
-		} else if slices.Contains(e.NodeHints, nodeName) {
-			nodeHit = true
-		}
-		if len(e.ZoneHints) == 0 {
-			allZone = false
-		} else if slices.Contains(e.ZoneHints, zone) {
-			zoneHit = true
-		}
-	}
-	switch {
-	case !hasReady:
-		return topologyNone
-	case allNode && nodeHit:
-		return topologySameNode
-	case allZone && zoneHit && zone != "":
-		return topologySameZone
-	}
-	return topologyNone
-}
-
-func availableForTopology(e Endpoint, mode, nodeName, zone string) bool {
-	switch mode {
-	case topologySameNode:
-		return slices.Contains(e.NodeHints, nodeName)
-	case topologySameZone:
-		return slices.Contains(e.ZoneHints, zone)
-	}
-	return true
-}
-
-// filter returns the endpoints keep accepts: eps itself (not a copy) when it accepts all of them,
-// the usual case, so callers must not modify the result.
-func filter(eps []Endpoint, keep func(Endpoint) bool) []Endpoint {
-	for i, e := range eps {
-		if !keep(e) {
-			out := make([]Endpoint, i, len(eps))
-			copy(out, eps[:i])
-			for _, e := range eps[i+1:] {
-				if keep(e) {
-					out = append(out, e)
-				}
-			}
-			return out
-		}
-	}
-	return eps
 }

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 
 	"github.com/vipgate/vipgate/cluster"
@@ -67,21 +68,7 @@ func IngressChainName(dev string) string { return ingressChainName(dev) }
 // FirewallChainName is the name of the fw- chain of a VIP port of Service key (the node's name for
 // it: schema.go), which checks loadBalancerSourceRanges.
 func FirewallChainName(key cluster.ServiceKey, proto uint8, port uint16) string {
-	return perPortChain(ChainRoleFirewall, servicePortName(key, proto, port), "")
-}
-
-// CommentNotInSourceRanges is the comment of the drop rule of a fw- chain.
-const CommentNotInSourceRanges = commentNotInSourceRanges
-
-// FamilyRanges are the prefixes of ranges of family f.
-func FamilyRanges(ranges []netip.Prefix, f cluster.Family) []netip.Prefix {
-	return familyRanges(ranges, f)
-}
-
-// EntriesOverLimit says why a Service's entries (its ports x its addresses) are over
-// limits.MaxEntries ("" if they are not).
-func EntriesOverLimit(limits cluster.ServiceLimits, entries, ports int) string {
-	return entriesOverLimit(limits, entries, ports)
+	return PerPortChain(ChainRoleFirewall, ServicePortName(key, proto, port), "")
 }
 
 // FlowCopyBatch is the number of gateway-flows entries a GatewayFlowWriter should be given per Add
@@ -101,11 +88,27 @@ func ClashedFlows(err error) ([]int, bool) {
 	return nil, false
 }
 
-// ServicePortName is how a Service's port is named in chain names ("ns/name/tcp/80").
-func ServicePortName(key cluster.ServiceKey, proto uint8, port uint16) string {
-	return servicePortName(key, proto, port)
-}
-
 // InterfaceIndexIn returns the interface index lookup of network namespace nsFd (0: the current
 // one), the one the encoder uses for fwd devices (NetlinkProgrammer.NetNSFd).
 func InterfaceIndexIn(nsFd int) func(string) (int, error) { return ifindexIn(nsFd) }
+
+// FamilyRanges returns the prefixes of family f in ranges.
+func FamilyRanges(ranges []netip.Prefix, f cluster.Family) []netip.Prefix {
+	var out []netip.Prefix
+	for _, r := range ranges {
+		if familyOfPrefix(r) == f {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// EntriesOverLimit says why a Service of entries entries (its ports x its addresses; ports ports) is
+// over limits.MaxEntries, "" if it is not. Nodes and gateways refuse such a Service as a whole.
+func EntriesOverLimit(limits cluster.ServiceLimits, entries, ports int) string {
+	if entries <= limits.MaxEntries {
+		return ""
+	}
+	return fmt.Sprintf("the Service is not programmed: its %d ports make %d entries (ports x addresses), more than serviceLimits.maxEntries %d",
+		ports, entries, limits.MaxEntries)
+}

@@ -36,12 +36,15 @@ var importRules = []importRule{
 	// The leaves of the dataplane. They must never import the dataplane itself (which imports them)
 	// nor anything above it, so that they build, test and can be reused on their own and the
 	// dataplane package does not grow back into one blob.
-	{"dataplane/healthcheck", []string{"cluster"},
-		"healthCheckNodePort and /healthz servers: they take the counts the sync reports, not the Proxier"},
 	{"dataplane/conntrack", []string{"cluster"},
 		"conntrack cleanup: dataplane.ConntrackView adapts a cluster.State; the leaf knows only views and StaleFlow"},
 	{"dataplane/dptest", []string{"cluster"},
 		"test helpers the engine's tests and the gateway's share (a network namespace, nft -c, the hostile-Service corpus): only cluster, so dataplane's own tests can import it"},
+	// The in-memory nftables kernel: it applies the engine's transactions (dataplane.Tx), so it
+	// imports the dataplane; the dataplane never imports it (its own tests cannot: a cycle), the
+	// tests of the packages above it do.
+	{"dataplane/memtable", []string{"cluster", "dataplane"},
+		"an in-memory nftables kernel for tests: a dataplane.Programmer over the engine's model, with the kernel's checks"},
 	{"dataplane/maglev", nil,
 		"Maglev table construction: pure, the same on every gateway and node; the dataplane programs its tables"},
 	// Any other package under dataplane/ is a leaf too: it may use other leaves, never the dataplane
@@ -52,21 +55,34 @@ var importRules = []importRule{
 	// announced (speaker, l2, bgp): the node wires both to the same snapshots in cmd/vipgate.
 	{"dataplane", []string{"cluster", "dataplane/"},
 		"the dataplane programs the kernel from cluster.State; announcing is the speaker's job, and the gateway (gateway/) builds its tables on the dataplane's exported API, never the other way round"},
+	// The node's Service proxy: it builds the node's table (schema, Services, claims, the address
+	// screen) and keeps it in sync through the engine's exported API (Diff, Part, Tx, the netlink
+	// edge), as the gateway does; neither the engine nor the gateway imports it.
+	{"proxy", []string{"cluster", "dataplane", "dataplane/", "proxy/"},
+		"the node's Service proxy (kube-proxy's role) on the nftables engine's exported API; the engine knows no role, and the gateway does not need the node's proxy"},
+	// The proxy's leaves: they must never import the proxy (which imports them) nor the engine.
+	{"proxy/healthcheck", []string{"cluster"},
+		"healthCheckNodePort and /healthz servers: they take the counts the sync reports, not the Proxier"},
+	{"proxy/", []string{"cluster", "proxy/"},
+		"a proxy leaf must not import the proxy package, which imports it, nor the engine"},
 	// The gateway: a host in front of the cluster. It builds its tables with the dataplane's model
 	// and programs them through the dataplane's exported API (Programmer, DiffRulesets, the netlink
-	// edge), so the nftables engine stays one; the dataplane never imports it.
+	// edge), so the nftables engine stays one; the dataplane never imports it. Its runtime (sync
+	// loop, SNAT addresses' owners, conntrack sync) hears the membership and answers ARP/NDP
+	// through its own PeerView and Announcer interfaces, which cmd/vipgate adapts: no speaker,
+	// membership or l2 here.
 	{"gateway", []string{"cluster", "dataplane", "dataplane/", "gateway/"},
-		"the gateway's config, entries, tables and proxier: it uses the nftables engine's exported API, not the speaker's (cmd/vipgate wires both)"},
+		"the gateway's config, entries, tables, proxier and runtime: it uses the nftables engine's exported API, not the speaker's, the membership's or l2's (cmd/vipgate adapts them to gateway.PeerView and gateway.Announcer)"},
 	// The gateway's leaves: kernel and protocol pieces only the gateway uses. They must never import
 	// the gateway (which imports them) nor the dataplane, so that they build and test on their own.
 	{"gateway/ctsync", nil,
-		"the gateway's SNAT table and conntrackd supervision: standalone, driven by cmd/vipgate"},
+		"the gateway's SNAT table and conntrackd supervision: standalone, driven by the gateway's runtime"},
 	{"gateway/ctsync/relay", nil,
-		"the signed relay between the gateways' conntrackds (on loopback) over the LAN: sockets and a wire format only; cmd/vipgate wires it next to ctsync's supervisor"},
+		"the signed relay between the gateways' conntrackds (on loopback) over the LAN: sockets and a wire format only; the gateway's runtime runs it next to ctsync's supervisor"},
 	{"gateway/natpath", nil,
 		"the gateway's NAT fast path (a tc BPF program and its maps): VIP ports, Maglev tables and flows, no Services; the gateway gives it each sync's VIP ports"},
 	{"gateway/healthprobe", nil,
-		"the gateway's healthCheckNodePort prober: HTTP and targets only, generic in the gateway's target type; cmd/vipgate wires it to the gateway"},
+		"the gateway's healthCheckNodePort prober: HTTP and targets only, generic in the gateway's target type; the gateway's runtime wires it to the proxier"},
 	// Any other package under gateway/ is a leaf too: it may use the cluster model and other leaves,
 	// never the gateway package.
 	{"gateway/", []string{"cluster", "gateway/"},
@@ -186,7 +202,7 @@ func moduleRoot(t *testing.T) string {
 
 func TestImportRules(t *testing.T) {
 	pkgs := modulePackages(t, moduleRoot(t))
-	for _, want := range []string{"dataplane", "dataplane/healthcheck", "dataplane/conntrack", "gateway/ctsync", "dataplane/maglev", "gateway/healthprobe", "gateway", "gateway/natpath", "cluster", "speaker", "membership", "l2", "bgp", "cmd/vipgate"} {
+	for _, want := range []string{"dataplane", "proxy", "proxy/healthcheck", "dataplane/conntrack", "gateway/ctsync", "dataplane/maglev", "gateway/healthprobe", "gateway", "gateway/natpath", "cluster", "speaker", "membership", "l2", "bgp", "cmd/vipgate"} {
 		if _, ok := pkgs[want]; !ok {
 			t.Fatalf("package %s not found: the walk is broken", want)
 		}
@@ -236,7 +252,10 @@ func TestImportRules(t *testing.T) {
 // model importing the speaker, is refused.
 func TestImportRulesCatch(t *testing.T) {
 	for _, c := range []struct{ pkg, dep string }{
-		{"dataplane/healthcheck", "dataplane"},
+		{"proxy/healthcheck", "dataplane"},
+		{"proxy/healthcheck", "proxy"},
+		{"dataplane", "proxy"},
+		{"gateway", "proxy"},
 		{"dataplane/conntrack", "dataplane"},
 		{"dataplane/maglev", "dataplane"},
 		{"gateway/healthprobe", "dataplane"},
@@ -247,6 +266,8 @@ func TestImportRulesCatch(t *testing.T) {
 		{"dataplane", "gateway"},
 		{"dataplane", "gateway/natpath"},
 		{"gateway", "speaker"},
+		{"gateway", "l2"},
+		{"gateway", "membership"},
 		{"cluster", "dataplane"},
 		{"cluster/mlbstatus", "speaker"},
 		{"dataplane", "speaker"},

@@ -161,8 +161,8 @@ func registerActionKinds(ds map[ActionKind]*actionKindDesc) {
 	register("action", actionKindDescs, &actionKinds, ds)
 }
 
-// setKindDynamic says whether sets of kind k are filled by packets (see setKindDesc.dynamic).
-func setKindDynamic(k SetKind) bool {
+// SetKindDynamic says whether sets of kind k are filled by packets (see setKindDesc.dynamic).
+func SetKindDynamic(k SetKind) bool {
 	d := setKindDescs[k]
 	return d != nil && d.dynamic
 }

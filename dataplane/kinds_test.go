@@ -7,13 +7,10 @@ import (
 	"go/parser"
 	"go/token"
 	"go/types"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/vipgate/vipgate/cluster"
 )
 
 // kindConstants type-checks the package's source (not its tests) and returns its constants of
@@ -179,26 +176,12 @@ func TestUnknownKindsFail(t *testing.T) {
 	}
 }
 
-// A flow-hash DNAT whose modulus is 0 (render and the encoder refuse one; the tracer may be given
-// any model) fails the trace with that reason, found when the tracer spells the rule: the action's
-// trace (here ActDNATProtoPortJhashMap's, the NodePort's rule) has no check of its own, and
-// jhashBranches, with no slot to branch on, would end the branch with no verdict at all.
-func TestJhashTraceModulusZero(t *testing.T) {
-	f := trFlat(t, cluster.IPv4, false, lbAnnotated(cluster.LBMaglev))
-	zeroed := 0
-	for _, ch := range f.Chains {
-		for i, r := range ch.Rules {
-			if r.Action.Kind == ActDNATProtoPortJhashMap {
-				ch.Rules[i].Action.Value = 0
-				zeroed++
-			}
+// Session affinity's kinds trace through their descriptors (what the trace does with them is the
+// node's Service semantics: proxy's TestTraceAffinitySteps).
+func TestAffinityKindsTrace(t *testing.T) {
+	for _, k := range []ActionKind{ActAffinityDNAT, ActAffinityRefresh, ActAffinityRecall} {
+		if d := actionKindDescs[k]; d == nil || d.trace == nil {
+			t.Errorf("action kind %d has no trace in its descriptor", k)
 		}
-	}
-	if zeroed == 0 {
-		t.Fatal("the Maglev fixture has no ActDNATProtoPortJhashMap rule")
-	}
-	r := Trace(f, trHost, Packet{Src: netip.MustParseAddr(outside), Dst: trNodeIP4, Proto: ProtoTCP, Port: 30080})
-	if r.Outcome != OutcomeError || !strings.Contains(r.Reason, "jhash modulus 0") {
-		t.Errorf("outcome %s (%s), want an error for the modulus 0\n%s", r.Outcome, r.Reason, r.Explain())
 	}
 }

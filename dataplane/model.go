@@ -347,7 +347,7 @@ func (r *Ruleset) Flatten() *Flat {
 			}
 			f.Sets[s.Name] = s
 		}
-		for e := range p.allElements() {
+		for e := range p.AllElements() {
 			f.Elements[e.Set] = append(f.Elements[e.Set], e)
 		}
 	}
@@ -382,3 +382,24 @@ func (r *Ruleset) Flatten() *Flat {
 	}
 	return f
 }
+
+// Refusal is one address of a Service that is not programmed, and why; or, with Field "spec", the
+// whole Service (over its limits, budget.go: Addr is its cluster IP, which then rejects
+// connections, so that vipgate explain of it says why).
+type Refusal struct {
+	Field  string // "spec.externalIPs", "status.loadBalancer.ingress" or "spec"
+	Addr   netip.Addr
+	Reason string
+}
+
+// String formats the refusal for a Rejection.
+func (r Refusal) String() string {
+	if !r.Addr.IsValid() || r.Field == RefusalFieldService {
+		// A refusal of a field, not of an address (e.g. a bad vipgate.io/lb-algorithm annotation).
+		return fmt.Sprintf("%s: %s", r.Field, r.Reason)
+	}
+	return fmt.Sprintf("%s %s is not programmed: %s", r.Field, r.Addr, r.Reason)
+}
+
+// RefusalFieldService is the Refusal field of a Service refused as a whole.
+const RefusalFieldService = "spec"

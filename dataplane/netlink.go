@@ -598,3 +598,9 @@ func (e *encoder) action(a Action) ([]expr.Any, error) {
 
 // ipsDstNAT is IPS_DST_NAT from the kernel's nf_conntrack_common.h: the connection was DNATed.
 const ipsDstNAT = 1 << 5
+
+// Programmer applies a transaction to the kernel atomically: all of it or nothing. The netlink edge
+// (NetlinkProgrammer) is the real one; tests may record instead.
+type Programmer interface {
+	Apply(tx *Tx) error
+}

@@ -465,3 +465,21 @@ func (n *NetlinkProgrammer) purgeOnce(tx *Tx) error {
 	n.keepConn(c) // every dump read to its end: nothing pending on it
 	return n.send(b)
 }
+
+// EncodedSize encodes tx as NetlinkProgrammer.Apply would send it, without a socket, and returns the
+// batch's size in bytes and the number of chunks it spans (the parts of the I/O vector of its one
+// sendmsg). For the benchmarks and tests of any role's transactions.
+func EncodedSize(tx *Tx) (size, chunks int, err error) {
+	bt, err := newBatch(tx.Family, tx.Table)
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := newEncoder(tx, bt).encode(tx); err != nil {
+		return 0, 0, err
+	}
+	bufs, _ := bt.finish()
+	for _, c := range bufs {
+		size += len(c)
+	}
+	return size, len(bufs), nil
+}

@@ -148,7 +148,7 @@ func renderSet(w *bufio.Writer, f *Flat, fam nftFamily, s *Set) error {
 	els := slices.Clone(f.Elements[s.Name])
 	slices.SortFunc(els, compareElements)
 	if len(els) > 0 {
-		if setKindDynamic(s.Kind) {
+		if SetKindDynamic(s.Kind) {
 			return fmt.Errorf("set %q: a dynamic affinity map has no static elements", s.Name)
 		}
 		w.WriteString("\t\telements = {\n")

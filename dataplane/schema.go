@@ -278,10 +278,10 @@ const (
 	prefixMasqPick      = "masq-pick-"
 	prefixPickSrcHash   = "sh-"
 	prefixPickMaglev    = "mg-"
-	policyCluster       = "cluster"
-	policyLocal         = "local"
-	policySuffixCluster = "-" + policyCluster
-	policySuffixLocal   = "-" + policyLocal
+	PolicyCluster       = "cluster"
+	PolicyLocal         = "local"
+	policySuffixCluster = "-" + PolicyCluster
+	policySuffixLocal   = "-" + PolicyLocal
 )
 
 // ChainName is a chain name taken apart: what ParseChainName returns and String builds back.
@@ -310,11 +310,11 @@ func (c ChainName) String() string {
 	case c.Role == ChainRoleFixed:
 		return c.Fixed
 	case c.Role.PerServicePort():
-		return perPortChain(c.Role, servicePortName(c.Service, c.Proto, c.Port), c.Policy)
+		return PerPortChain(c.Role, ServicePortName(c.Service, c.Proto, c.Port), c.Policy)
 	case c.Role == ChainRolePick:
-		return pickChainFor(c.Algorithm, c.Map, c.Size)
+		return PickChainFor(c.Algorithm, c.Map, c.Size)
 	case c.Role == ChainRoleMasqPick:
-		return prefixMasqPick + strings.TrimPrefix(pickChainFor(c.Algorithm, c.Map, c.Size), prefixPick)
+		return prefixMasqPick + strings.TrimPrefix(PickChainFor(c.Algorithm, c.Map, c.Size), prefixPick)
 	}
 	return ""
 }
@@ -324,9 +324,9 @@ func (c ChainName) ServicePort() string {
 	return fmt.Sprintf("%s port %d/%s", c.Service, c.Port, ProtoName(c.Proto))
 }
 
-// perPortChain names the chain of role r of the Service port whose servicePortName is port (policy:
+// PerPortChain names the chain of role r of the Service port whose servicePortName is port (policy:
 // for affinity and round-robin chains).
-func perPortChain(r ChainRole, port, policy string) string {
+func PerPortChain(r ChainRole, port, policy string) string {
 	switch r {
 	case ChainRoleFirewall:
 		return prefixFirewall + port
@@ -384,9 +384,9 @@ func ParseChainName(name string) (ChainName, bool) {
 		c := ChainName{Role: pp.role}
 		if pp.role == ChainRoleAffinity || pp.role == ChainRoleRoundRobin {
 			if r, ok := strings.CutSuffix(rest, policySuffixCluster); ok {
-				rest, c.Policy = r, policyCluster
+				rest, c.Policy = r, PolicyCluster
 			} else if r, ok := strings.CutSuffix(rest, policySuffixLocal); ok {
-				rest, c.Policy = r, policyLocal
+				rest, c.Policy = r, PolicyLocal
 			} else {
 				return ChainName{}, false
 			}
@@ -472,10 +472,10 @@ func PickChain(m string, n int) string { return prefixPick + m + "-" + strconv.I
 // MasqPickChain returns the shared chain that marks for masquerade and then picks.
 func MasqPickChain(m string, n int) string { return prefixMasqPick + m + "-" + strconv.Itoa(n) }
 
-// pickChainFor returns the shared picker of map m for a balancing algorithm: PickChain for random;
+// PickChainFor returns the shared picker of map m for a balancing algorithm: PickChain for random;
 // "pick-sh-<map>-<n>" for source-hash (jhash of the client address mod n); "pick-mg-<map>-<M>" for
 // maglev, n being the Maglev table size M.
-func pickChainFor(alg cluster.LBAlgorithm, m string, n int) string {
+func PickChainFor(alg cluster.LBAlgorithm, m string, n int) string {
 	switch alg {
 	case cluster.LBSourceHash:
 		return prefixPick + prefixPickSrcHash + m + "-" + strconv.Itoa(n)
@@ -485,10 +485,10 @@ func pickChainFor(alg cluster.LBAlgorithm, m string, n int) string {
 	return PickChain(m, n)
 }
 
-// isPickChain says whether name is a shared picker (not its masquerading twin); masqTwin names the
+// IsPickChain says whether name is a shared picker (not its masquerading twin); masqTwin names the
 // twin of such a picker.
-func isPickChain(name string) bool     { return strings.HasPrefix(name, prefixPick) }
-func masqTwin(pick string) string      { return prefixMasqPick + strings.TrimPrefix(pick, prefixPick) }
+func IsPickChain(name string) bool     { return strings.HasPrefix(name, prefixPick) }
+func MasqTwin(pick string) string      { return prefixMasqPick + strings.TrimPrefix(pick, prefixPick) }
 func pickOfTwin(masq string) string    { return prefixPick + strings.TrimPrefix(masq, prefixMasqPick) }
 func isMasqPickChain(name string) bool { return strings.HasPrefix(name, prefixMasqPick) }
 
@@ -522,8 +522,8 @@ func SharedChain(name string) *Chain {
 	return &Chain{Name: name, Rules: []Rule{{Action: Action{Kind: kind, Map: c.Map, Value: uint32(c.Size)}}}}
 }
 
-// sharedUses lists the shared chains that using chain name implies (a masq-pick chain uses its pick).
-func sharedUses(name string) []string {
+// SharedUses lists the shared chains that using chain name implies (a masq-pick chain uses its pick).
+func SharedUses(name string) []string {
 	if isMasqPickChain(name) {
 		return []string{name, pickOfTwin(name)}
 	}
@@ -543,7 +543,17 @@ func chainSafe(s string) string {
 	}, s)
 }
 
-// servicePortName is the readable base of a Service port's own chains: ns/name/proto/port.
-func servicePortName(key cluster.ServiceKey, proto uint8, port uint16) string {
+// ServicePortName is the readable base of a Service port's own chains: ns/name/proto/port.
+func ServicePortName(key cluster.ServiceKey, proto uint8, port uint16) string {
 	return fmt.Sprintf("%s/%s/%s/%d", chainSafe(key.Namespace), chainSafe(key.Name), ProtoName(proto), port)
 }
+
+// Comments of the per-Service rules, as the rules carry them (netlink.go writes them into the rule's
+// userdata; decode.go reads them back, and puts these back on tables written before that).
+const (
+	CommentNotInSourceRanges = "not in loadBalancerSourceRanges"
+	CommentMasquerade        = "masquerade"
+	CommentShortCircuitPods  = "short-circuit pod traffic"
+	CommentMasqueradeLocal   = "masquerade local traffic"
+	CommentShortCircuitLocal = "short-circuit local traffic"
+)

@@ -280,3 +280,23 @@ func (c ConntrackCleanup) logger() hclog.Logger {
 	}
 	return c.Log
 }
+
+// SyncReport tells the caller what a sync did and what follows from it.
+type SyncReport struct {
+	Duration time.Duration
+	Full     bool
+	Txs      []*Tx
+	// StaleFlows are conntrack entries to delete (UDP/SCTP endpoints that went away, entries that
+	// gained their first endpoint).
+	StaleFlows []conntrack.StaleFlow
+	// HealthChecks is the healthCheckNodePort of every eTP=Local Service, and LocalEndpoints their local
+	// ready endpoint counts (both complete, not just the changes).
+	HealthChecks   map[cluster.ServiceKey]uint16
+	LocalEndpoints map[cluster.ServiceKey]int
+	// Adopted says the first sync reconciled the live table in place instead of replacing it.
+	Adopted bool
+	// Conflicts lists, complete and sorted, the entries of Services that are not programmed because
+	// another Service holds them (claims.go) and the external and LoadBalancer IPs the node's policy
+	// refuses (AddressScreen).
+	Conflicts []cluster.Rejection
+}

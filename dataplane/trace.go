@@ -664,7 +664,7 @@ func (t *tracer) addrIn(name string, a netip.Addr) (bool, error) {
 		return false, err
 	}
 	switch kind := t.f.Sets[name].Kind; {
-	case setKindDynamic(kind):
+	case SetKindDynamic(kind):
 		// The packets themselves fill a dynamic set (an affinity map's clients); a trace starts
 		// from an empty one.
 		return false, nil

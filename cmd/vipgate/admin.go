@@ -16,7 +16,8 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
-	"github.com/vipgate/vipgate/dataplane/healthcheck"
+	"github.com/vipgate/vipgate/proxy"
+	"github.com/vipgate/vipgate/proxy/healthcheck"
 )
 
 // The admin endpoint of `vipgate node`, on metricsBindAddress (127.0.0.1:10249 by default, as
@@ -101,9 +102,9 @@ type NodeStatus struct {
 	Services      int        `json:"services"`
 	Endpoints     int        `json:"endpoints"`
 	// Tables counts what each family's table holds.
-	Tables   []dataplane.ProgrammedCounts `json:"tables"`
-	Rejected []RejectedObject             `json:"rejected"`
-	VIPs     []VIPStatus                  `json:"vips"`
+	Tables   []proxy.ProgrammedCounts `json:"tables"`
+	Rejected []RejectedObject         `json:"rejected"`
+	VIPs     []VIPStatus              `json:"vips"`
 	// Warnings are conditions of the node as a whole (e.g. L2 refused without a membership key,
 	// or unauthenticated membership).
 	Warnings []string `json:"warnings,omitempty"`
@@ -115,8 +116,8 @@ type adminServer struct {
 	log     hclog.Logger
 	addr    netip.AddrPort
 	reg     *prometheus.Registry
-	metrics *dataplane.Metrics
-	changes *dataplane.ChangeMetrics
+	metrics *proxy.Metrics
+	changes *proxy.ChangeMetrics
 
 	mu     sync.Mutex
 	status NodeStatus
@@ -129,11 +130,11 @@ type adminServer struct {
 // newAdminServer creates the admin endpoint and the dataplane metrics on reg. base holds the fields
 // that never change (node, table, source, version).
 func newAdminServer(log hclog.Logger, addr netip.AddrPort, reg *prometheus.Registry, base NodeStatus) (*adminServer, error) {
-	m, err := dataplane.NewMetrics(reg)
+	m, err := proxy.NewMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
-	cm, err := dataplane.NewChangeMetrics(reg)
+	cm, err := proxy.NewChangeMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +202,7 @@ func (a *adminServer) recordSync(st *cluster.State, rep *dataplane.SyncReport, e
 	a.status.LastSync = &SyncStatus{Time: time.Now(), Duration: rep.Duration.String(), DurationSeconds: rep.Duration.Seconds(),
 		Full: rep.Full, Changes: txChanges(rep)}
 	a.status.Services = len(st.Services)
-	a.status.Endpoints = dataplane.CountEndpoints(st)
+	a.status.Endpoints = proxy.CountEndpoints(st)
 	rej := make([]RejectedObject, 0, len(st.Rejected)+len(rep.Conflicts))
 	for _, r := range append(append([]cluster.Rejection(nil), st.Rejected...), rep.Conflicts...) {
 		rej = append(rej, rejectedObject(r))

@@ -15,6 +15,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/proxy"
 )
 
 type okProgrammer struct{}
@@ -59,7 +60,7 @@ func TestAdminStatusAndMetrics(t *testing.T) {
 			Endpoints: []cluster.Endpoint{{Addresses: []netip.Addr{netip.MustParseAddr("10.244.1.11")}, Ready: true, Serving: true, NodeName: "node1"}}}}},
 		Rejected: []cluster.Rejection{{Kind: "Service", Object: "demo/bad", Source: "file bad.yaml document 1", Reason: "no ports"}},
 	}
-	p := dataplane.NewProxier(hclog.NewNullLogger(), dataplane.Config{NodeName: "node1"}, okProgrammer{})
+	p := proxy.NewProxier(hclog.NewNullLogger(), proxy.Config{NodeName: "node1"}, okProgrammer{})
 	rep, err := p.Sync(state)
 	if err != nil {
 		t.Fatal(err)

@@ -12,7 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
-	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/proxy"
 )
 
 // victimManifests is kube-dns, dual-stack, created after every attacker below: its cluster IP
@@ -275,7 +275,7 @@ func renderCase(t *testing.T, tc hostileCase) (rejected []cluster.Rejection, log
 	rejected = append(rejected, st.Rejected...)
 	dpCfg := dataplaneConfig(cfg, logger)
 	for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-		rs, conflicts, err := dataplane.BuildRuleset(dpCfg, f, st)
+		rs, conflicts, err := proxy.BuildRuleset(dpCfg, f, st)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vipgate/vipgate/cluster"
-	"github.com/vipgate/vipgate/dataplane/healthcheck"
+	"github.com/vipgate/vipgate/proxy/healthcheck"
 )
 
 const controllerHelp = `Usage: vipgate controller --kubeconfig FILE|in-cluster [flags]

@@ -17,9 +17,10 @@ import (
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/conntrack"
-	"github.com/vipgate/vipgate/dataplane/healthcheck"
 	"github.com/vipgate/vipgate/gateway/ctsync"
 	"github.com/vipgate/vipgate/gateway/natpath"
+	"github.com/vipgate/vipgate/proxy"
+	"github.com/vipgate/vipgate/proxy/healthcheck"
 )
 
 const nodeHelp = `Usage: vipgate node --config FILE (--manifests DIR | --kubeconfig FILE) [flags]
@@ -136,7 +137,7 @@ func runNode(args []string) error {
 	}
 
 	dpCfg := dataplaneConfig(cfg, log)
-	proxier := dataplane.NewProxier(log.Named("dataplane"), dpCfg, prog)
+	proxier := proxy.NewProxier(log.Named("dataplane"), dpCfg, prog)
 	// A restart adopts the table the previous run left instead of replacing it (affinity survives).
 	proxier.SetTableReader(prog)
 
@@ -253,7 +254,7 @@ func runNode(args []string) error {
 
 // dataplaneConfig turns the NodeConfig into the dataplane's view: NodePort addresses are the local
 // addresses inside nodePortAddresses (never loopback).
-func dataplaneConfig(cfg *cluster.NodeConfig, log hclog.Logger) dataplane.Config {
+func dataplaneConfig(cfg *cluster.NodeConfig, log hclog.Logger) proxy.Config {
 	var npIPs []netip.Addr
 	seen := map[netip.Addr]bool{}
 	addIP := func(a netip.Addr) {
@@ -283,7 +284,7 @@ func dataplaneConfig(cfg *cluster.NodeConfig, log hclog.Logger) dataplane.Config
 	} else {
 		log.Warn("listing local addresses for nodePortAddresses", "err", err)
 	}
-	return dataplane.Config{
+	return proxy.Config{
 		Table:         cfg.TableName,
 		NodeName:      cfg.NodeName,
 		Zone:          cfg.NodeZone,

@@ -12,6 +12,7 @@ import (
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/gateway"
+	"github.com/vipgate/vipgate/proxy"
 )
 
 // This file builds, from a config and a manifest directory, the ruleset vipgate would program for
@@ -34,7 +35,7 @@ type offline struct {
 	ingressDevices []string
 	nodeDevice     string
 
-	nodeCfg  *dataplane.Config
+	nodeCfg  *proxy.Config
 	gwCfg    *gateway.Config
 	gwHealth gateway.Health
 }
@@ -124,7 +125,7 @@ func (o *offline) build(fam cluster.Family) (*offlineRuleset, error) {
 		o.nodeCfg = &c
 	}
 	// BuildRuleset's error names the family ("building the IPv4 ruleset: ...").
-	rs, conflicts, err := dataplane.BuildRuleset(*o.nodeCfg, fam, o.state)
+	rs, conflicts, err := proxy.BuildRuleset(*o.nodeCfg, fam, o.state)
 	if err != nil {
 		return nil, err
 	}

@@ -23,9 +23,9 @@ import (
 
 	"github.com/vipgate/vipgate/bgp"
 	"github.com/vipgate/vipgate/cluster"
-	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/l2"
 	"github.com/vipgate/vipgate/membership"
+	"github.com/vipgate/vipgate/proxy"
 	"github.com/vipgate/vipgate/speaker"
 )
 
@@ -46,12 +46,12 @@ var components = []component{
 		must(t, reg.Register(collectors.NewGoCollector()))
 		must(t, reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})))
 	}},
-	{"dataplane", "dataplane.NewMetrics", func(t *testing.T, reg prometheus.Registerer) {
-		_, err := dataplane.NewMetrics(reg)
+	{"dataplane", "proxy.NewMetrics", func(t *testing.T, reg prometheus.Registerer) {
+		_, err := proxy.NewMetrics(reg)
 		must(t, err)
 	}},
-	{"dataplane changes", "dataplane.NewChangeMetrics", func(t *testing.T, reg prometheus.Registerer) {
-		_, err := dataplane.NewChangeMetrics(reg)
+	{"dataplane changes", "proxy.NewChangeMetrics", func(t *testing.T, reg prometheus.Registerer) {
+		_, err := proxy.NewChangeMetrics(reg)
 		must(t, err)
 	}},
 	{"l2", "l2.New", func(t *testing.T, reg prometheus.Registerer) {

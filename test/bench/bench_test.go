@@ -12,7 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
-	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/proxy"
 )
 
 func TestSynthMix(t *testing.T) {
@@ -32,7 +32,7 @@ func TestSynthNoConflicts(t *testing.T) {
 	}
 	for _, n := range sizes {
 		st := synthState(n, 10)
-		p := dataplane.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), discardProgrammer{})
+		p := proxy.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), discardProgrammer{})
 		rep, err := p.Sync(st)
 		if err != nil {
 			t.Fatalf("%d Services: %v", n, err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/proxy"
 )
 
 // churn is the rolling-update case: after a full sync of n Services, `rate` endpoint changes per
@@ -40,7 +41,7 @@ func churn(t *table, n, rate int, dur time.Duration, kp *kubeProxyBench) {
 	defer ns.close()
 	st := synthState(n, 10)
 	prog := ns.programmer()
-	p := dataplane.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), prog)
+	p := proxy.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), prog)
 	if _, err := p.Sync(st); err != nil {
 		t.fail(what, err)
 		return
@@ -211,7 +212,7 @@ func churnNode(t *table, n, rate int, dur time.Duration) (p50, p99 time.Duration
 // readBack compares the kernel with the desired state st: a fresh proxier reads the table back
 // (decode.go) and adopts it; any element, chain or rule that differs would be in its transaction.
 func readBack(prog *dataplane.NetlinkProgrammer, st *cluster.State) (string, bool) {
-	q := dataplane.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), discardProgrammer{})
+	q := proxy.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), discardProgrammer{})
 	q.SetTableReader(prog)
 	rep, err := q.Sync(st)
 	check := "kernel table read back = desired state"

@@ -21,6 +21,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/proxy"
 )
 
 // churnPipelineResult is what churnPipeline measured.
@@ -120,7 +121,7 @@ func churnPipeline(n, rate int, dur time.Duration) (*churnPipelineResult, error)
 	for i := range want {
 		want[i] = 10
 	}
-	p := dataplane.NewProxier(nil, benchConfig(benchNodeIP), res.prog)
+	p := proxy.NewProxier(nil, benchConfig(benchNodeIP), res.prog)
 	runner := dataplane.NewSyncRunner(nil, dataplane.SyncRunnerOptions[*dataplane.SyncReport]{
 		Name: "churn sync",
 		Sync: func(_ context.Context, st *cluster.State) (*dataplane.SyncReport, error) {

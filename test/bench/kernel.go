@@ -18,11 +18,12 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/proxy"
 )
 
 // benchConfig is the dataplane configuration of the bench node (the lab's node1 addresses).
-func benchConfig(nodeIP netip.Addr) dataplane.Config {
-	return dataplane.Config{
+func benchConfig(nodeIP netip.Addr) proxy.Config {
+	return proxy.Config{
 		Table:        "vipgate",
 		NodeName:     thisNode,
 		NodeIPs:      []netip.Addr{nodeIP},
@@ -65,7 +66,7 @@ func (discardProgrammer) Apply(*dataplane.Tx) error { return nil }
 // counts of what a proxier programmed, from its model.
 type counts struct{ chains, rules, elements int }
 
-func countFlat(p *dataplane.Proxier) counts {
+func countFlat(p *proxy.Proxier) counts {
 	flat := p.Flatten(cluster.IPv4)
 	c := counts{chains: len(flat.Chains)}
 	for _, ch := range flat.Chains {
@@ -135,7 +136,7 @@ func fullSync(t *table, n, reps int, withNft bool, kps []*kubeProxyFigures) {
 	st := synthState(n, 10)
 
 	// The Go part alone: build, diff and bookkeeping, no kernel.
-	goOnly := dataplane.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), discardProgrammer{})
+	goOnly := proxy.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), discardProgrammer{})
 	start := time.Now()
 	if _, err := goOnly.Sync(st); err != nil {
 		t.fail(what, err)
@@ -146,7 +147,7 @@ func fullSync(t *table, n, reps int, withNft bool, kps []*kubeProxyFigures) {
 	var (
 		times, kernel []time.Duration
 		cpus          []time.Duration
-		p             *dataplane.Proxier
+		p             *proxy.Proxier
 		ns            *netns
 		peak          float64
 		conflicts     int
@@ -163,7 +164,7 @@ func fullSync(t *table, n, reps int, withNft bool, kps []*kubeProxyFigures) {
 			return
 		}
 		prog := &timedProgrammer{inner: ns.programmer()}
-		p = dataplane.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), prog)
+		p = proxy.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), prog)
 		// VIPGATE_BENCH_TRACE=1 prints each sync's allocations and peak, and the memory map after.
 		var ms0 runtime.MemStats
 		trace := os.Getenv("VIPGATE_BENCH_TRACE") != ""
@@ -274,7 +275,7 @@ func fullSync(t *table, n, reps int, withNft bool, kps []*kubeProxyFigures) {
 
 // nftLoad renders what p programmed in `nft -f` syntax and times nft loading it into a fresh namespace:
 // the same rules through the kernel's own tool.
-func nftLoad(p *dataplane.Proxier) (time.Duration, error) {
+func nftLoad(p *proxy.Proxier) (time.Duration, error) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		return 0, fmt.Errorf("nft not installed")
 	}
@@ -327,7 +328,7 @@ func incremental(t *table, n, changes int, kps []*kubeProxyFigures) {
 	defer ns.close()
 	st := synthState(n, 10)
 	prog := &timedProgrammer{inner: ns.programmer()}
-	p := dataplane.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), prog)
+	p := proxy.NewProxier(hclog.NewNullLogger(), benchConfig(benchNodeIP), prog)
 	// VIPGATE_BENCH_TRACE=1 prints the full sync and the first changes of each kind one by one
 	// (wall, kernel, process CPU): the first change after a full sync is the one to watch.
 	fullStart, fullCPU := time.Now(), cpuTime()

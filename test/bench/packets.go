@@ -15,6 +15,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/proxy"
 	"github.com/vipgate/vipgate/test/lab"
 )
 
@@ -93,7 +94,7 @@ func (pl *packetLab) measuredState(n int) *cluster.State {
 func (pl *packetLab) program(n int) error {
 	prog := &dataplane.NetlinkProgrammer{NetNSFd: int(pl.nodeF.Fd())}
 	defer prog.Close()
-	p := dataplane.NewProxier(hclog.NewNullLogger(), benchConfig(pl.node.IPv4), prog)
+	p := proxy.NewProxier(hclog.NewNullLogger(), benchConfig(pl.node.IPv4), prog)
 	rep, err := p.Sync(pl.measuredState(n))
 	if err != nil {
 		return fmt.Errorf("programming node1 with %d Services: %w", n, err)

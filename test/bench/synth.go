@@ -18,7 +18,7 @@ import (
 //	sessionAffinity: ClientIP on 2% (i%50 == 7)
 //	one TCP port (80 -> 8080), one EndpointSlice of m ready endpoints, endpoint 0 on this node
 //
-// Unlike dataplane.SyntheticState, no two Services claim the same entry: NodePorts are unique and
+// Unlike proxy.SyntheticState, no two Services claim the same entry: NodePorts are unique and
 // count up from 30001, healthCheckNodePorts count down from 32767 (they make no nftables entries);
 // both stay in Kubernetes' default range 30000-32767 up to ~17,000 Services, beyond that the
 // NodePorts go past 32767 as with a wider --service-node-port-range (the library takes them; `vipgate

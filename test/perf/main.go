@@ -27,6 +27,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/proxy"
 	"github.com/vipgate/vipgate/test/lab"
 )
 
@@ -138,8 +139,8 @@ func (n *netns) close() {
 	exec.Command("ip", "netns", "del", n.name).Run()
 }
 
-func perfConfig() dataplane.Config {
-	return dataplane.Config{
+func perfConfig() proxy.Config {
+	return proxy.Config{
 		NodeName:     "node1",
 		NodeIPs:      []netipAddr{mustAddr("192.0.2.11")},
 		ClusterCIDRs: []netipPrefix{mustPrefix("10.244.0.0/16")},
@@ -168,10 +169,10 @@ func rssMiB() float64 {
 func fullSync(n int, add func(k, v string)) {
 	ns := newNetns()
 	defer ns.close()
-	st := dataplane.SyntheticState(n, 10)
+	st := proxy.SyntheticState(n, 10)
 	prog := &dataplane.NetlinkProgrammer{NetNSFd: int(ns.f.Fd())}
 	defer prog.Close() // its kept socket holds the netns
-	p := dataplane.NewProxier(hclog.NewNullLogger(), perfConfig(), prog)
+	p := proxy.NewProxier(hclog.NewNullLogger(), perfConfig(), prog)
 	start := time.Now()
 	if _, err := p.Sync(st); err != nil {
 		fatal(err)
@@ -205,10 +206,10 @@ func pct(ds []time.Duration, p float64) time.Duration {
 func incremental(n, changes int, add func(k, v string)) {
 	ns := newNetns()
 	defer ns.close()
-	st := dataplane.SyntheticState(n, 10)
+	st := proxy.SyntheticState(n, 10)
 	prog := &dataplane.NetlinkProgrammer{NetNSFd: int(ns.f.Fd())}
 	defer prog.Close() // its kept socket holds the netns
-	p := dataplane.NewProxier(hclog.NewNullLogger(), perfConfig(), prog)
+	p := proxy.NewProxier(hclog.NewNullLogger(), perfConfig(), prog)
 	if _, err := p.Sync(st); err != nil {
 		fatal(err)
 	}
@@ -241,7 +242,7 @@ func incremental(n, changes int, add func(k, v string)) {
 		k := key(i * 7)
 		st.EndpointSlices[k] = saved[k]
 	})
-	extra := dataplane.SyntheticState(n+changes, 10)
+	extra := proxy.SyntheticState(n+changes, 10)
 	run("one Service added", func(i int) {
 		k := cluster.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%05d", n+i)}
 		st.Services[k] = extra.Services[k]
@@ -288,7 +289,7 @@ func packets(quick bool, add func(k, v string)) error {
 	// The measured Service is svc-00005 (a NodePort one): ClusterIP 10.96.0.5, NodePort 30005,
 	// endpoint pod1:8080. The other Services point at pods that do not exist: they only fill maps.
 	state := func(n int) *cluster.State {
-		st := dataplane.SyntheticState(n, 10)
+		st := proxy.SyntheticState(n, 10)
 		k := cluster.ServiceKey{Namespace: "bench", Name: "svc-00005"}
 		es := *st.EndpointSlices[k][0]
 		es.Endpoints = []cluster.Endpoint{{Addresses: []netipAddr{pod.IPv4}, Ready: true, Serving: true, NodeName: "node1"}}
@@ -315,7 +316,7 @@ func packets(quick bool, add func(k, v string)) error {
 	samples := map[string][]float64{}
 	for round := 0; round < 3; round++ {
 		for _, n := range []int{6, 10000} {
-			p := dataplane.NewProxier(hclog.NewNullLogger(), cfg, prog)
+			p := proxy.NewProxier(hclog.NewNullLogger(), cfg, prog)
 			if _, err := p.Sync(state(n)); err != nil {
 				return err
 			}
@@ -365,7 +366,7 @@ func packets(quick bool, add func(k, v string)) error {
 	es := *st.EndpointSlices[k][0]
 	es.Ports = []cluster.EndpointPort{{Protocol: cluster.TCP, Port: 5201}}
 	st.EndpointSlices[k] = []*cluster.EndpointSlice{&es}
-	p := dataplane.NewProxier(hclog.NewNullLogger(), cfg, prog)
+	p := proxy.NewProxier(hclog.NewNullLogger(), cfg, prog)
 	if _, err := p.Sync(st); err != nil {
 		return err
 	}
