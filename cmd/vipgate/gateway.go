@@ -4,25 +4,18 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"net/netip"
 	"os"
 	"os/signal"
-	"slices"
-	"strings"
-	"sync/atomic"
 	"syscall"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
-	"github.com/vipgate/vipgate/dataplane/conntrack"
 	"github.com/vipgate/vipgate/gateway"
 	"github.com/vipgate/vipgate/gateway/ctsync"
-	"github.com/vipgate/vipgate/gateway/healthprobe"
+	"github.com/vipgate/vipgate/l2"
 	"github.com/vipgate/vipgate/speaker"
 )
 
@@ -109,14 +102,6 @@ func gatewayFastPath(cfg *cluster.GatewayConfig) *gateway.FastPath {
 	return &gateway.FastPath{Devices: cfg.RouteFastPathDevices}
 }
 
-// earliest is the earlier of two times, zero meaning none.
-func earliest(a, b time.Time) time.Time {
-	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
-		return b
-	}
-	return a
-}
-
 func runGateway(args []string) error {
 	nf, err := parseNodeFlags("gateway", gatewayHelp, args)
 	if err != nil {
@@ -134,24 +119,21 @@ func runGateway(args []string) error {
 	if err != nil || done {
 		return err
 	}
-	warnIfNotForwarding(log, cfg)
+	gateway.WarnIfNotForwarding(log, cfg.GatewayIPs)
 	src, err := newSource(nf, log)
 	if err != nil {
 		return err
 	}
-	dpCfg := gatewayDataplaneConfig(cfg)
-	if dpCfg.FastPath != nil {
-		// This machine's devices: a listed one that does not exist gets no chain (render, which
-		// may plan for another machine, keeps them).
-		dpCfg.FastPath.OmitMissing = true
-	}
-	var natStatus *natPathStatus
-	dpCfg.NATPath, natStatus, err = startNATPath(cfg, nf.speaker, log)
+	// The runtime (gateway/runtime.go): the NAT fast path, the sync loop, SNAT addresses and
+	// conntrack sync, the gateway's metrics. It gets the flags and the speaker's settings as values.
+	memberKeyFile, _ := memberSettings(nf.speaker, cfg.Speaker)
+	rt, err := gateway.NewRuntime(gateway.RuntimeOptions{Log: log, Config: cfg, Dataplane: gatewayDataplaneConfig(cfg),
+		Programmer: prog, Registry: nodeRegistry(), MemberKeyFile: memberKeyFile, ReadKeys: readMemberKeys,
+		KeyReload: memberKeyReload, Resync: speakerResync, InterfaceOf: l2.DefaultInterface})
 	if err != nil {
 		return err
 	}
-	defer natStatus.close()
-	gw := gateway.NewProxier(log.Named("dataplane"), dpCfg, prog)
+	defer rt.Close()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -164,11 +146,6 @@ func runGateway(args []string) error {
 	}
 	defer stopAdmin()
 
-	ct, err := conntrack.NewCleaner(log.Named("conntrack"))
-	if err != nil {
-		log.Warn("conntrack cleanup disabled", "err", err)
-	}
-	ctClean := dataplane.ConntrackCleanup{Cleaner: ct, Log: log}
 	// The speaker announces the VIPs (ARP/NDP or BGP) once they are forwarded.
 	spk, err := startGatewaySpeaker(ctx, cfg, nf.speaker, log)
 	if err != nil {
@@ -180,239 +157,58 @@ func runGateway(args []string) error {
 		admin.addWarnings(ks.Warnings)
 	}
 	admin.setVIPLister(spk.spk)
-	// SNAT addresses and conntrackd (gateway_ctsync.go): the NAT state outlives a gateway's death.
-	stopCtSync, ctSup, err := startGatewayConntrackSync(ctx, cfg, nf.speaker, log, spk, admin)
+	// SNAT addresses and conntrackd: the NAT state outlives a gateway's death. The membership
+	// tells which peers are alive; an l2 announcer answers for the SNAT addresses.
+	stopCtSync, err := rt.StartConntrackSync(ctx, gatewayPeers{spk.spk}, newSNATAnnouncer)
 	if err != nil {
 		return err
 	}
 	defer stopCtSync()
-	// The VIPs are announced once conntrackd's initial resync is over (bounded: ctsync.ResyncWait).
-	if ctSup != nil {
-		spk.hold = ctsync.NewHold(ctx, ctSup.Resynced(), func(v *cluster.State) { spk.spk.Update(v, nil) })
+	if sup := rt.ConntrackSync(); sup != nil {
+		admin.setVIPLister(ctsyncStatus{vipLister: spk.spk, sup: sup})
+		// The VIPs are announced once conntrackd's initial resync is over (bounded: ctsync.ResyncWait).
+		spk.hold = ctsync.NewHold(ctx, sup.Resynced(), func(v *cluster.State) { spk.spk.Update(v, nil) })
 	}
+	admin.addWarnings(rt.Warnings)
 
-	// The sync loop (dataplane.SyncRunner) owns the dataplane: new snapshots, health changes and
-	// drain deadlines all wake it. Its Sync runs only once Run is called, below, so it may use the
-	// prober made after it.
-	var prober *healthprobe.Prober[gateway.HealthTarget]
-	var targetsOf *cluster.State // the snapshot the prober's targets come from
-	first := true
-	var runner *dataplane.SyncRunner[*gateway.SyncReport]
-	// /status warns while a family has no route forwarding fast path (routeFastPath on): its
-	// packets take the slower dup path, e.g. because the kernel refused the netdev table. It also
-	// warns about a fast path that is on without some of its devices (a misspelt
-	// routeFastPath.devices entry gets no chain) or with ingress MTUs the nodes' link cannot carry.
-	var noFastPath fastPathStatus
-	// The connection table copies of the fast path's transitions (the dataplane logs each one):
-	// entries copied, and copies by result, for an alert on those that did not end ("truncated":
-	// the sync's budget or the cap of refused transactions; "full": the destination map is full).
-	flowCopies := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "vipgate", Name: "gateway_flow_copies_total",
-		Help: "Copies of a route forwarding connection table (gateway-flows) into the other table when the fast path goes off or comes on, by result (done, truncated, full, failed).",
-	}, []string{"result"})
-	flowsCopied := prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: "vipgate", Name: "gateway_flows_copied_total",
-		Help: "Connection table entries copied between the fast path's netdev table and the family's table.",
-	})
-	if dpCfg.FastPath != nil {
-		admin.addWarnings(noFastPath.warnings)
-		for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-			if err := nodeRegistry().Register(noFastPath.gauge(f)); err != nil {
-				log.Warn("fast path metric not registered", "err", err)
-			}
-		}
-	}
-	// The seed warning concerns every mode (the jhash rules use it too); the rest is the NAT path's.
-	admin.addWarnings(natStatus.warnings)
-	if cfg.Forwarding != cluster.ForwardRoute {
-		for _, c := range natStatus.collectors() {
-			if err := nodeRegistry().Register(c); err != nil {
-				log.Warn("NAT fast path metric not registered", "err", err)
-			}
-		}
-	}
-	if dpCfg.Forwarding == cluster.ForwardRoute {
-		// Also without the fast path: the first sync copies a netdev table an earlier run left.
-		for _, c := range []prometheus.Collector{flowCopies, flowsCopied} {
-			if err := nodeRegistry().Register(c); err != nil {
-				log.Warn("flow copy metric not registered", "err", err)
-			}
-		}
-	}
-	runner = dataplane.NewSyncRunner(log, dataplane.SyncRunnerOptions[*gateway.SyncReport]{
-		Name: "gateway sync",
-		Sync: func(ctx context.Context, st *cluster.State) (*gateway.SyncReport, error) {
-			if st != targetsOf {
-				prober.SetTargets(gateway.HealthTargets(dpCfg, st))
-				targetsOf = st
-			}
-			if first {
-				// The table a previous run left keeps forwarding meanwhile.
-				prober.WaitProbed(ctx, prober.Timeout()+100*time.Millisecond)
-				first = false
-			}
-			return gw.Sync(st, prober.Snapshot())
-		},
-		Attempted: func(st *cluster.State, rep *gateway.SyncReport, err error) {
-			admin.recordSync(st, gatewayReport(rep), err)
-		},
-		AfterSync: []func(*cluster.State, *gateway.SyncReport){
-			func(st *cluster.State, rep *gateway.SyncReport) {
-				// The next drain deadline or end of a daisy chaining window (route forwarding),
-				// whichever comes first: that sync takes the node or the previous table's slots out
-				// (and deletes its flows' conntrack entries, nodePort forwarding).
-				// Or the retry of a fast path whose netdev transaction failed: the sync reports no
-				// error for it (the family's table forwards), so the runner would not retry it.
-				if wake := earliest(earliest(rep.NextDrainDeadline, rep.NextDaisyEnd), rep.RetryAt); !wake.IsZero() {
-					runner.ResyncAt(wake.Add(10 * time.Millisecond))
-				}
-				if len(rep.Draining) > 0 {
-					log.Info("nodes draining: no new flows, established ones keep them until the deadline", "nodes", strings.Join(rep.Draining, ","), "until", rep.NextDrainDeadline.Format(time.RFC3339))
-				}
-				for _, c := range rep.Conflicts {
-					log.Warn("rejected", "object", c.Object, "reason", c.Reason)
-				}
-				for _, r := range st.Rejected {
-					log.Debug("rejected", "object", r.Object, "reason", r.Reason)
-				}
-				noFastPath.set(rep.NoFastPath, rep.FastPathWarnings)
-				natStatus.set(rep)
-				for _, c := range rep.FlowCopies {
-					flowsCopied.Add(float64(c.Copied))
-					flowCopies.WithLabelValues(c.Result()).Inc()
-				}
-				spk.Update(st, rep)
-				ctClean.Delete(rep.StaleFlows)
-				log.Info("synced", "full", rep.Full, "duration", rep.Duration, "vips", len(rep.VIPs), "backends", gatewayBackendSummary(rep.Entries))
-			},
-		},
-	})
-
-	prober = healthprobe.New[gateway.HealthTarget](log.Named("health"), healthprobe.Options{
-		Interval: cfg.HealthCheckInterval,
-		OnChange: runner.Resync,
-	})
-	defer prober.Close()
-
-	runCtx, stopRunner := context.WithCancel(ctx)
-	defer stopRunner()
-	srcErr := make(chan error, 1)
-	go func() {
-		srcErr <- src.Run(ctx, runner.Submit)
-		stopRunner() // the source ended: so does the gateway
-	}()
 	log.Info("vipgate gateway started", "forwarding", cfg.Forwarding, "snat", cfg.SNAT, "table", cfg.TableName,
 		"healthCheckInterval", cfg.HealthCheckInterval, "source", src.String(), "version", version)
-
-	_ = runner.Run(runCtx)
-	if ctx.Err() != nil {
-		log.Info("stopping; the nftables rules (and the NAT fast path, if on) stay in place")
-		return nil
-	}
-	if err := <-srcErr; err != nil {
-		return fmt.Errorf("source: %w", err)
-	}
-	return nil
+	return rt.Run(ctx, src.Run, gateway.RunHooks{Attempted: admin.recordSync, Synced: spk.Update})
 }
 
-// fastPathStatus is why the last sync had no route forwarding fast path, per family
-// (gateway.SyncReport.NoFastPath), and what is wrong with one that is on (FastPathWarnings), for
-// /status's warnings: the sync loop writes it, the admin endpoint reads it.
-type fastPathStatus struct {
-	why  atomic.Pointer[[]string]
-	warn atomic.Pointer[[]string]
+// gatewayPeers is the speaker's membership as the gateway's PeerView (which SNAT addresses this
+// gateway answers for): no membership (L2 refused) is no peer.
+type gatewayPeers struct{ spk *l2Speaker }
+
+func (p gatewayPeers) View() (total int, alive map[string]bool) {
+	if p.spk.mem == nil {
+		return 0, nil
+	}
+	v := p.spk.mem.View()
+	return v.Total, v.Candidates
 }
 
-func (s *fastPathStatus) set(why, warn []string) {
-	s.warn.Store(&warn)
-	s.why.Store(&why)
+// newSNATAnnouncer is the SNAT addresses' own l2 announcer (no metrics: the speaker's l2 metrics
+// are registered already).
+func newSNATAnnouncer(log hclog.Logger) (gateway.Announcer, error) {
+	a, err := l2.New(log, nil, l2.Options{})
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
 }
 
-// gauge is vipgate_gateway_fast_path of family f: 0 before the first sync and while the last sync
-// reported the family without its fast path, else 1 (a family without nodes too: nothing to
-// forward).
-func (s *fastPathStatus) gauge(f cluster.Family) prometheus.GaugeFunc {
-	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: "vipgate", Name: "gateway_fast_path",
-		Help:        "0 while the family's route forwarding fast path (netdev fwd) is off and its table forwards alone (dup; /status says why), else 1.",
-		ConstLabels: prometheus.Labels{"family": fmt.Sprintf("ipv%d", f)},
-	}, func() float64 {
-		p := s.why.Load()
-		if p == nil || slices.ContainsFunc(*p, func(why string) bool { return strings.HasPrefix(why, fmt.Sprintf("IPv%d:", f)) }) {
-			return 0
-		}
-		return 1
-	})
+// ctsyncStatus adds conntrackd's status line to the speaker's /status warnings.
+type ctsyncStatus struct {
+	vipLister
+	sup *ctsync.Supervisor
 }
 
-func (s *fastPathStatus) warnings() []string {
-	p := s.why.Load()
-	if p == nil {
-		return nil
+// Warnings are the speaker's, then conntrackd's status.
+func (c ctsyncStatus) Warnings() []string {
+	var out []string
+	if w, ok := c.vipLister.(interface{ Warnings() []string }); ok {
+		out = w.Warnings()
 	}
-	out := make([]string, 0, len(*p))
-	for _, why := range *p {
-		out = append(out, "route forwarding fast path off: "+why)
-	}
-	if w := s.warn.Load(); w != nil {
-		for _, what := range *w {
-			out = append(out, "route forwarding fast path: "+what)
-		}
-	}
-	return out
-}
-
-// gatewayReport is a gateway sync as the admin endpoint records a node's.
-func gatewayReport(rep *gateway.SyncReport) *dataplane.SyncReport {
-	if rep == nil {
-		return nil
-	}
-	// The metrics count the families' tables; the fast path's netdev tables hold the same sets.
-	txs := make([]*dataplane.Tx, 0, len(rep.Txs))
-	for _, tx := range rep.Txs {
-		if tx.Family == cluster.IPv4 || tx.Family == cluster.IPv6 {
-			txs = append(txs, tx)
-		}
-	}
-	return &dataplane.SyncReport{Duration: rep.Duration, Full: rep.Full, Txs: txs, Conflicts: rep.Conflicts}
-}
-
-// gatewayBackendSummary formats "vip:port/proto=backend,backend; ..." for the sync log line, so the
-// log shows when a node leaves or joins a VIP's set.
-func gatewayBackendSummary(entries []gateway.Entry) string {
-	var b strings.Builder
-	for i, e := range entries {
-		if i > 0 {
-			b.WriteString("; ")
-		}
-		fmt.Fprintf(&b, "%s=", netip.AddrPortFrom(e.VIP, e.Port))
-		if len(e.Backends) == 0 {
-			b.WriteString("none (" + e.Why + ")")
-			continue
-		}
-		for j, be := range e.Backends {
-			if j > 0 {
-				b.WriteString(",")
-			}
-			b.WriteString(be.String())
-		}
-		if e.SNAT {
-			b.WriteString(" snat")
-		}
-	}
-	return b.String()
-}
-
-// warnIfNotForwarding warns when the host does not forward packets of a family the gateway serves:
-// the rules would DNAT and the kernel would then drop everything.
-func warnIfNotForwarding(log hclog.Logger, cfg *cluster.GatewayConfig) {
-	for _, ip := range cfg.GatewayIPs {
-		path := "/proc/sys/net/ipv4/ip_forward"
-		if cluster.FamilyOf(ip) == cluster.IPv6 {
-			path = "/proc/sys/net/ipv6/conf/all/forwarding"
-		}
-		if b, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(b)) != "1" {
-			log.Warn("IP forwarding is off: VIP traffic will not reach the cluster", "sysctl", path)
-		}
-	}
+	return append(out, "conntrack sync: "+c.sup.Status().String())
 }

@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"cmp"
@@ -8,12 +8,10 @@ import (
 	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/maglev"
-	"github.com/vipgate/vipgate/gateway"
 	"github.com/vipgate/vipgate/gateway/natpath"
 )
 
@@ -30,10 +28,10 @@ type natPathStatus struct {
 // startNATPath loads the NAT fast path cfg asks for (forwarding direct or nodePort, natFastPath
 // on). A kernel that refuses it leaves the gateway without it, logged and on /status: the
 // family's tables forward everything, as they do for what the path does not take.
-func startNATPath(cfg *cluster.GatewayConfig, flags speakerFlags, log hclog.Logger) (*gateway.NATPath, *natPathStatus, error) {
+func startNATPath(cfg *cluster.GatewayConfig, o RuntimeOptions, log hclog.Logger) (*NATPath, *natPathStatus, error) {
 	st := &natPathStatus{}
 	// The flow hash's seed, for the family's tables (their jhash rules) and the program alike.
-	seed, warn, err := gatewayHashSeed(cfg, flags)
+	seed, warn, err := HashSeed(cfg, o.MemberKeyFile, o.ReadKeys)
 	if err != nil {
 		return nil, st, err
 	}
@@ -66,7 +64,7 @@ func startNATPath(cfg *cluster.GatewayConfig, flags speakerFlags, log hclog.Logg
 		noSNAT = true
 	}
 	log.Info("NAT fast path on", "devices", strings.Join(nf.Devices, ","), "masquerade", !noSNAT)
-	return &gateway.NATPath{Path: p, Devices: nf.Devices, NoSNAT: noSNAT, SNATPortMin: nf.SNATPortMin, SNATPortMax: nf.SNATPortMax}, st, nil
+	return &NATPath{Path: p, Devices: nf.Devices, NoSNAT: noSNAT, SNATPortMin: nf.SNATPortMin, SNATPortMax: nf.SNATPortMax}, st, nil
 }
 
 // detachLeftovers detaches a previous run's NAT fast path: left attached, it would go on
@@ -80,7 +78,7 @@ func detachLeftovers(log hclog.Logger, why string) {
 }
 
 // set records a sync's warnings.
-func (s *natPathStatus) set(rep *gateway.SyncReport) {
+func (s *natPathStatus) set(rep *SyncReport) {
 	w := rep.NATPathWarnings
 	s.warn.Store(&w)
 }
@@ -111,58 +109,21 @@ func (s *natPathStatus) close() {
 	}
 }
 
-// collectors are the NAT fast path's metrics: on or off, and its packet counters.
-func (s *natPathStatus) collectors() []prometheus.Collector {
-	on := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: "vipgate", Name: "gateway_nat_fast_path",
-		Help: "1 while the NAT fast path (forwarding direct and nodePort: a tc BPF program) is loaded, else 0 (/status says why).",
-	}, func() float64 {
-		if s.path == nil {
-			return 0
-		}
-		return 1
-	})
-	if s.path == nil {
-		return []prometheus.Collector{on}
-	}
-	return []prometheus.Collector{on, natPathCounters{s.path}}
-}
-
-// natPathCounters exports the program's counters.
-type natPathCounters struct{ p *natpath.Path }
-
-var natPathPacketsDesc = prometheus.NewDesc("vipgate_gateway_nat_fast_path_packets_total",
-	"Packets the NAT fast path took (new, forwarded, reply; icmp: ICMP errors about its flows, translated; frag: later fragments of IPv4 UDP datagrams, following their first) or left to the IP stack (no_backend, no_route: MTU or no usable next hop, snat_full: no free masquerade port, no_syn: a TCP packet of no flow it holds that opens none, clash: a new flow whose reply tuple a live flow holds, full: the established flow table was full); neigh: forwarded through the neighbour layer; martian: dropped, from a source no client can have (loopback, multicast, the pod networks...); window: a TCP RST or FIN outside the window, forwarded without ending its flow.",
-	[]string{"what"}, nil)
-
-func (c natPathCounters) Describe(ch chan<- *prometheus.Desc) { ch <- natPathPacketsDesc }
-
-func (c natPathCounters) Collect(ch chan<- prometheus.Metric) {
-	n, err := c.p.Counters()
-	if err != nil {
-		return
-	}
-	for what, v := range map[string]uint64{"new": n.New, "forwarded": n.Forwarded, "reply": n.Replies,
-		"no_backend": n.NoBackend, "no_route": n.NoRoute, "snat_full": n.SNATFull, "neigh": n.Neigh, "no_syn": n.NoSYN, "clash": n.Clash,
-		"icmp": n.ICMP, "frag": n.Frag, "martian": n.Martian, "full": n.Full, "window": n.Window} {
-		ch <- prometheus.MustNewConstMetric(natPathPacketsDesc, prometheus.CounterValue, float64(v), what)
-	}
-}
-
-// gatewayHashSeed is the flow hash's seed: derived from the first key of hashKeyFile, else of the
-// membership key file (--member-key-file, else speaker.memberKeyFile), which the gateways of a
-// group share; else the public default, with a warning for /status (anyone can then compute which
-// slot and masquerade port a flow of theirs gets). A named key file that cannot be read is an
-// error, not a fallback: the other gateways, which read it, would disagree on every flow's slot.
-func gatewayHashSeed(cfg *cluster.GatewayConfig, flags speakerFlags) (seed uint32, warning string, err error) {
+// HashSeed is the flow hash's seed: derived from the first key of hashKeyFile, else of the
+// membership key file (memberKeyFile: --member-key-file, else speaker.memberKeyFile), which the
+// gateways of a group share, read with readKeys; else the public default, with a warning for
+// /status (anyone can then compute which slot and masquerade port a flow of theirs gets). A named
+// key file that cannot be read is an error, not a fallback: the other gateways, which read it,
+// would disagree on every flow's slot.
+func HashSeed(cfg *cluster.GatewayConfig, memberKeyFile string, readKeys func(string) ([][]byte, error)) (seed uint32, warning string, err error) {
 	path, what := cfg.HashKeyFile, "hashKeyFile"
 	if path == "" {
-		path, what = cmp.Or(flags.MemberKeyFile, cfg.Speaker.MemberKeyFile), "the membership key file"
+		path, what = cmp.Or(memberKeyFile, cfg.Speaker.MemberKeyFile), "the membership key file"
 	}
 	if path == "" {
 		return maglev.DefaultHashSeed, "the public default (no hashKeyFile or membership key file): anyone can predict each flow's backend and masquerade port", nil
 	}
-	keys, err := readMemberKeys(path)
+	keys, err := readKeys(path)
 	if err == nil && len(keys) == 0 {
 		err = errors.New("no key")
 	}
