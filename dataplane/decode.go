@@ -82,7 +82,7 @@ func (n *NetlinkProgrammer) ReadTable(f cluster.Family, name string) (*Flat, err
 	if err != nil {
 		return nil, err
 	}
-	return DecodeTable(kt)
+	return DecodeTable(kt, n.Decode)
 }
 
 // ReadKernelTable reads table name of family f from the kernel without decoding it.
@@ -412,9 +412,28 @@ func decodeElementAttrs(ad *netlink.AttributeDecoder, e *KernelElement) error {
 	return nil
 }
 
+// baseChainOrder is the order of the base chains of vipgate's tables as they are built and rendered
+// (the node's, proxy/schema.go's baseChains; the gateway's tables use the same names): decoded base
+// chains are put in this order, the others after them, so that a table reads back as rendered and
+// the tracer meets base chains of one hook and priority in the same order.
+var baseChainOrder = []string{
+	ChainFilterPreroutingPreDNAT, ChainFilterOutputPreDNAT, ChainFilterInput, ChainFilterForward,
+	ChainFilterOutput, ChainNATPrerouting, ChainNATOutput, ChainNATPostrouting,
+}
+
+// DecodeOptions are what a role tells the decoder about its tables; decoding needs neither.
+type DecodeOptions struct {
+	// RestoreComments puts back rule comments in the chains of f in legacy: chains none of whose
+	// rules carries a comment in its userdata, written by a vipgate from before netlink.go put
+	// rule comments there, which a vipgate adopting such a table keeps until it changes them.
+	// The role knows its rules' comments (the node's: proxy.RestoreComments). Nil: such chains
+	// have none.
+	RestoreComments func(f *Flat, legacy map[string]bool)
+}
+
 // DecodeTable decodes a table read from the kernel into the model. Anything that is not a shape
 // netlink.go emits is an error naming where it is.
-func DecodeTable(kt *KernelTable) (*Flat, error) {
+func DecodeTable(kt *KernelTable, o DecodeOptions) (*Flat, error) {
 	fam := familyName(kt.Family)
 	where := fmt.Sprintf("table %s %s", fam, kt.Name)
 	f := &Flat{Family: kt.Family, Table: kt.Name, Chains: map[string]*Chain{}, Sets: map[string]*Set{}, Elements: map[string][]Element{}}
@@ -445,7 +464,7 @@ func DecodeTable(kt *KernelTable) (*Flat, error) {
 
 	var base, regular []string
 	// legacy lists the chains none of whose rules carries userdata: written by a vipgate that did
-	// not put comments there (or without comments at all), see restoreComments.
+	// not put comments there (or without comments at all), see DecodeOptions.RestoreComments.
 	legacy := map[string]bool{}
 	for _, kc := range kt.Chains {
 		ch, err := decodeChain(kc, isNetdev(kt.Family), kt.Devices[kc.Name])
@@ -478,92 +497,17 @@ func DecodeTable(kt *KernelTable) (*Flat, error) {
 	}
 	// Base chains first, in schema order where they are vipgate's, so the table reads as rendered.
 	rank := func(n string) int {
-		for i, bc := range baseChains {
-			if bc.name == n {
-				return i
-			}
+		if i := slices.Index(baseChainOrder, n); i >= 0 {
+			return i
 		}
-		return len(baseChains)
+		return len(baseChainOrder)
 	}
 	slices.SortStableFunc(base, func(a, b string) int { return cmp.Compare(rank(a), rank(b)) })
 	f.ChainOrder = append(base, regular...)
-	restoreComments(f, legacy)
+	if o.RestoreComments != nil && len(legacy) > 0 {
+		o.RestoreComments(f, legacy)
+	}
 	return f, nil
-}
-
-// restoreComments puts back the rule comments of the chains in legacy: chains written before
-// netlink.go put rule comments into the rules' userdata, which a vipgate adopting such a table keeps
-// until it changes them. Where the rule's chain and shape say which rule of build.go it is, the
-// comment is build.go's, so traces of such a table still read like traces of the model ("DROP by
-// fw-…#2 (not in loadBalancerSourceRanges)"). Chains with userdata keep exactly what it says.
-func restoreComments(f *Flat, legacy map[string]bool) {
-	if len(legacy) == 0 {
-		return
-	}
-	// shape is a rule with its values cleared: the mark bit and prefixes vary by configuration.
-	shape := func(r Rule) string {
-		r.Comment, r.Action.Value = "", 0
-		ms := slices.Clone(r.Matches)
-		for i := range ms {
-			ms[i].Value, ms[i].Prefix = 0, netip.Prefix{}
-		}
-		r.Matches = ms
-		return fmt.Sprintf("%+v", r)
-	}
-	known := map[string]string{}
-	for _, masqAll := range []bool{false, true} {
-		b := BuildBase(BaseConfig{Family: f.Family, MasqueradeAll: masqAll, MasqueradeBit: 14,
-			ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")},
-			ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}})
-		for _, c := range b.Chains {
-			for _, r := range c.Rules {
-				if r.Comment != "" {
-					known[c.Name+"|"+shape(r)] = r.Comment
-				}
-			}
-		}
-	}
-	for _, c := range f.Chains {
-		if !legacy[c.Name] {
-			continue
-		}
-		for i := range c.Rules {
-			r := &c.Rules[i]
-			if com, ok := known[c.Name+"|"+shape(*r)]; ok {
-				r.Comment = com
-				continue
-			}
-			r.Comment = serviceRuleComment(c.Name, *r)
-		}
-	}
-}
-
-// serviceRuleComment names the commented rules of the per-Service chains build.go writes.
-func serviceRuleComment(chain string, r Rule) string {
-	has := func(k MatchKind) bool {
-		return len(r.Matches) == 1 && r.Matches[0].Kind == k
-	}
-	cn, _ := ParseChainName(chain)
-	switch cn.Role {
-	case ChainRoleFirewall:
-		if len(r.Matches) == 0 && r.Action.Kind == ActDrop {
-			return CommentNotInSourceRanges
-		}
-	case ChainRoleExternalLocalIP, ChainRoleExternalLocalNodePort:
-		switch {
-		case has(MatchSaddrInSet) && r.Matches[0].Set == SetClusterCIDRs && r.Action.Kind == ActGoto:
-			return CommentShortCircuitPods
-		case has(MatchFibSaddrLocal) && r.Action.Kind == ActJump && r.Action.Chain == ChainMarkForMasquerade:
-			return CommentMasqueradeLocal
-		case has(MatchFibSaddrLocal) && r.Action.Kind == ActGoto:
-			return CommentShortCircuitLocal
-		}
-	case ChainRoleExternal:
-		if len(r.Matches) == 0 && r.Action.Kind == ActJump && r.Action.Chain == ChainMarkForMasquerade {
-			return CommentMasquerade
-		}
-	}
-	return ""
 }
 
 // decodeSet finds the one set kind whose encoding has this key, data and flags (trying every kind of

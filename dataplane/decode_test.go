@@ -51,7 +51,7 @@ func TestDecodeRuleUnknownShape(t *testing.T) {
 			&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept},
 		}}}},
 	}
-	_, err := DecodeTable(kt)
+	_, err := DecodeTable(kt, DecodeOptions{})
 	if err == nil || !strings.Contains(err.Error(), "chain services rule 0 (handle 7)") {
 		t.Fatalf("err = %v", err)
 	}

@@ -181,6 +181,9 @@ type diffState struct {
 	// their elements in AddElements (a full sync: nothing is deleted, so no addition cancels out in
 	// finish).
 	lazyAdds bool
+	// sharedChain and neighbours are DiffOptions'.
+	sharedChain func(name string) *Chain
+	neighbours  func(shared map[string]int) []string
 }
 
 // Diff accumulates one sync's changes to one family's table into a transaction: each part's old
@@ -205,19 +208,32 @@ type DiffOptions struct {
 	// add, to size the list at once.
 	AddParts bool
 	Parts    int
+	// SharedChain builds the shared chain a part's Uses names, when the first part uses it: the
+	// role's (the node's pickers: proxy). Needed only if parts use shared chains.
+	SharedChain func(name string) *Chain
+	// Neighbours, on a full sync, names the shared chains to create unused besides those in use
+	// (shared: their reference counts), sorted and none of them in use: a role's policy of chains
+	// it is likely to need soon (the node's neighbouring pickers: proxy's neighbourPickers).
+	Neighbours func(shared map[string]int) []string
 }
 
 // NewDiff returns a Diff that adds to tx.
 func NewDiff(tx *Tx, o DiffOptions) *Diff {
-	d := &Diff{d: diffState{tx: tx, refs: o.Refs, sharedRefs: o.SharedRefs, sharedDelta: map[string]int{}, sets: o.Sets, lazyAdds: o.AddParts}}
+	// Small enough to inline: a caller's Diff then needs no allocation of its own.
+	return &Diff{d: newDiffState(tx, o)}
+}
+
+func newDiffState(tx *Tx, o DiffOptions) diffState {
+	d := diffState{tx: tx, refs: o.Refs, sharedRefs: o.SharedRefs, sets: o.Sets, lazyAdds: o.AddParts,
+		sharedChain: o.SharedChain, neighbours: o.Neighbours}
 	if o.Refs == nil {
-		d.d.elemRefs = map[Element]int{}
+		d.elemRefs = map[Element]int{}
 	}
-	if d.d.sharedRefs == nil {
-		d.d.sharedRefs = map[string]int{}
+	if d.sharedRefs == nil {
+		d.sharedRefs = map[string]int{}
 	}
-	if d.d.sets == nil {
-		d.d.sets = map[string]*Set{}
+	if d.sets == nil {
+		d.sets = map[string]*Set{}
 	}
 	if o.AddParts && o.Parts > 0 {
 		tx.addParts = slices.Grow(tx.addParts, o.Parts)
@@ -229,8 +245,8 @@ func NewDiff(tx *Tx, o DiffOptions) *Diff {
 func (d *Diff) Part(old, new *Part) { d.d.diffPart(old, new) }
 
 // Finish turns the shared chains' reference changes into chain additions and deletions, drops the
-// element changes that cancel out, and on a full sync adds the neighbouring pickers
-// (addNeighbourPickers). Call it once, after the last Part.
+// element changes that cancel out, and on a full sync adds the unused shared chains
+// DiffOptions.Neighbours names. Call it once, after the last Part.
 func (d *Diff) Finish() { d.d.finish() }
 
 // diffPart adds to the transaction what turns part old into part new. Either may be nil.
@@ -314,12 +330,12 @@ func (d *diffState) diffPart(old, new *Part) {
 
 	for _, u := range old.Uses {
 		if !slices.Contains(new.Uses, u) {
-			d.sharedDelta[u]--
+			d.delta(u, -1)
 		}
 	}
 	for _, u := range new.Uses {
 		if !slices.Contains(old.Uses, u) {
-			d.sharedDelta[u]++
+			d.delta(u, 1)
 		}
 	}
 }
@@ -353,8 +369,17 @@ func (d *diffState) addPart(p *Part) {
 		}
 	}
 	for _, u := range p.Uses {
-		d.sharedDelta[u]++
+		d.delta(u, 1)
 	}
+}
+
+// delta changes the reference count of shared chain n by delta, in this sync's changes (made on
+// first use: most incremental syncs change none).
+func (d *diffState) delta(n string, delta int) {
+	if d.sharedDelta == nil {
+		d.sharedDelta = map[string]int{}
+	}
+	d.sharedDelta[n] += delta
 }
 
 // ref adds delta to the number of parts that hold e, an element of a sharable set, and returns the
@@ -372,32 +397,19 @@ func (d *diffState) ref(e Element, delta int) int {
 	return n
 }
 
-// addNeighbourPickers gives a full sync, besides the pickers in use, those of one endpoint fewer and
-// one more (random and source-hash; a Maglev picker's size is its table's, not a count), unused:
-// at reference count 0, as a picker that fell out of use. A picker added later binds its endpoint
-// map in a transaction of its own, and binding a map makes the kernel walk all of its elements
-// (nf_tables_bind_set: ~15 ms for the ~146,000 of 10,000 Services, measured 2026-11-25), paid by
-// the change that needed the new count — with every Service at 10 endpoints after a full sync,
-// the first endpoint removed. Here the chains come before the elements (Tx), so the maps are bound
-// while empty. A rolling update moves a Service's count one at a time. Each picker is one more
-// binding of its map, which the kernel charges per element added (a few here, not per Service).
-func (d *diffState) addNeighbourPickers() {
-	var add []string
-	for n := range d.sharedRefs {
-		c, ok := ParseChainName(n)
-		if !ok || c.Role != ChainRolePick || c.Algorithm == cluster.LBMaglev {
-			continue
-		}
-		for _, size := range []int{c.Size - 1, c.Size + 1} {
-			name := PickChainFor(c.Algorithm, c.Map, size)
-			if _, exists := d.sharedRefs[name]; !exists && size > 0 && !slices.Contains(add, name) {
-				add = append(add, name)
-			}
-		}
+// shared builds shared chain n (DiffOptions.SharedChain).
+func (d *diffState) shared(n string) *Chain {
+	if d.sharedChain == nil {
+		panic(fmt.Sprintf("dataplane: a part uses shared chain %q, but the diff has no DiffOptions.SharedChain", n))
 	}
-	slices.Sort(add)
-	for _, n := range add {
-		d.tx.AddChains = append(d.tx.AddChains, SharedChain(n))
+	return d.sharedChain(n)
+}
+
+// addNeighbours gives a full sync the unused shared chains the role asks for (DiffOptions.Neighbours),
+// at reference count 0, as a chain that fell out of use.
+func (d *diffState) addNeighbours() {
+	for _, n := range d.neighbours(d.sharedRefs) {
+		d.tx.AddChains = append(d.tx.AddChains, d.shared(n))
 		d.sharedRefs[n] = 0
 	}
 }
@@ -414,7 +426,7 @@ func (d *diffState) finish() {
 		before, exists := d.sharedRefs[n]
 		after := before + d.sharedDelta[n]
 		if !exists && after > 0 {
-			d.tx.AddChains = append(d.tx.AddChains, SharedChain(n))
+			d.tx.AddChains = append(d.tx.AddChains, d.shared(n))
 		}
 		// A picker that falls out of use stays (at reference count 0, still in sharedRefs): adding
 		// it back would be a rule with a jump, which makes the kernel re-validate the whole table,
@@ -426,8 +438,8 @@ func (d *diffState) finish() {
 		}
 	}
 	clear(d.sharedDelta)
-	if d.tx.Full {
-		d.addNeighbourPickers()
+	if d.tx.Full && d.neighbours != nil {
+		d.addNeighbours()
 	}
 	if len(d.tx.DelElements) > 0 && len(d.tx.AddElements) > 0 {
 		adds := make(map[Element]int, len(d.tx.AddElements))

@@ -31,6 +31,8 @@ type NetlinkProgrammer struct {
 	// SocketBuffer is the send/receive buffer size forced on the socket (a full sync of 10,000
 	// Services is several MiB in one batch). Default 64 MiB.
 	SocketBuffer int
+	// Decode is what ReadTable's decoder is told about the role's tables (DecodeOptions).
+	Decode DecodeOptions
 
 	batchMu   sync.Mutex
 	batchConn *netlink.Conn // the socket of the last successful batch, for the next one

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -49,169 +50,6 @@ const (
 	MapNodePortEndpoints        = "nodeport-endpoints"
 	MapNodePortEndpointsCluster = "nodeport-endpoints-cluster"
 )
-
-// baseChain describes one chain attached to a hook: fixed structure as data.
-type baseChain struct {
-	name     string
-	typ      ChainType
-	hook     Hook
-	priority int
-}
-
-// baseChains lists vipgate's hooks. Filtering that must see the pre-DNAT destination (source ranges)
-// runs just before DNAT; rejecting traffic to Services without endpoints runs after DNAT in
-// input/forward/output, where reject is allowed and where a packet that was DNATed no longer matches.
-var baseChains = []baseChain{
-	{ChainFilterPreroutingPreDNAT, FilterType, HookPrerouting, PriorityDstNAT - 10},
-	{ChainFilterOutputPreDNAT, FilterType, HookOutput, PriorityDstNAT - 10},
-	{ChainFilterInput, FilterType, HookInput, PriorityFilter},
-	{ChainFilterForward, FilterType, HookForward, PriorityFilter},
-	{ChainFilterOutput, FilterType, HookOutput, PriorityFilter},
-	{ChainNATPrerouting, NATType, HookPrerouting, PriorityDstNAT},
-	{ChainNATOutput, NATType, HookOutput, PriorityDstNAT},
-	{ChainNATPostrouting, NATType, HookPostrouting, PrioritySrcNAT},
-}
-
-// jumpRule is a rule in a base chain that jumps to a regular chain.
-type jumpRule struct {
-	from, to string
-	newOnly  bool
-}
-
-var jumpRules = []jumpRule{
-	{ChainFilterPreroutingPreDNAT, ChainFirewallCheck, true},
-	{ChainFilterOutputPreDNAT, ChainFirewallCheck, true},
-	{ChainFilterInput, ChainNodePortEndpointsCheck, true},
-	{ChainFilterInput, ChainServiceEndpointsCheck, true},
-	{ChainFilterForward, ChainServiceEndpointsCheck, true},
-	{ChainFilterForward, ChainClusterIPsCheck, true},
-	{ChainFilterOutput, ChainServiceEndpointsCheck, true},
-	{ChainFilterOutput, ChainClusterIPsCheck, true},
-	{ChainNATPrerouting, ChainServices, false},
-	{ChainNATOutput, ChainServices, false},
-	{ChainNATPostrouting, ChainMasquerading, false},
-}
-
-// fixedSets lists the sets every table has.
-var fixedSets = []Set{
-	{Name: SetClusterIPs, Kind: KindAddr, Comment: "active ClusterIPs"},
-	{Name: SetNodePortIPs, Kind: KindAddr, Comment: "addresses that accept NodePort traffic"},
-	{Name: SetClusterCIDRs, Kind: KindPrefix, Comment: "pod CIDRs: traffic from here is pod traffic"},
-	{Name: SetServiceCIDRs, Kind: KindPrefix, Comment: "service CIDRs"},
-	{Name: MapServiceIPs, Kind: KindTupleVmap, Comment: "ClusterIP, ExternalIP and LoadBalancer IP traffic"},
-	{Name: MapServiceNodePorts, Kind: KindProtoPortVmap, Comment: "NodePort traffic"},
-	{Name: MapNoEndpointServices, Kind: KindTupleVmap, Comment: "drop or reject traffic to Services with no endpoints"},
-	{Name: MapNoEndpointNodePorts, Kind: KindProtoPortVmap, Comment: "drop or reject traffic to NodePorts with no endpoints"},
-	{Name: MapFirewallIPs, Kind: KindTupleVmap, Comment: "LoadBalancer IPs subject to loadBalancerSourceRanges"},
-	{Name: SetHairpin, Kind: KindHairpin, Comment: "pod to itself through a Service"},
-	{Name: MapEndpoints, Kind: KindTupleEndpoints, Comment: "entry . endpoint index -> endpoint"},
-	{Name: MapEndpointsCluster, Kind: KindTupleEndpoints, Comment: "eTP=Local entry . index -> cluster-wide endpoint"},
-	{Name: MapNodePortEndpoints, Kind: KindProtoPortEndpoints, Comment: "NodePort . endpoint index -> endpoint"},
-	{Name: MapNodePortEndpointsCluster, Kind: KindProtoPortEndpoints, Comment: "eTP=Local NodePort . index -> cluster-wide endpoint"},
-}
-
-// BaseConfig is what the fixed part of a table depends on.
-type BaseConfig struct {
-	Family        cluster.Family
-	MasqueradeAll bool
-	MasqueradeBit int
-	ClusterCIDRs  []netip.Prefix
-	ServiceCIDRs  []netip.Prefix
-	// NodePortIPs are the addresses NodePorts answer on (loopback is never included).
-	NodePortIPs []netip.Addr
-}
-
-// MasqMark is the packet mark bit that asks for masquerading.
-func (c BaseConfig) MasqMark() uint32 { return 1 << uint(c.MasqueradeBit) }
-
-// BuildBase builds the fixed part of the table: base chains, dispatch, checks, masquerading.
-func BuildBase(c BaseConfig) *Part {
-	p := &Part{}
-	chains := map[string]*Chain{}
-	for _, bc := range baseChains {
-		ch := &Chain{Name: bc.name, Type: bc.typ, Hook: bc.hook, Priority: bc.priority}
-		chains[bc.name] = ch
-		p.Chains = append(p.Chains, ch)
-	}
-	regular := func(name, comment string, rules ...Rule) {
-		ch := &Chain{Name: name, Rules: rules, Comment: comment}
-		chains[name] = ch
-		p.Chains = append(p.Chains, ch)
-	}
-	mark := c.MasqMark()
-	var servicesRules []Rule
-	if c.MasqueradeAll {
-		servicesRules = append(servicesRules, Rule{
-			Matches: []Match{{Kind: MatchDaddrInSet, Set: SetClusterIPs}},
-			Action:  Action{Kind: ActJump, Chain: ChainMarkForMasquerade},
-			Comment: "masquerade all ClusterIP traffic",
-		})
-	} else if len(c.ClusterCIDRs) > 0 {
-		servicesRules = append(servicesRules, Rule{
-			Matches: []Match{{Kind: MatchDaddrInSet, Set: SetClusterIPs}, {Kind: MatchSaddrNotInSet, Set: SetClusterCIDRs}},
-			Action:  Action{Kind: ActJump, Chain: ChainMarkForMasquerade},
-			Comment: "masquerade ClusterIP traffic from outside the cluster",
-		})
-	}
-	servicesRules = append(servicesRules,
-		Rule{Action: Action{Kind: ActVmapTuple, Map: MapServiceIPs}},
-		Rule{Matches: []Match{{Kind: MatchDaddrInSet, Set: SetNodePortIPs}}, Action: Action{Kind: ActVmapProtoPort, Map: MapServiceNodePorts}},
-	)
-	regular(ChainServices, "Service dispatch", servicesRules...)
-	regular(ChainMasquerading, "source NAT where a Service needs it",
-		Rule{Matches: []Match{{Kind: MatchMarkAny, Value: mark}}, Action: Action{Kind: ActMasqClearMark, Value: mark}},
-		Rule{Matches: []Match{{Kind: MatchCtStatusDNAT}, {Kind: MatchHairpin, Set: SetHairpin}}, Action: Action{Kind: ActMasquerade}, Comment: "hairpin"},
-	)
-	regular(ChainMarkForMasquerade, "", Rule{Action: Action{Kind: ActMarkSet, Value: mark}})
-	regular(ChainServiceEndpointsCheck, "", Rule{Action: Action{Kind: ActVmapTuple, Map: MapNoEndpointServices}})
-	regular(ChainNodePortEndpointsCheck, "", Rule{
-		Matches: []Match{{Kind: MatchDaddrInSet, Set: SetNodePortIPs}},
-		Action:  Action{Kind: ActVmapProtoPort, Map: MapNoEndpointNodePorts},
-	})
-	regular(ChainReject, "helper for the no-endpoint maps", Rule{Action: Action{Kind: ActReject}})
-	cipRules := []Rule{{
-		Matches: []Match{{Kind: MatchDaddrInSet, Set: SetClusterIPs}},
-		Action:  Action{Kind: ActReject},
-		Comment: "reject traffic to undefined ports of ClusterIPs",
-	}}
-	if len(c.ServiceCIDRs) > 0 {
-		cipRules = append(cipRules, Rule{
-			Matches: []Match{{Kind: MatchDaddrInSet, Set: SetServiceCIDRs}},
-			Action:  Action{Kind: ActDrop},
-			Comment: "drop traffic to unallocated ClusterIPs",
-		})
-	}
-	regular(ChainClusterIPsCheck, "", cipRules...)
-	regular(ChainFirewallCheck, "", Rule{Action: Action{Kind: ActVmapTuple, Map: MapFirewallIPs}})
-
-	for _, j := range jumpRules {
-		r := Rule{Action: Action{Kind: ActJump, Chain: j.to}}
-		if j.newOnly {
-			r.Matches = []Match{{Kind: MatchCtStateNew}}
-		}
-		chains[j.from].Rules = append(chains[j.from].Rules, r)
-	}
-	for i := range fixedSets {
-		s := fixedSets[i]
-		p.Sets = append(p.Sets, &s)
-	}
-	for _, pfx := range c.ClusterCIDRs {
-		if familyOfPrefix(pfx) == c.Family {
-			p.Elements = append(p.Elements, Element{Set: SetClusterCIDRs, Prefix: pfx.Masked()})
-		}
-	}
-	for _, pfx := range c.ServiceCIDRs {
-		if familyOfPrefix(pfx) == c.Family {
-			p.Elements = append(p.Elements, Element{Set: SetServiceCIDRs, Prefix: pfx.Masked()})
-		}
-	}
-	for _, ip := range c.NodePortIPs {
-		if cluster.FamilyOf(ip) == c.Family && !ip.IsLoopback() {
-			p.Elements = append(p.Elements, Element{Set: SetNodePortIPs, Addr: ip.Unmap()})
-		}
-	}
-	return p
-}
 
 func familyOfPrefix(p netip.Prefix) cluster.Family { return cluster.FamilyOf(p.Addr()) }
 
@@ -351,12 +189,7 @@ func isFixedChain(name string) bool {
 		ChainNodePortEndpointsCheck, ChainReject, ChainClusterIPsCheck, ChainFirewallCheck:
 		return true
 	}
-	for _, bc := range baseChains {
-		if bc.name == name {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(baseChainOrder, name)
 }
 
 // ParseChainName takes a chain name of vipgate's node table apart. ok is false for a name vipgate's
@@ -485,50 +318,13 @@ func PickChainFor(alg cluster.LBAlgorithm, m string, n int) string {
 	return PickChain(m, n)
 }
 
-// IsPickChain says whether name is a shared picker (not its masquerading twin); masqTwin names the
-// twin of such a picker.
+// IsPickChain says whether name is a shared picker (not its masquerading twin); MasqTwin names the
+// twin of such a picker, PickOfTwin the picker of a twin, and IsMasqPickChain says whether name is a
+// twin.
 func IsPickChain(name string) bool     { return strings.HasPrefix(name, prefixPick) }
 func MasqTwin(pick string) string      { return prefixMasqPick + strings.TrimPrefix(pick, prefixPick) }
-func pickOfTwin(masq string) string    { return prefixPick + strings.TrimPrefix(masq, prefixMasqPick) }
-func isMasqPickChain(name string) bool { return strings.HasPrefix(name, prefixMasqPick) }
-
-// SharedChain builds the shared chain called name, or returns nil if name is not a shared chain.
-func SharedChain(name string) *Chain {
-	c, ok := ParseChainName(name)
-	if !ok {
-		return nil
-	}
-	switch c.Role {
-	case ChainRoleMasqPick:
-		return &Chain{Name: name, Rules: []Rule{
-			{Action: Action{Kind: ActJump, Chain: ChainMarkForMasquerade}},
-			{Action: Action{Kind: ActGoto, Chain: pickOfTwin(name)}},
-		}}
-	case ChainRolePick:
-	default:
-		return nil
-	}
-	tuple := c.Map == MapEndpoints || c.Map == MapEndpointsCluster
-	// The random, source-hash and maglev pickers, for IP entries (tuple) and NodePorts.
-	kinds := map[cluster.LBAlgorithm][2]ActionKind{
-		cluster.LBRandom:     {ActDNATProtoPortMap, ActDNATTupleMap},
-		cluster.LBSourceHash: {ActDNATProtoPortSrcHashMap, ActDNATSrcHashMap},
-		cluster.LBMaglev:     {ActDNATProtoPortJhashMap, ActDNATJhashMap},
-	}
-	kind := kinds[c.Algorithm][0]
-	if tuple {
-		kind = kinds[c.Algorithm][1]
-	}
-	return &Chain{Name: name, Rules: []Rule{{Action: Action{Kind: kind, Map: c.Map, Value: uint32(c.Size)}}}}
-}
-
-// SharedUses lists the shared chains that using chain name implies (a masq-pick chain uses its pick).
-func SharedUses(name string) []string {
-	if isMasqPickChain(name) {
-		return []string{name, pickOfTwin(name)}
-	}
-	return []string{name}
-}
+func PickOfTwin(masq string) string    { return prefixPick + strings.TrimPrefix(masq, prefixMasqPick) }
+func IsMasqPickChain(name string) bool { return strings.HasPrefix(name, prefixMasqPick) }
 
 // chainSafe makes s usable as a field of servicePortName: an nft identifier holds letters, digits and
 // / - _ . only, and / separates the fields. cluster admits only DNS labels as namespaces and names,

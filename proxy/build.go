@@ -5,7 +5,9 @@ import (
 	"hash/fnv"
 	"net/netip"
 	"slices"
+	"strconv"
 	"sync"
+	"time"
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
@@ -227,7 +229,7 @@ func (b *serviceBuilder) addChain(c *dataplane.Chain) {
 }
 
 func (b *serviceBuilder) use(chain string) string {
-	for _, u := range dataplane.SharedUses(chain) {
+	for _, u := range SharedUses(chain) {
 		u = b.sharedName(u)
 		if !slices.Contains(b.uses, u) {
 			b.uses = append(b.uses, u)
@@ -583,7 +585,7 @@ func (b *serviceBuilder) affinityChain(eps []dataplane.Endpoint, name, policy st
 	for _, ep := range eps {
 		if _, ok := mapOf[ep.Port]; !ok {
 			ports = append(ports, ep.Port)
-			mapOf[ep.Port] = affinitySetName(chain + "/" + itoa(int(ep.Port)))
+			mapOf[ep.Port] = affinitySetName(chain+"/"+itoa(int(ep.Port)), b.svc.AffinityTimeout)
 		}
 	}
 	slices.Sort(ports)
@@ -612,7 +614,17 @@ func (b *serviceBuilder) affinityChain(eps []dataplane.Endpoint, name, policy st
 
 // affinitySetName names an affinity map (its comment says whose). The kernel's walk of the list of
 // sets compares names with strlen, so the name is short: a 64-bit hash of id.
-func affinitySetName(id string) string {
+//
+// A timeout other than Kubernetes' default is part of the name. The kernel cannot change a map's
+// timeout in one transaction with the rules that use it (the re-created map's delete finds it still
+// referenced: EBUSY, the whole sync refused; found by dataplane/memtable's property test and checked
+// on the kernel), so a timeout change is a new map: its chain's rules are replaced, then the old map
+// is deleted, the order every transaction keeps. Default-timeout maps keep their names across
+// upgrades (their clients are not forgotten).
+func affinitySetName(id string, timeout time.Duration) string {
+	if timeout != cluster.DefaultAffinityTimeout {
+		id += "/t" + strconv.FormatInt(int64(timeout/time.Second), 10)
+	}
 	h := fnv.New64a()
 	h.Write([]byte(id))
 	return fmt.Sprintf("aff-%016x", h.Sum64())

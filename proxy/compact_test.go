@@ -65,11 +65,11 @@ func TestPackRoundTripNode(t *testing.T) {
 	}
 	cfg := testConfig()
 	for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-		base := dataplane.BuildBase(dataplane.BaseConfig{Family: f, ClusterCIDRs: cfg.ClusterCIDRs, ServiceCIDRs: cfg.ServiceCIDRs, NodePortIPs: cfg.NodePortIPs})
+		base := BuildBase(BaseConfig{Family: f, ClusterCIDRs: cfg.ClusterCIDRs, ServiceCIDRs: cfg.ServiceCIDRs, NodePortIPs: cfg.NodePortIPs})
 		packRoundTrip(t, fmt.Sprintf("IPv%d base", f), base.Elements, base.Backends)
 		n := NodeInfo{Family: f, NodeName: "node1", NodeIPs: cfg.NodeIPs, PodTrafficKnown: true}
 		kinds := map[dataplane.SetKind]bool{}
-		sets := dataplane.BuildBase(dataplane.BaseConfig{Family: f}).Sets
+		sets := BuildBase(BaseConfig{Family: f}).Sets
 		for key, svc := range st.Services {
 			p := BuildService(n, svc, st.EndpointSlices[key])
 			packRoundTrip(t, fmt.Sprintf("IPv%d %s", f, key), p.Elements, p.Backends)

@@ -58,7 +58,7 @@ func dcCheckRoundTrip(t *testing.T, prog *dataplane.NetlinkProgrammer, p *Proxie
 				r.UserData = nil
 			}
 		}
-		legacy, err := dataplane.DecodeTable(kt)
+		legacy, err := dataplane.DecodeTable(kt, DecodeOptions())
 		if err != nil {
 			t.Fatalf("IPv%d: DecodeTable without userdata: %v", fam, err)
 		}
@@ -247,8 +247,8 @@ func TestParseChainName(t *testing.T) {
 			if got := c.String(); got != name {
 				t.Errorf("ParseChainName(%q) = %+v, which builds %q", name, c, got)
 			}
-			if (c.Role == dataplane.ChainRolePick || c.Role == dataplane.ChainRoleMasqPick) != (dataplane.SharedChain(name) != nil) {
-				t.Errorf("%s: role %s, SharedChain %v", name, c.Role, dataplane.SharedChain(name))
+			if (c.Role == dataplane.ChainRolePick || c.Role == dataplane.ChainRoleMasqPick) != (SharedChain(name) != nil) {
+				t.Errorf("%s: role %s, SharedChain %v", name, c.Role, SharedChain(name))
 			}
 		}
 	}

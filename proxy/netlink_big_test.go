@@ -70,7 +70,7 @@ func TestNetlinkSharedPickerFlap(t *testing.T) {
 		}
 		for _, tx := range rep.Txs {
 			// Not even the first move to 9: the full sync added the pickers of 9 and 11
-			// endpoints beside the one of 10 (addNeighbourPickers).
+			// endpoints beside the one of 10 (neighbourPickers).
 			if len(tx.AddChains) > 0 {
 				t.Errorf("flap %d adds chain %s", i, tx.AddChains[0].Name)
 			}

@@ -107,8 +107,8 @@ func (p *Proxier) nodeInfo(f cluster.Family) NodeInfo {
 	return NodeInfo{Family: f, NodeName: p.cfg.NodeName, Zone: p.cfg.Zone, NodeIPs: p.cfg.NodeIPs, PodTrafficKnown: known, Limits: p.cfg.Limits}
 }
 
-func (p *Proxier) baseConfig(f cluster.Family) dataplane.BaseConfig {
-	return dataplane.BaseConfig{
+func (p *Proxier) baseConfig(f cluster.Family) BaseConfig {
+	return BaseConfig{
 		Family: f, MasqueradeAll: p.cfg.MasqueradeAll, MasqueradeBit: p.cfg.MasqueradeBit,
 		ClusterCIDRs: p.cfg.ClusterCIDRs, ServiceCIDRs: p.svcCIDRs, NodePortIPs: p.cfg.NodePortIPs,
 	}
@@ -175,7 +175,7 @@ func (p *Proxier) Sync(st *cluster.State) (*dataplane.SyncReport, error) {
 		tx := &dataplane.Tx{Family: f, Table: p.cfg.Table, Full: p.needFull}
 		if p.needFull {
 			fs.sharedRefs = map[string]int{}
-			fs.rs.Base = dataplane.BuildBase(p.baseConfig(f))
+			fs.rs.Base = BuildBase(p.baseConfig(f))
 		}
 		ni := p.nodeInfo(f)
 		ni.Screen = screen
@@ -224,7 +224,8 @@ func (p *Proxier) Sync(st *cluster.State) (*dataplane.SyncReport, error) {
 				}
 			}
 		}
-		opts := dataplane.DiffOptions{Refs: fs.elemRefs, SharedRefs: fs.sharedRefs, Sets: fs.sets, AddParts: tx.Full}
+		opts := dataplane.DiffOptions{Refs: fs.elemRefs, SharedRefs: fs.sharedRefs, Sets: fs.sets, AddParts: tx.Full,
+			SharedChain: SharedChain, Neighbours: neighbourPickers}
 		if tx.Full {
 			// Every built part is added, after the base (DiffOptions.AddParts): the list at its
 			// final size.
@@ -288,7 +289,7 @@ func (p *Proxier) Sync(st *cluster.State) (*dataplane.SyncReport, error) {
 		d.Finish()
 		fs.rs.Shared = map[string]*dataplane.Chain{}
 		for n := range fs.sharedRefs {
-			fs.rs.Shared[n] = dataplane.SharedChain(n)
+			fs.rs.Shared[n] = SharedChain(n)
 		}
 		tx.Sets = fs.sets
 		if tx.Full && p.reader != nil && !p.adopted {

@@ -36,8 +36,8 @@ var (
 	trNodeIP6 = netip.MustParseAddr("2001:db8:1::11")
 )
 
-func trBaseConfig(fam cluster.Family, masqAll bool) dataplane.BaseConfig {
-	return dataplane.BaseConfig{
+func trBaseConfig(fam cluster.Family, masqAll bool) BaseConfig {
+	return BaseConfig{
 		Family:        fam,
 		MasqueradeAll: masqAll,
 		MasqueradeBit: 14,
@@ -208,13 +208,13 @@ func trFixture() []trService {
 // proxier does: every Service's part, plus the shared chains they use.
 func trFlat(t testing.TB, fam cluster.Family, masqAll bool, svcs []trService) *dataplane.Flat {
 	t.Helper()
-	rs := &dataplane.Ruleset{Family: fam, Table: "vipgate", Base: dataplane.BuildBase(trBaseConfig(fam, masqAll)),
+	rs := &dataplane.Ruleset{Family: fam, Table: "vipgate", Base: BuildBase(trBaseConfig(fam, masqAll)),
 		Services: map[cluster.ServiceKey]*dataplane.Part{}, Shared: map[string]*dataplane.Chain{}}
 	for _, s := range svcs {
 		p := BuildService(trNodeInfo(fam), s.svc, s.slices)
 		rs.Services[s.svc.Key] = p
 		for _, u := range p.Uses {
-			c := dataplane.SharedChain(u)
+			c := SharedChain(u)
 			if c == nil {
 				t.Fatalf("Service %s uses %q, which is not a shared chain", s.svc.Key, u)
 			}

@@ -123,7 +123,9 @@ func runNode(args []string) error {
 	if err != nil {
 		return err
 	}
-	prog := &dataplane.NetlinkProgrammer{}
+	// The decoder reads the table back for adoption; tables of an older vipgate get their rule
+	// comments back from the node's rules (proxy.DecodeOptions).
+	prog := &dataplane.NetlinkProgrammer{Decode: proxy.DecodeOptions()}
 	log, done, err := startCommand(nf, &cfg.Logging, cfg.TableName, prog)
 	if err != nil || done {
 		return err

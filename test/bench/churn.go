@@ -158,7 +158,7 @@ func onlyUnusedPickers(txs []*dataplane.Tx) bool {
 			return false
 		}
 		for _, c := range tx.DelChains {
-			if dataplane.SharedChain(c) == nil {
+			if proxy.SharedChain(c) == nil {
 				return false
 			}
 		}
