@@ -8,7 +8,7 @@ import (
 	"github.com/vipgate/vipgate/dataplane/maglev"
 )
 
-// What one Service may cost on a gateway (serviceLimits), as dataplane/budget.go does on a node.
+// What one Service may cost on a gateway (serviceLimits), as proxy/budget.go does on a node.
 
 // gatewayEntriesOverLimits says why svc is over limits on a gateway in family f ("" if it is not), before
 // its entries are built: a gateway's entries are its ports x its LoadBalancer IPs of the family.

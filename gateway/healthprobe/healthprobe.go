@@ -1,7 +1,7 @@
 // Package healthprobe is the gateway's health prober: for Services with externalTrafficPolicy
 // Local and nodePort forwarding, the gateway sends a Service's traffic only to nodes whose
 // healthCheckNodePort answers 200 (the node's vipgate, like kube-proxy, answers 200 while the node
-// has a ready local endpoint and 503 otherwise; see dataplane/healthcheck), exactly as a cloud load
+// has a ready local endpoint and 503 otherwise; see proxy/healthcheck), exactly as a cloud load
 // balancer does.
 //
 // It is a leaf of the dataplane: it knows HTTP and targets, not Services or the gateway's tables.
