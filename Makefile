@@ -52,6 +52,28 @@ test-cluster: cluster-deps
 unit:
 	$(GO) test -count=1 -short ./...
 
+# lint: go vet and staticcheck (its default checks; staticcheck.conf where one is tuned) over the main
+# module and the nested modules with our code. Not linted: third_party/nftables (a vendored copy of
+# google/nftables, its own module, so ./... skips it), the tools modules (test/tools*: imports only),
+# and test/coredns and test/bench/kubeproxy (LINT_HEAVY: CoreDNS's and Kubernetes' dependency trees
+# make their vet take ~10 minutes on a cold cache; `make lint LINT_HEAVY=1` includes them). staticcheck
+# is pinned by test/tools-lint and built into bin/ when its go.mod changes.
+LINT_MODULES := . deploy/deb test/helmtools membership/memberlistsim
+LINT_HEAVY ?=
+ifneq ($(LINT_HEAVY),)
+LINT_MODULES += test/coredns test/bench/kubeproxy
+endif
+.PHONY: lint
+lint: $(BIN)/staticcheck
+	@for m in $(LINT_MODULES); do \
+		echo "lint: $$m"; \
+		( cd $$m && $(GO) vet ./... && $(CURDIR)/$(BIN)/staticcheck ./... ) || exit 1; \
+	done
+
+$(BIN)/staticcheck: test/tools-lint/go.mod test/tools-lint/go.sum
+	@mkdir -p $(BIN)
+	cd test/tools-lint && $(GO) build -o $(CURDIR)/$@ honnef.co/go/tools/cmd/staticcheck
+
 # bpf rebuilds the gateway's NAT fast path program (gateway/natpath/bpf/natpath.c) into the object
 # the Go package embeds, which is committed (a build needs no clang); TestObjectUpToDate checks that
 # the committed object is this build's, byte for byte, where clang is installed (make test installs it).

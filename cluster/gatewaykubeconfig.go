@@ -171,7 +171,7 @@ func secretToken(ctx context.Context, client kubernetes.Interface, o GatewayKube
 		}
 		// An existing Secret of that name must be this ServiceAccount's token, nothing else.
 		if s.Type != corev1.SecretTypeServiceAccountToken || s.Annotations[corev1.ServiceAccountNameKey] != o.ServiceAccount {
-			return "", fmt.Errorf("Secret %s/%s exists and is not a token of ServiceAccount %s: delete or rename it", o.Namespace, name, o.ServiceAccount)
+			return "", fmt.Errorf("a Secret %s/%s exists and is not a token of ServiceAccount %s: delete or rename it", o.Namespace, name, o.ServiceAccount)
 		}
 		if tok := s.Data[corev1.ServiceAccountTokenKey]; len(tok) > 0 {
 			return string(tok), nil

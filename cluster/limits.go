@@ -67,5 +67,5 @@ func parseServiceLimits(f serviceLimitsFile) (ServiceLimits, error) {
 			return ServiceLimits{}, fmt.Errorf("%s: %d is out of range 1-%d (0 or unset: the default)", v.field, v.n, maxServiceLimit)
 		}
 	}
-	return ServiceLimits{MaxEntries: f.MaxEntries, MaxElements: f.MaxElements}, nil
+	return ServiceLimits(f), nil
 }

@@ -2,16 +2,5 @@ package dataplane
 
 import "github.com/vipgate/vipgate/dataplane/dptest"
 
-// The helpers dataplane's tests share with the gateway's (dataplane/dptest).
-type hostileShape = dptest.HostileShape
-
-var (
-	testNetns            = dptest.Netns
-	sweepDeadOwnersNetns = dptest.SweepDeadOwnersNetns
-	nftList              = dptest.NftList
-	nftCheckOrSkip       = dptest.NftCheckOrSkip
-	nftCheck             = dptest.NftCheck
-	slicesContainsReason = dptest.ContainsReason
-	maxDeviation         = dptest.MaxDeviation
-	hostileService       = dptest.HostileService
-)
+// The helpers the engine's tests share with the proxy's and the gateway's (dataplane/dptest).
+var testNetns = dptest.Netns

@@ -14,12 +14,6 @@ import (
 // Maglev table history behind daisy chaining. Why a dynamic map and not conntrack, and its kinds'
 // encoding, text and tracing: dataplane/gateway_conntable.go.
 
-// connNode is one node a VIP port's established flows may keep.
-type connNode struct {
-	addr netip.Addr
-	id   uint32
-}
-
 // gatewayConnElements are a VIP port's elements of gateway-route-ids (its Maglev table, node ids as
 // data) and gateway-conns (every backend, and every draining node). Nodes without a usable id are
 // left out of both; their slots fall through to the stateless rule.

@@ -373,6 +373,7 @@ func buildGatewayRuleset(cfg Config, f cluster.Family, st *cluster.State, health
 		}
 		part, end, nat, err := gatewayPart(cfg, kept, size, ids, drain.hist, drain.now, drain.settle)
 		if err != nil {
+			//lint:ignore ST1005 Service is the Kubernetes kind's name, as in every message that names one
 			return nil, fmt.Errorf("Service %s: %w", k, err)
 		}
 		out.Ruleset.Services[k] = part

@@ -162,7 +162,6 @@ func SegmentKey(sorted []string) uint64 {
 type bitmap []byte
 
 func newBitmap(n int) bitmap         { return make(bitmap, (n+7)/8) }
-func (b bitmap) has(i int) bool      { return i/8 < len(b) && b[i/8]&(1<<(i%8)) != 0 }
 func (b bitmap) set(i int)           { b[i/8] |= 1 << (i % 8) }
 func (b bitmap) equal(o []byte) bool { return slices.Equal(b, o) }
 func (b bitmap) clone() bitmap       { return slices.Clone(b) }

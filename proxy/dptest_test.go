@@ -6,12 +6,9 @@ import "github.com/vipgate/vipgate/dataplane/dptest"
 type hostileShape = dptest.HostileShape
 
 var (
-	testNetns            = dptest.Netns
-	sweepDeadOwnersNetns = dptest.SweepDeadOwnersNetns
-	nftList              = dptest.NftList
-	nftCheckOrSkip       = dptest.NftCheckOrSkip
-	nftCheck             = dptest.NftCheck
-	slicesContainsReason = dptest.ContainsReason
-	maxDeviation         = dptest.MaxDeviation
-	hostileService       = dptest.HostileService
+	testNetns      = dptest.Netns
+	nftList        = dptest.NftList
+	nftCheckOrSkip = dptest.NftCheckOrSkip
+	nftCheck       = dptest.NftCheck
+	hostileService = dptest.HostileService
 )

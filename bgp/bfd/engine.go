@@ -103,12 +103,6 @@ func (e *engine) forget(s *session) {
 	}
 }
 
-// isPeer reports whether addr has a session: the cheap first filter for received datagrams.
-func (e *engine) isPeer(addr netip.Addr) bool {
-	_, ok := e.byPeer[addr]
-	return ok
-}
-
 // receive hands a parsed packet from src, which arrived at at (at most now) with the given TTL
 // (hop limit) on the single-hop (multihop false) or multi-hop port, to its session. Costs a few
 // map lookups whatever the packet.

@@ -109,7 +109,7 @@ func TestNodeRegistryIsNotGlobal(t *testing.T) {
 	if prometheus.Registerer(nodeRegistry()) == prometheus.DefaultRegisterer {
 		t.Fatal("nodeRegistry is the global registry")
 	}
-	if nodeRegistry() != nodeRegistry() {
+	if a, b := nodeRegistry(), nodeRegistry(); a != b {
 		t.Fatal("nodeRegistry is not one registry")
 	}
 }

@@ -25,7 +25,7 @@ func TestJhashReference(t *testing.T) {
 // give different seeds, never 0 (nftables' "random"), and not the public default.
 func TestDeriveHashSeed(t *testing.T) {
 	a, b := []byte("0123456789abcdef0123456789abcdef"), []byte("0123456789abcdef0123456789abcdeF")
-	if DeriveHashSeed(a) != DeriveHashSeed(a) {
+	if x, y := DeriveHashSeed(a), DeriveHashSeed(a); x != y {
 		t.Fatal("not deterministic")
 	}
 	seen := map[uint32]bool{}

@@ -22,6 +22,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/vipgate/vipgate/test/lab"
 )
 
 // MetalLBModule is the module whose CRDs InstallMetalLBCRDs applies (the version is go.mod's).
@@ -148,12 +150,7 @@ func fixInt32Maximums(node any, path string) []string {
 
 // metallbCRDDir locates config/crd/bases of the MetalLB module with `go list -m`.
 func metallbCRDDir() (string, error) {
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		// sudo often drops the Go directory from PATH.
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	cmd := exec.Command(goBin, "list", "-m", "-f", "{{.Dir}}", MetalLBModule)
+	cmd := exec.Command(lab.GoBinary(), "list", "-m", "-f", "{{.Dir}}", MetalLBModule)
 	if _, file, _, ok := runtime.Caller(0); ok {
 		cmd.Dir = filepath.Dir(file) // inside the vipgate module, whose go.mod pins the version
 	}

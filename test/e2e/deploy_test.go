@@ -31,7 +31,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -725,7 +724,7 @@ func renderChart(t *testing.T, values string) []byte {
 		}
 		// Left for the process: the test binary exits soon after; the file is small.
 		helmRenderBin = filepath.Join(dir, "helmrender")
-		cmd := exec.Command(goBinary(), "build", "-o", helmRenderBin, ".")
+		cmd := exec.Command(lab.GoBinary(), "build", "-o", helmRenderBin, ".")
 		cmd.Dir = filepath.Join(root, "test/helmtools")
 		cmd.Env = append(os.Environ(), "GOWORK=off")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -750,14 +749,6 @@ func renderChart(t *testing.T, values string) []byte {
 		t.Fatalf("rendering the chart: %v\n%s", err, stderr.String())
 	}
 	return stdout.Bytes()
-}
-
-// goBinary finds the go command (sudo often drops it from PATH).
-func goBinary() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return filepath.Join(runtime.GOROOT(), "bin", "go")
 }
 
 func moduleRoot(t *testing.T) string {

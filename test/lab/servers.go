@@ -73,17 +73,24 @@ func BuildBinary(pkg, out string) error {
 	if err != nil {
 		return err
 	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		// sudo often drops the Go directory from PATH.
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	cmd := exec.Command(goBin, "build", "-o", out, pkg)
+	cmd := exec.Command(GoBinary(), "build", "-o", out, pkg)
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("lab: go build %s: %w: %s", pkg, err, b)
 	}
 	return nil
+}
+
+// GoBinary finds the go command: from PATH, else (sudo often drops the Go directory from PATH) the
+// Go installation this program was built with.
+func GoBinary() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	// The deprecation is about binaries copied to another machine; the lab's programs (tests,
+	// `go run` tools) run where they were built, so the build's GOROOT holds the right go.
+	//lint:ignore SA1019 see above: the build's GOROOT is the one wanted here
+	return filepath.Join(runtime.GOROOT(), "bin", "go")
 }
 
 // ModuleRoot finds the vipgate module directory: from the working directory
@@ -329,12 +336,23 @@ type HoldResult struct {
 // hostport and keeps pinging them for duration, in the background. Use
 // WaitOpened before disturbing anything, then Wait for the verdict.
 func (l *Lab) StartHold(fromRole, hostport string, conns int, duration time.Duration) (*Hold, error) {
+	return l.StartHoldTimeout(fromRole, hostport, conns, duration, 0)
+}
+
+// StartHoldTimeout is StartHold with the time each connect and echo may take before the connection
+// counts as broken (0: labserver's default, 2 s). A longer one tells a black-holed connection from
+// one whose echo was only late, when something else on the machine takes its CPUs.
+func (l *Lab) StartHoldTimeout(fromRole, hostport string, conns int, duration, timeout time.Duration) (*Hold, error) {
 	bin, err := l.LabServer()
 	if err != nil {
 		return nil, err
 	}
 	log := filepath.Join(l.dir, fmt.Sprintf("hold-%s-%d.log", fromRole, time.Now().UnixNano()))
-	p, err := l.Start(fromRole, log, bin, "hold", "--tcp", hostport, "--conns", strconv.Itoa(conns), "--duration", duration.String())
+	args := []string{bin, "hold", "--tcp", hostport, "--conns", strconv.Itoa(conns), "--duration", duration.String()}
+	if timeout > 0 {
+		args = append(args, "--timeout", timeout.String())
+	}
+	p, err := l.Start(fromRole, log, args...)
 	if err != nil {
 		return nil, err
 	}

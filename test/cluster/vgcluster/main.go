@@ -265,7 +265,7 @@ func execIn(args []string) error {
 	_ = fs.Parse(args)
 	rest := fs.Args()
 	if len(rest) < 2 {
-		return errors.New("usage: vgcluster exec ROLE -- CMD...")
+		return errors.New("usage: vgcluster exec [--dir DIR] ROLE -- CMD [ARG...]")
 	}
 	st, err := readState(*dir)
 	if err != nil {
