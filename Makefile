@@ -37,7 +37,7 @@ TEST_ENV := VIPGATE_BIN=$(CURDIR)/$(BIN)/vipgate VIPGATE_LABSERVER=$(CURDIR)/$(B
 	VIPGATE_KUBE_APISERVER=$(CURDIR)/$(BIN)/kube-apiserver
 
 test: deps build apiserver cluster-deps
-	$(GO) vet ./...
+	$(MAKE) lint
 	$(TEST_ENV) $(GO) test -count=1 -timeout 25m ./...
 	$(MAKE) fuzz
 	$(MAKE) test-deb

@@ -42,7 +42,7 @@ type Runtime struct {
 type RuntimeOptions struct {
 	Log    hclog.Logger
 	Config *cluster.GatewayConfig
-	// Dataplane is Config's dataplane view (cmd/vipgate's gatewayDataplaneConfig, as render uses).
+	// Dataplane is Config's dataplane view (ConfigFor, as render and explain build it).
 	Dataplane  Config
 	Programmer dataplane.Programmer
 	// Registry takes the gateway's metrics and conntrack sync's.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/explain"
 	"github.com/vipgate/vipgate/proxy"
 	"github.com/vipgate/vipgate/proxy/healthcheck"
 )
@@ -72,21 +73,6 @@ type SyncStatus struct {
 	Changes int `json:"changes"`
 }
 
-// RejectedObject is an input object or entry that is not programmed, and why.
-type RejectedObject struct {
-	Kind   string `json:"kind"`
-	Object string `json:"object"`
-	Source string `json:"source,omitempty"`
-	Reason string `json:"reason"`
-	// Addr is the address it is about (cluster.Rejection.Addr): explain selects by it.
-	Addr netip.Addr `json:"addr,omitzero"`
-}
-
-// rejectedObject is r as /status and explain show it.
-func rejectedObject(r cluster.Rejection) RejectedObject {
-	return RejectedObject{Kind: r.Kind, Object: r.Object, Source: r.Source, Reason: r.Reason, Addr: r.Addr}
-}
-
 // NodeStatus is the document /status serves.
 type NodeStatus struct {
 	Node    string    `json:"node"`
@@ -103,7 +89,7 @@ type NodeStatus struct {
 	Endpoints     int        `json:"endpoints"`
 	// Tables counts what each family's table holds.
 	Tables   []proxy.ProgrammedCounts `json:"tables"`
-	Rejected []RejectedObject         `json:"rejected"`
+	Rejected []explain.RejectedObject `json:"rejected"`
 	VIPs     []VIPStatus              `json:"vips"`
 	// Warnings are conditions of the node as a whole (e.g. L2 refused without a membership key,
 	// or unauthenticated membership).
@@ -200,30 +186,21 @@ func (a *adminServer) recordSync(st *cluster.State, rep *dataplane.SyncReport, e
 	}
 	a.status.LastError, a.status.LastErrorTime = "", nil
 	a.status.LastSync = &SyncStatus{Time: time.Now(), Duration: rep.Duration.String(), DurationSeconds: rep.Duration.Seconds(),
-		Full: rep.Full, Changes: txChanges(rep)}
+		Full: rep.Full, Changes: proxy.TxChanges(rep)}
 	a.status.Services = len(st.Services)
 	a.status.Endpoints = proxy.CountEndpoints(st)
-	rej := make([]RejectedObject, 0, len(st.Rejected)+len(rep.Conflicts))
+	rej := make([]explain.RejectedObject, 0, len(st.Rejected)+len(rep.Conflicts))
 	for _, r := range append(append([]cluster.Rejection(nil), st.Rejected...), rep.Conflicts...) {
-		rej = append(rej, rejectedObject(r))
+		rej = append(rej, explain.Rejected(r))
 	}
 	a.status.Rejected = rej
-}
-
-// txChanges counts what a sync changed, for logs and /status.
-func txChanges(rep *dataplane.SyncReport) int {
-	n := 0
-	for _, tx := range rep.Txs {
-		n += tx.NumAddElements() + len(tx.DelElements) + len(tx.AddChains) + len(tx.FlushChains) + len(tx.DelChains)
-	}
-	return n
 }
 
 // snapshot returns the current status document.
 func (a *adminServer) snapshot() NodeStatus {
 	a.mu.Lock()
 	st := a.status
-	st.Rejected = append([]RejectedObject{}, a.status.Rejected...)
+	st.Rejected = append([]explain.RejectedObject{}, a.status.Rejected...)
 	vips := a.vips
 	warnings := a.warnings
 	a.mu.Unlock()

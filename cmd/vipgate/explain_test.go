@@ -12,6 +12,7 @@ import (
 
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/maglev"
+	"github.com/vipgate/vipgate/explain"
 )
 
 func TestParseDest(t *testing.T) {
@@ -77,12 +78,12 @@ serviceCIDRs: ["10.96.0.0/16", "2001:db8:96::/108"]
 		{name: "not Service traffic", from: "198.51.100.7", to: "10.244.1.11:8080", outcome: "ACCEPT", why: "not Service traffic"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rep, err := explain(&explainFlags{from: tc.from, to: tc.to, host: tc.host, config: cfg, manifests: manifests})
+			rep, err := explainFor(&explainFlags{from: tc.from, to: tc.to, host: tc.host, config: cfg, manifests: manifests})
 			if err != nil {
 				t.Fatal(err)
 			}
 			var b strings.Builder
-			rep.writeText(&b)
+			writeExplain(&b, rep)
 			text := b.String()
 			if rep.Outcome != tc.outcome || (tc.summary != "" && rep.Summary != tc.summary) || (tc.service != "" && rep.Service != tc.service) ||
 				rep.Ruleset != "rendered" {
@@ -93,7 +94,7 @@ serviceCIDRs: ["10.96.0.0/16", "2001:db8:96::/108"]
 			}
 		})
 	}
-	if _, err := explain(&explainFlags{from: "1.2.3.4", to: "10.96.0.10:80", manifests: manifests}); err == nil {
+	if _, err := explainFor(&explainFlags{from: "1.2.3.4", to: "10.96.0.10:80", manifests: manifests}); err == nil {
 		t.Errorf("--manifests without --config: no error")
 	}
 }
@@ -117,12 +118,12 @@ nodes:
 				t.Fatal(err)
 			}
 			src, dst := netip.MustParseAddrPort("198.51.100.10:40001"), netip.MustParseAddrPort("203.0.113.20:80")
-			rep, err := explain(&explainFlags{from: src.String(), to: dst.String(), config: cfg, manifests: manifests})
+			rep, err := explainFor(&explainFlags{from: src.String(), to: dst.String(), config: cfg, manifests: manifests})
 			if err != nil {
 				t.Fatal(err)
 			}
 			var b strings.Builder
-			rep.writeText(&b)
+			writeExplain(&b, rep)
 			if rep.Outcome != c.outcome || rep.Maglev == nil || len(rep.Candidates) != 2 || rep.Service != "demo/web-gw port 80/TCP" {
 				t.Fatalf("outcome %s, maglev %+v, %d candidates, service %q\n%s", rep.Outcome, rep.Maglev, len(rep.Candidates), rep.Service, b.String())
 			}
@@ -159,7 +160,7 @@ func TestExplainRejectedByAddr(t *testing.T) {
 			t.Fatalf("no hostile case %q", c.tc)
 		}
 		_, _, cfgPath, manifests := renderCase(t, tc)
-		rep, err := explain(&explainFlags{from: fromFor(c.to), to: c.to, config: cfgPath, manifests: manifests})
+		rep, err := explainFor(&explainFlags{from: fromFor(c.to), to: c.to, config: cfgPath, manifests: manifests})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -185,7 +186,7 @@ func TestExplainRejectedByAddr(t *testing.T) {
 		}
 	}
 	// A rejection about no address (a file's syntax) never says "addr".
-	if js, _ := json.Marshal(RejectedObject{Kind: "file", Object: "x.yaml", Reason: "bad"}); strings.Contains(string(js), "addr") {
+	if js, _ := json.Marshal(explain.RejectedObject{Kind: "file", Object: "x.yaml", Reason: "bad"}); strings.Contains(string(js), "addr") {
 		t.Errorf("rejection without an address as JSON: %s", js)
 	}
 }
@@ -203,7 +204,7 @@ serviceCIDRs: ["10.96.0.0/16"]
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := explain(&explainFlags{from: "198.51.100.7", to: "10.96.0.10:80", config: cfg, manifests: filepath.Join("..", "..", "deploy", "examples", "demo")})
+	rep, err := explainFor(&explainFlags{from: "198.51.100.7", to: "10.96.0.10:80", config: cfg, manifests: filepath.Join("..", "..", "deploy", "examples", "demo")})
 	if err != nil {
 		t.Fatal(err)
 	}

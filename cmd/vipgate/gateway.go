@@ -77,31 +77,6 @@ func (g *gatewaySpeaker) Update(st *cluster.State, rep *gateway.SyncReport) {
 
 func (g *gatewaySpeaker) Stop() { g.spk.Stop() }
 
-// gatewayDataplaneConfig is the dataplane's view of a GatewayConfig.
-func gatewayDataplaneConfig(cfg *cluster.GatewayConfig) gateway.Config {
-	return gateway.Config{
-		Table:        cfg.TableName,
-		Forwarding:   cfg.Forwarding,
-		SNAT:         cfg.SNAT,
-		Nodes:        cfg.Nodes,
-		MaglevSize:   cfg.MaglevTableSize,
-		DrainTimeout: cfg.DrainTimeout, // 0: the dataplane's default (5m)
-		FlowTimeout:  cfg.FlowTimeout,  // 0: the dataplane's default (1h)
-		FastPath:     gatewayFastPath(cfg),
-		Limits:       cfg.ServiceLimits,
-	}
-}
-
-// gatewayFastPath is the route forwarding fast path of cfg (nil: off). The nodes' device and, without
-// configured devices, the ingress interfaces are looked up at each sync (netlink route get, the up
-// interfaces), so a node that moves or an interface that comes up later is seen.
-func gatewayFastPath(cfg *cluster.GatewayConfig) *gateway.FastPath {
-	if !cfg.RouteFastPath || cfg.Forwarding != cluster.ForwardRoute {
-		return nil
-	}
-	return &gateway.FastPath{Devices: cfg.RouteFastPathDevices}
-}
-
 func runGateway(args []string) error {
 	nf, err := parseNodeFlags("gateway", gatewayHelp, args)
 	if err != nil {
@@ -127,7 +102,7 @@ func runGateway(args []string) error {
 	// The runtime (gateway/runtime.go): the NAT fast path, the sync loop, SNAT addresses and
 	// conntrack sync, the gateway's metrics. It gets the flags and the speaker's settings as values.
 	memberKeyFile, _ := memberSettings(nf.speaker, cfg.Speaker)
-	rt, err := gateway.NewRuntime(gateway.RuntimeOptions{Log: log, Config: cfg, Dataplane: gatewayDataplaneConfig(cfg),
+	rt, err := gateway.NewRuntime(gateway.RuntimeOptions{Log: log, Config: cfg, Dataplane: gateway.ConfigFor(cfg),
 		Programmer: prog, Registry: nodeRegistry(), MemberKeyFile: memberKeyFile, ReadKeys: readMemberKeys,
 		KeyReload: memberKeyReload, Resync: speakerResync, InterfaceOf: l2.DefaultInterface})
 	if err != nil {

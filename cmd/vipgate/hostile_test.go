@@ -273,7 +273,7 @@ func renderCase(t *testing.T, tc hostileCase) (rejected []cluster.Rejection, log
 		t.Fatalf("render: %v", err)
 	}
 	rejected = append(rejected, st.Rejected...)
-	dpCfg := dataplaneConfig(cfg, logger)
+	dpCfg := proxy.ConfigFor(cfg, logger)
 	for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
 		rs, conflicts, err := proxy.BuildRuleset(dpCfg, f, st)
 		if err != nil {
@@ -320,7 +320,7 @@ func TestHostileCorpusRender(t *testing.T) {
 				{"10.96.0.10:53/udp", "10.244.1.10:53"}, {"10.96.0.10:53/tcp", "10.244.1.10:53"},
 				{"[2001:db8:96::a]:53/udp", "[2001:db8:244:1::10]:53"},
 			} {
-				rep, err := explain(&explainFlags{from: fromFor(v.to), to: v.to, config: cfgPath, manifests: manifests})
+				rep, err := explainFor(&explainFlags{from: fromFor(v.to), to: v.to, config: cfgPath, manifests: manifests})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -333,7 +333,7 @@ func TestHostileCorpusRender(t *testing.T) {
 			}
 			// The hostile destinations never lead to the attacker, and explain says why.
 			for _, p := range tc.probes {
-				rep, err := explain(&explainFlags{from: fromFor(p), to: p, config: cfgPath, manifests: manifests})
+				rep, err := explainFor(&explainFlags{from: fromFor(p), to: p, config: cfgPath, manifests: manifests})
 				if err != nil {
 					t.Fatal(err)
 				}

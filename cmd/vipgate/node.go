@@ -5,22 +5,17 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
-	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
-	"github.com/vipgate/vipgate/dataplane/conntrack"
 	"github.com/vipgate/vipgate/gateway/ctsync"
 	"github.com/vipgate/vipgate/gateway/natpath"
 	"github.com/vipgate/vipgate/proxy"
-	"github.com/vipgate/vipgate/proxy/healthcheck"
 )
 
 const nodeHelp = `Usage: vipgate node --config FILE (--manifests DIR | --kubeconfig FILE) [flags]
@@ -138,11 +133,6 @@ func runNode(args []string) error {
 		ps.SetServiceProxyName(cfg.ServiceProxyName)
 	}
 
-	dpCfg := dataplaneConfig(cfg, log)
-	proxier := proxy.NewProxier(log.Named("dataplane"), dpCfg, prog)
-	// A restart adopts the table the previous run left instead of replacing it (affinity survives).
-	proxier.SetTableReader(prog)
-
 	// The admin endpoint (/metrics, /status) on metricsBindAddress, localhost unless configured
 	// otherwise. Components register their metrics on nodeRegistry().
 	admin, stopAdmin, err := startAdmin(log, cfg.MetricsBindAddress,
@@ -152,26 +142,16 @@ func runNode(args []string) error {
 	}
 	defer stopAdmin()
 
-	// /healthz, /livez and /readyz: QueuedUpdate when a snapshot arrives, Updated when one is
-	// programmed, so a node whose syncs keep failing (or never run) turns unhealthy after staleAfter;
-	// /readyz stays 503 until the first sync is in the kernel (the DaemonSet's readiness probe).
-	healthz := healthcheck.NewProxyHealthServer(log, cfg.HealthzBindAddress.String(), 2*time.Minute)
-	if err := healthz.Start(); err != nil {
-		log.Warn("healthz server not started", "addr", cfg.HealthzBindAddress, "err", err)
-	} else {
-		defer healthz.Close()
+	// The runtime (proxy/runtime.go): the Proxier and its sync loop, the health servers, conntrack
+	// cleanup, the log and Events of what is not programmed.
+	ro := proxy.RuntimeOptions{Log: log, Config: cfg, Dataplane: proxy.ConfigFor(cfg, log), Programmer: prog}
+	ks, isKube := src.(kubeSource)
+	if isKube {
+		ro.Events = ks.KubeSource
+		admin.addWarnings(ks.Warnings)
 	}
-	hcAddrs := cfg.HealthCheckAddresses
-	if len(hcAddrs) == 0 {
-		hcAddrs = cfg.NodeIPs
-	}
-	hc := healthcheck.NewServiceHealthServer(log, hcAddrs, healthz.IsHealthy)
-	defer hc.Close()
-	ct, err := conntrack.NewCleaner(log.Named("conntrack"))
-	if err != nil {
-		log.Warn("conntrack cleanup disabled", "err", err)
-	}
-	ctClean := dataplane.ConntrackCleanup{Cleaner: ct, Log: log}
+	rt := proxy.NewRuntime(ro)
+	defer rt.Close()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -182,121 +162,13 @@ func runNode(args []string) error {
 		return err
 	}
 	defer spk.Stop()
-	if ks, ok := src.(kubeSource); ok {
+	if e, ok := spk.(interface{ setEventer(eventer) }); ok && isKube {
 		// With the Kubernetes source the speakers also tell in Events which node announces what.
-		if e, ok := spk.(interface{ setEventer(eventer) }); ok {
-			e.setEventer(ks.KubeSource)
-		}
+		e.setEventer(ks.KubeSource)
 	}
 	if vl, ok := spk.(vipLister); ok {
 		admin.setVIPLister(vl)
 	}
-
-	conflicts := &conflictLog{log: log}
-	if ks, ok := src.(kubeSource); ok {
-		conflicts.events = ks.KubeSource
-		admin.addWarnings(ks.Warnings)
-	}
-	// The sync loop (dataplane.SyncRunner): the newest snapshot wins, failures are retried with
-	// backoff, and after each success the health checks, the speaker and conntrack follow.
-	runner := dataplane.NewSyncRunner(log, dataplane.SyncRunnerOptions[*dataplane.SyncReport]{
-		Name: "sync",
-		Sync: func(_ context.Context, st *cluster.State) (*dataplane.SyncReport, error) {
-			return proxier.Sync(st)
-		},
-		Attempted: admin.recordSync,
-		AfterSync: []func(*cluster.State, *dataplane.SyncReport){
-			func(st *cluster.State, rep *dataplane.SyncReport) {
-				healthz.Updated()
-				conflicts.report(st, rep.Conflicts)
-				if err := hc.SyncServices(rep.HealthChecks); err != nil {
-					log.Warn("health check servers", "err", err)
-				}
-				hc.SyncEndpoints(rep.LocalEndpoints)
-				spk.Update(st, rep)
-				if rep.Full {
-					// After a (re)start or a recovery: remove UDP/SCTP entries to Service ports whose
-					// reply source is no longer an endpoint, keep every flow that is still right.
-					ctClean.Reconcile(st)
-				}
-				ctClean.Delete(rep.StaleFlows)
-				// A sync that changed nothing (a Node or EndpointSlice event with no effect on the
-				// rules) is routine: debug only, so the log shows the syncs that did something.
-				syncLog := log.Info
-				if n := txChanges(rep); n == 0 && !rep.Full {
-					syncLog = log.Debug
-				}
-				syncLog("synced", "full", rep.Full, "adopted", rep.Adopted, "duration", rep.Duration, "changes", txChanges(rep))
-			},
-		},
-	})
-
-	runCtx, stopRunner := context.WithCancel(ctx)
-	defer stopRunner()
-	srcErr := make(chan error, 1)
-	go func() {
-		srcErr <- src.Run(ctx, func(st *cluster.State) {
-			healthz.QueuedUpdate()
-			runner.Submit(st)
-		})
-		stopRunner() // the source ended: so does the node
-	}()
 	log.Info("vipgate node started", "node", cfg.NodeName, "table", cfg.TableName, "source", src.String(), "version", version)
-
-	_ = runner.Run(runCtx)
-	if ctx.Err() != nil {
-		log.Info("stopping; the nftables rules stay in place")
-		return nil
-	}
-	if err := <-srcErr; err != nil {
-		return fmt.Errorf("manifest source: %w", err)
-	}
-	return nil
-}
-
-// dataplaneConfig turns the NodeConfig into the dataplane's view: NodePort addresses are the local
-// addresses inside nodePortAddresses (never loopback).
-func dataplaneConfig(cfg *cluster.NodeConfig, log hclog.Logger) proxy.Config {
-	var npIPs []netip.Addr
-	seen := map[netip.Addr]bool{}
-	addIP := func(a netip.Addr) {
-		a = a.Unmap()
-		if a.IsLoopback() || seen[a] {
-			return
-		}
-		for _, p := range cfg.NodePortAddresses {
-			if p.Contains(a) {
-				seen[a] = true
-				npIPs = append(npIPs, a)
-				return
-			}
-		}
-	}
-	for _, a := range cfg.NodeIPs {
-		addIP(a)
-	}
-	if addrs, err := net.InterfaceAddrs(); err == nil {
-		for _, a := range addrs {
-			if ipn, ok := a.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(ipn.IP); ok {
-					addIP(ip)
-				}
-			}
-		}
-	} else {
-		log.Warn("listing local addresses for nodePortAddresses", "err", err)
-	}
-	return proxy.Config{
-		Table:         cfg.TableName,
-		NodeName:      cfg.NodeName,
-		Zone:          cfg.NodeZone,
-		NodeIPs:       cfg.NodeIPs,
-		ClusterCIDRs:  cfg.ClusterCIDRs,
-		ServiceCIDRs:  cfg.ServiceCIDRs,
-		NodePortIPs:   npIPs,
-		MasqueradeAll: cfg.MasqueradeAll,
-		MasqueradeBit: cfg.MasqueradeBit,
-		ExternalIPs:   cfg.ExternalIPs,
-		Limits:        cfg.ServiceLimits,
-	}
+	return rt.Run(ctx, src.Run, proxy.RunHooks{Attempted: admin.recordSync, Synced: spk.Update})
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/explain"
 	"github.com/vipgate/vipgate/gateway/ctsync"
 )
 
@@ -42,7 +44,7 @@ Flags:
 type renderFlags struct {
 	config, manifests, logLevel string
 	allowWorldWritable          bool
-	// ingressDevices and nodeDevice state the fast path's devices (offline.ingressDevices).
+	// ingressDevices and nodeDevice state the fast path's devices (explain.Offline.IngressDevices).
 	ingressDevices, nodeDevice string
 }
 
@@ -96,31 +98,31 @@ func runRender(args []string) error {
 	if err != nil {
 		return err
 	}
-	o, err := loadOffline(anyCfg, rf.manifests, rf.allowWorldWritable, rf.logLevel)
+	o, err := explain.LoadOffline(anyCfg, rf.manifests, rf.allowWorldWritable, rf.logLevel)
 	if err != nil {
 		return err
 	}
 	if rf.ingressDevices != "" {
-		o.ingressDevices = strings.Split(rf.ingressDevices, ",")
+		o.IngressDevices = strings.Split(rf.ingressDevices, ",")
 	}
-	o.nodeDevice = rf.nodeDevice
-	if o.gateway == nil && (rf.ingressDevices != "" || rf.nodeDevice != "") {
+	o.NodeDevice = rf.nodeDevice
+	if o.Gateway == nil && (rf.ingressDevices != "" || rf.nodeDevice != "") {
 		return errors.New("--ingress-devices and --node-device are for a GatewayConfig (the route forwarding fast path)")
 	}
-	if o.gateway != nil {
+	if o.Gateway != nil {
 		return renderGateway(os.Stdout, o)
 	}
-	return renderNode(os.Stdout, o.log, o.node, o.state)
+	return renderNode(os.Stdout, o.Log, o.Node, o.State)
 }
 
 // renderNode prints the node ruleset of st (both families) to w and logs, to log, what the node
 // would not program: the entries held by another Service and the addresses its externalIPs policy
 // refuses, once for both families. (The objects the file source refused were logged by its Load.)
 func renderNode(w io.Writer, log hclog.Logger, cfg *cluster.NodeConfig, st *cluster.State) error {
-	o := &offline{node: cfg, log: log, state: st}
+	o := &explain.Offline{Node: cfg, Log: log, State: st}
 	seen := map[cluster.Rejection]bool{}
 	for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-		rs, err := o.build(f)
+		rs, err := o.Build(f)
 		if err != nil {
 			return err
 		}
@@ -140,14 +142,14 @@ func renderNode(w io.Writer, log hclog.Logger, cfg *cluster.NodeConfig, st *clus
 // renderGateway prints the gateway ruleset of the manifests (both families, each with its fast
 // path's netdev table or a comment saying why it has none) to w, then the SNAT tables of its
 // snatAddresses (gatewaySNATTables). Health checks are not run: ExpectedHealth stands in for them.
-func renderGateway(w io.Writer, o *offline) error {
+func renderGateway(w io.Writer, o *explain.Offline) error {
 	for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
-		rs, err := o.build(f)
+		rs, err := o.Build(f)
 		if err != nil {
 			return err
 		}
 		for _, c := range rs.Conflicts {
-			o.log.Warn("rejected", "object", c.Object, "reason", c.Reason)
+			o.Log.Warn("rejected", "object", c.Object, "reason", c.Reason)
 		}
 		if err := dataplane.Render(w, rs.Flat); err != nil {
 			return err
@@ -159,12 +161,12 @@ func renderGateway(w io.Writer, o *offline) error {
 				return err
 			}
 		case rs.NoFastPath != "off":
-			if _, err := io.WriteString(w, noFastPathComment(o.gwCfg.Table, f, rs.NoFastPath)); err != nil {
+			if _, err := io.WriteString(w, noFastPathComment(cmp.Or(o.Table, o.Gateway.TableName), f, rs.NoFastPath)); err != nil {
 				return err
 			}
 		}
 	}
-	_, err := io.WriteString(w, gatewaySNATTables(o.gateway))
+	_, err := io.WriteString(w, gatewaySNATTables(o.Gateway))
 	return err
 }
 

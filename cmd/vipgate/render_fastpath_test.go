@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/explain"
 	"github.com/vipgate/vipgate/gateway"
 
 	"github.com/vipgate/vipgate/test/lab"
@@ -102,7 +103,7 @@ func TestRenderGatewayFastPath(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			o.ingressDevices, o.nodeDevice = c.ingress, c.nodeDev
+			o.IngressDevices, o.NodeDevice = c.ingress, c.nodeDev
 			var out string
 			if err := inNetns(c.netns, func() error {
 				var b strings.Builder
@@ -177,7 +178,7 @@ func TestRenderFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o.nodeDevice = "eth1"
+	o.NodeDevice = "eth1"
 	if err := renderGateway(&strings.Builder{}, o); err == nil || !strings.Contains(err.Error(), "fast path") {
 		t.Errorf("--node-device with nodePort forwarding: %v, want an error", err)
 	}
@@ -237,15 +238,15 @@ func TestExplainGatewayFastPath(t *testing.T) {
 		{"no fast path", bare, "n1", false, "fast path: none for this family (node 192.0.2.11: "},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			var rep *ExplainReport
+			var rep *explain.Report
 			if err := inNetns(c.netns, func() (err error) {
-				rep, err = explain(&explainFlags{config: cfg, manifests: manifests, from: "198.51.100.7:40001", to: "203.0.113.11:80", device: c.device})
+				rep, err = explainFor(&explainFlags{config: cfg, manifests: manifests, from: "198.51.100.7:40001", to: "203.0.113.11:80", device: c.device})
 				return err
 			}); err != nil {
 				t.Fatal(err)
 			}
 			var b strings.Builder
-			rep.writeText(&b)
+			writeExplain(&b, rep)
 			if !strings.Contains(b.String(), c.want) {
 				t.Errorf("explain lacks %q:\n%s", c.want, b.String())
 			}
@@ -281,26 +282,26 @@ func TestExplainKernelFastPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nsFile.Close()
-	dpCfg := gatewayDataplaneConfig(o.gateway)
+	dpCfg := gateway.ConfigFor(o.Gateway)
 	dpCfg.FastPath.NodeDevice = func(netip.Addr) (string, bool, error) { return "n0", true, nil }
 	prog := &dataplane.NetlinkProgrammer{NetNSFd: int(nsFile.Fd())}
 	defer prog.Close()
-	rep, err := gateway.NewProxier(hclog.NewNullLogger(), dpCfg, prog).Sync(o.state, gateway.ExpectedHealth(dpCfg, o.state))
+	rep, err := gateway.NewProxier(hclog.NewNullLogger(), dpCfg, prog).Sync(o.State, gateway.ExpectedHealth(dpCfg, o.State))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(rep.NoFastPath) > 0 {
 		t.Fatalf("no fast path: %v", rep.NoFastPath)
 	}
-	var ex *ExplainReport
+	var ex *explain.Report
 	if err := inNetns(ns, func() (err error) {
-		ex, err = explain(&explainFlags{config: cfgPath, from: "198.51.100.7:40001", to: "203.0.113.11:80"})
+		ex, err = explainFor(&explainFlags{config: cfgPath, from: "198.51.100.7:40001", to: "203.0.113.11:80"})
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	ex.writeText(&b)
+	writeExplain(&b, ex)
 	if fp := ex.FastPath; fp == nil || !fp.Forwarded || fp.Device != "n1" || fp.NodeDevice != "n0" || ex.Ruleset != "kernel" {
 		t.Errorf("the kernel's fast path is not traced as forwarding on n1 by n0:\n%s", b.String())
 	}

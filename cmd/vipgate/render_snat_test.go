@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/explain"
 )
 
 // TestRenderGatewaySNAT: `vipgate render` of a gateway with snatAddresses prints, after vipgate's
@@ -89,13 +90,13 @@ nodes:
 }
 
 // loadOfflineFile loads a config file and a manifest directory as `vipgate render` does.
-func loadOfflineFile(t *testing.T, cfgPath, manifests string) (*offline, error) {
+func loadOfflineFile(t *testing.T, cfgPath, manifests string) (*explain.Offline, error) {
 	t.Helper()
 	anyCfg, err := cluster.LoadConfig(cfgPath)
 	if err != nil {
 		return nil, err
 	}
-	return loadOffline(anyCfg, manifests, false, "error")
+	return explain.LoadOffline(anyCfg, manifests, false, "error")
 }
 
 // nftCheckRendered runs `nft -c -f` over text in a network namespace that exists for that one

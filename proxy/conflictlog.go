@@ -1,4 +1,4 @@
-package main
+package proxy
 
 import (
 	"github.com/hashicorp/go-hclog"
@@ -8,18 +8,13 @@ import (
 	"github.com/vipgate/vipgate/cluster"
 )
 
-// serviceEventer records an Event on a Service (the Kubernetes source; nil with the file source).
-type serviceEventer interface {
-	Event(ref *corev1.ObjectReference, eventType, reason, message string)
-}
-
 // conflictLog reports the node's conflicts and refusals (dataplane SyncReport.Conflicts: entries
 // held by another Service, addresses the externalIPs policy refuses). Every sync reports all of
 // them; each is logged, and recorded as a Warning Event on its Service, once when it appears, and
 // logged again when it is resolved. /status always lists all of them.
 type conflictLog struct {
 	log    hclog.Logger
-	events serviceEventer
+	events ServiceEventer
 	seen   map[cluster.Rejection]bool
 }
 

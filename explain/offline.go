@@ -1,4 +1,4 @@
-package main
+package explain
 
 import (
 	"errors"
@@ -16,32 +16,32 @@ import (
 )
 
 // This file builds, from a config and a manifest directory, the ruleset vipgate would program for
-// them, touching nothing: what `vipgate render` prints and `vipgate explain --manifests` traces. It
-// is wiring of the command's own pieces (the config's translation into the dataplane's view,
-// dataplaneConfig and gatewayDataplaneConfig, live in this package), so it lives here, not in
-// dataplane.
+// them, touching nothing: what `vipgate render` prints and `vipgate explain --manifests` traces,
+// with the node's and the gateway's own builders (proxy.BuildRuleset, gateway.BuildRuleset) and
+// their views of the config (proxy.ConfigFor, gateway.ConfigFor), as the running node and gateway
+// use them.
 
-// offline is a loaded config and manifest directory.
-type offline struct {
-	node    *cluster.NodeConfig
-	gateway *cluster.GatewayConfig
-	log     hclog.Logger
-	state   *cluster.State
-	// table overrides the config's tableName ("": the config's).
-	table string
-	// ingressDevices and nodeDevice state a gateway's fast path devices (render's --ingress-devices
+// Offline is a loaded config and manifest directory. One of Node and Gateway is set.
+type Offline struct {
+	Node    *cluster.NodeConfig
+	Gateway *cluster.GatewayConfig
+	Log     hclog.Logger
+	State   *cluster.State
+	// Table overrides the config's tableName ("": the config's).
+	Table string
+	// IngressDevices and NodeDevice state a gateway's fast path devices (render's --ingress-devices
 	// and --node-device), over the config's devices and this machine's interfaces and routes, for a
 	// rendering of another machine's ruleset.
-	ingressDevices []string
-	nodeDevice     string
+	IngressDevices []string
+	NodeDevice     string
 
 	nodeCfg  *proxy.Config
 	gwCfg    *gateway.Config
 	gwHealth gateway.Health
 }
 
-// offlineRuleset is one family's ruleset of an offline config.
-type offlineRuleset struct {
+// Ruleset is one family's ruleset of an Offline config.
+type Ruleset struct {
 	Flat *dataplane.Flat
 	// Node is the node ruleset (nil for a gateway): its parts say which Service holds an entry.
 	Node *dataplane.Ruleset
@@ -56,61 +56,61 @@ type offlineRuleset struct {
 	NoFastPath string
 }
 
-// loadOffline loads the manifests for cfg (a *cluster.NodeConfig or *cluster.GatewayConfig) and
+// LoadOffline loads the manifests for cfg (a *cluster.NodeConfig or *cluster.GatewayConfig) and
 // logs to stderr at the config's level, or logLevel if given.
-func loadOffline(cfg any, manifests string, allowWorldWritable bool, logLevel string) (*offline, error) {
-	o := &offline{}
+func LoadOffline(cfg any, manifests string, allowWorldWritable bool, logLevel string) (*Offline, error) {
+	o := &Offline{}
 	var logging cluster.Logging
 	switch c := cfg.(type) {
 	case *cluster.NodeConfig:
-		o.node, logging = c, c.Logging
+		o.Node, logging = c, c.Logging
 	case *cluster.GatewayConfig:
-		o.gateway, logging = c, c.Logging
+		o.Gateway, logging = c, c.Logging
 	default:
 		return nil, fmt.Errorf("config of type %T: want a NodeConfig or a GatewayConfig", cfg)
 	}
-	o.log = logging.NewLogger("vipgate", os.Stderr)
+	o.Log = logging.NewLogger("vipgate", os.Stderr)
 	if logLevel != "" {
-		o.log.SetLevel(hclog.LevelFromString(logLevel))
+		o.Log.SetLevel(hclog.LevelFromString(logLevel))
 	}
-	src := cluster.NewFileSource(manifests, o.log.Named("manifests"))
+	src := cluster.NewFileSource(manifests, o.Log.Named("manifests"))
 	src.AllowWorldWritable = allowWorldWritable
 	st, err := src.Load()
 	if err != nil {
 		return nil, err
 	}
-	o.state = st
+	o.State = st
 	return o, nil
 }
 
-// build builds the ruleset of family fam.
-func (o *offline) build(fam cluster.Family) (*offlineRuleset, error) {
-	if o.gateway != nil {
+// Build builds the ruleset of family fam.
+func (o *Offline) Build(fam cluster.Family) (*Ruleset, error) {
+	if o.Gateway != nil {
 		if o.gwCfg == nil {
-			c := gatewayDataplaneConfig(o.gateway)
-			if o.table != "" {
-				c.Table = o.table
+			c := gateway.ConfigFor(o.Gateway)
+			if o.Table != "" {
+				c.Table = o.Table
 			}
 			if err := o.stateFastPathDevices(&c); err != nil {
 				return nil, err
 			}
-			// The NAT fast path as startNATPath gives it (a kernel that loads it, Linux 6.7 or later
+			// The NAT fast path as the gateway's runtime gives it (a kernel that loads it, Linux 6.7 or later
 			// for its masquerade): conntrack's masquerade keeps out of its ports.
-			if nf := o.gateway.NATFastPath; nf.Enabled && (c.Forwarding == cluster.ForwardDirect || c.Forwarding == cluster.ForwardNodePort) {
+			if nf := o.Gateway.NATFastPath; nf.Enabled && (c.Forwarding == cluster.ForwardDirect || c.Forwarding == cluster.ForwardNodePort) {
 				c.NATPath = &gateway.NATPath{SNATPortMin: nf.SNATPortMin, SNATPortMax: nf.SNATPortMax,
-					NoSNAT: len(o.gateway.SNATAddresses) > 0 || o.gateway.ConntrackSync.Enabled}
+					NoSNAT: len(o.Gateway.SNATAddresses) > 0 || o.Gateway.ConntrackSync.Enabled}
 			}
-			o.gwCfg, o.gwHealth = &c, gateway.ExpectedHealth(c, o.state)
+			o.gwCfg, o.gwHealth = &c, gateway.ExpectedHealth(c, o.State)
 		}
-		grs, err := gateway.BuildRuleset(*o.gwCfg, fam, o.state, o.gwHealth)
+		grs, err := gateway.BuildRuleset(*o.gwCfg, fam, o.State, o.gwHealth)
 		if err != nil {
 			return nil, fmt.Errorf("building the IPv%d gateway ruleset: %w", fam, err)
 		}
-		gwIPs := o.gateway.GatewayIPs
-		out := &offlineRuleset{Flat: grs.Ruleset.Flatten(), Conflicts: grs.Conflicts,
+		gwIPs := o.Gateway.GatewayIPs
+		out := &Ruleset{Flat: grs.Ruleset.Flatten(), Conflicts: grs.Conflicts,
 			IsLocal: func(a netip.Addr) bool { return a.IsLoopback() || slices.Contains(gwIPs, a.Unmap()) }}
 		// The fast path as the running gateway would plan it here (or on the devices stated).
-		if nrs, why := gateway.NetdevRuleset(*o.gwCfg, fam, o.state, grs); nrs != nil {
+		if nrs, why := gateway.NetdevRuleset(*o.gwCfg, fam, o.State, grs); nrs != nil {
 			out.Netdev = nrs.Flatten()
 		} else {
 			out.NoFastPath = why
@@ -118,29 +118,29 @@ func (o *offline) build(fam cluster.Family) (*offlineRuleset, error) {
 		return out, nil
 	}
 	if o.nodeCfg == nil {
-		c := dataplaneConfig(o.node, o.log)
-		if o.table != "" {
-			c.Table = o.table
+		c := proxy.ConfigFor(o.Node, o.Log)
+		if o.Table != "" {
+			c.Table = o.Table
 		}
 		o.nodeCfg = &c
 	}
 	// BuildRuleset's error names the family ("building the IPv4 ruleset: ...").
-	rs, conflicts, err := proxy.BuildRuleset(*o.nodeCfg, fam, o.state)
+	rs, conflicts, err := proxy.BuildRuleset(*o.nodeCfg, fam, o.State)
 	if err != nil {
 		return nil, err
 	}
 	local := map[netip.Addr]bool{}
-	for _, a := range append(slices.Clone(o.node.NodeIPs), o.nodeCfg.NodePortIPs...) {
+	for _, a := range append(slices.Clone(o.Node.NodeIPs), o.nodeCfg.NodePortIPs...) {
 		local[a.Unmap()] = true
 	}
-	return &offlineRuleset{Flat: rs.Flatten(), Node: rs, Conflicts: conflicts,
+	return &Ruleset{Flat: rs.Flatten(), Node: rs, Conflicts: conflicts,
 		IsLocal: func(a netip.Addr) bool { return a.IsLoopback() || local[a.Unmap()] }}, nil
 }
 
-// stateFastPathDevices puts the stated fast path devices (ingressDevices, nodeDevice) into c. They
+// stateFastPathDevices puts the stated fast path devices (IngressDevices, NodeDevice) into c. They
 // are an error for a gateway without the fast path: they would be silently ignored.
-func (o *offline) stateFastPathDevices(c *gateway.Config) error {
-	if len(o.ingressDevices) == 0 && o.nodeDevice == "" {
+func (o *Offline) stateFastPathDevices(c *gateway.Config) error {
+	if len(o.IngressDevices) == 0 && o.NodeDevice == "" {
 		return nil
 	}
 	if c.FastPath == nil {
@@ -148,10 +148,10 @@ func (o *offline) stateFastPathDevices(c *gateway.Config) error {
 			"(forwarding: route, routeFastPath not disabled); this config has none")
 	}
 	fp := *c.FastPath
-	if len(o.ingressDevices) > 0 {
-		fp.Devices = slices.Clone(o.ingressDevices)
+	if len(o.IngressDevices) > 0 {
+		fp.Devices = slices.Clone(o.IngressDevices)
 	}
-	if dev := o.nodeDevice; dev != "" {
+	if dev := o.NodeDevice; dev != "" {
 		// Stated: every node is on-link through dev, as on the machine the rendering is for.
 		fp.NodeDevice = func(netip.Addr) (string, bool, error) { return dev, true, nil }
 	}
