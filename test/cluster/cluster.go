@@ -48,6 +48,9 @@ const APIServerPort = 6443
 type Spec struct {
 	// Nodes is the number of worker nodes (default 2), named node1, node2, ...
 	Nodes int
+	// Spare is the number of hosts made ready to join later (AddNode), named after the nodes: the
+	// lab, the router's BGP neighbours and the node credentials exist, the kubelet does not run.
+	Spare int
 	// Proxy is the service proxy: ProxyVipgate (default), ProxyKubeProxy or ProxyNone.
 	Proxy string
 	// BinDir holds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl,
@@ -130,7 +133,7 @@ func Up(ctx context.Context, spec Spec) (*Cluster, error) {
 		return nil, err
 	}
 	SweepStale(spec.Logf)
-	nodes := make([]lab.NodeSpec, spec.Nodes)
+	nodes := make([]lab.NodeSpec, spec.Nodes+spec.Spare)
 	for i := range nodes {
 		nodes[i] = lab.NodeSpec{Name: fmt.Sprintf("node%d", i+1)}
 	}

@@ -104,8 +104,9 @@ cluster-down: $(BIN)/vgcluster
 conformance: cluster-deps $(K8S_BIN)/e2e.test
 	$(GO) run ./test/cluster/vgcluster conformance --focus '$(CONFORMANCE_FOCUS)' --out $(CONFORMANCE_OUT) $(VGCLUSTER_BIN)
 
-# test-cluster-gateways: TestGatewaysInFront in every forwarding mode with the long disruptions
-# (1,000 held connections through a gateway package upgrade and a node drain); make test runs route
-# and one gateway death only.
+# test-cluster-gateways: TestGatewaysInFront in every forwarding mode, and the SNAT pair with conntrack
+# sync, with the long disruptions (1,000 held connections through a gateway package upgrade, a node
+# drain and a node joining); make test runs route and one gateway death only.
+GATEWAY_MODES ?= route,nodePort+sync,nodePort,direct
 test-cluster-gateways: cluster-deps
-	$(TEST_ENV) VIPGATE_CLUSTER_TESTS=1 VIPGATE_GATEWAY_MODES=route,nodePort,direct VIPGATE_GATEWAY_DISRUPTIONS=1 $(GO) test -count=1 -timeout 40m -v -run TestGatewaysInFront ./test/cluster/
+	$(TEST_ENV) VIPGATE_CLUSTER_TESTS=1 VIPGATE_GATEWAY_MODES=$(GATEWAY_MODES) VIPGATE_GATEWAY_DISRUPTIONS=1 $(GO) test -count=1 -timeout 80m -v -run TestGatewaysInFront ./test/cluster/

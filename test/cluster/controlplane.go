@@ -56,7 +56,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 			return err
 		}
 	}
-	for i := 1; i <= c.Spec.Nodes; i++ {
+	for i := 1; i <= c.Spec.Nodes+c.Spec.Spare; i++ {
 		if err := add(fmt.Sprintf("system:node:node%d", i), "system:nodes"); err != nil {
 			return err
 		}

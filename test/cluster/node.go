@@ -45,52 +45,82 @@ func (c *Cluster) startNodes(ctx context.Context) error {
 	if err := lab.IPBatch(c.CPNS, routes); err != nil {
 		return err
 	}
-	tars := imageTarballs(c.Spec)
-	for _, ln := range c.kubeLabNodes() {
-		n := &Node{Name: ln.Name, Lab: ln, Dir: filepath.Join(c.Dir, ln.Name), CgroupRoot: "/" + c.Lab.Prefix() + ln.Name}
-		c.Nodes = append(c.Nodes, n)
-		if err := makeCgroupRoot(n.CgroupRoot); err != nil {
-			return err
-		}
-		script, err := c.writeNodeFiles(n, tars)
-		if err != nil {
-			return err
-		}
-		unshare, err := lookPath("unshare")
-		if err != nil {
-			return err
-		}
-		// exec chain without forks (ip netns exec -> unshare -> sh -> kubelet): the lab's
-		// parent-death signal reaches the kubelet.
-		n.proc, err = c.Lab.Start(ln.Name, filepath.Join(n.Dir, "node.log"),
-			unshare, "--mount", "--uts", "--propagation", "private", "/bin/sh", script)
-		if err != nil {
+	for _, ln := range c.kubeLabNodes()[:c.Spec.Nodes] {
+		if _, err := c.startNode(ln); err != nil {
 			return err
 		}
 	}
-	// Each node registers itself; the pod CIDR is the lab's (the CNI configuration uses it), set
-	// once by the admin as kube-controller-manager would with --allocate-node-cidrs.
 	for _, n := range c.Nodes {
-		err := poll(ctx, readyTimeout, func(ctx context.Context) error {
-			if exited, err := n.proc.Exited(); exited {
-				return errStop{fmt.Errorf("node %s exited: %v", n.Name, err)}
-			}
-			node, err := c.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			if node.Spec.PodCIDR != "" {
-				return nil
-			}
-			patch := fmt.Sprintf(`{"spec":{"podCIDR":%q,"podCIDRs":[%q]}}`, n.Lab.PodCIDRv4, n.Lab.PodCIDRv4)
-			_, err = c.Client.CoreV1().Nodes().Patch(ctx, n.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
+		if err := c.registerNode(ctx, n); err != nil {
 			return err
-		})
-		if err != nil {
-			return fmt.Errorf("node %s: %w (log %s)", n.Name, err, filepath.Join(n.Dir, "kubelet.log"))
 		}
 	}
 	return nil
+}
+
+// startNode starts the node's containerd and kubelet in its own mount and UTS namespace.
+func (c *Cluster) startNode(ln *lab.Node) (*Node, error) {
+	n := &Node{Name: ln.Name, Lab: ln, Dir: filepath.Join(c.Dir, ln.Name), CgroupRoot: "/" + c.Lab.Prefix() + ln.Name}
+	c.Nodes = append(c.Nodes, n)
+	if err := makeCgroupRoot(n.CgroupRoot); err != nil {
+		return nil, err
+	}
+	script, err := c.writeNodeFiles(n, imageTarballs(c.Spec))
+	if err != nil {
+		return nil, err
+	}
+	unshare, err := lookPath("unshare")
+	if err != nil {
+		return nil, err
+	}
+	// exec chain without forks (ip netns exec -> unshare -> sh -> kubelet): the lab's
+	// parent-death signal reaches the kubelet.
+	n.proc, err = c.Lab.Start(ln.Name, filepath.Join(n.Dir, "node.log"),
+		unshare, "--mount", "--uts", "--propagation", "private", "/bin/sh", script)
+	return n, err
+}
+
+// registerNode waits until the node registered itself and gives it its pod CIDR: the lab's (the CNI
+// configuration uses it), set once by the admin as kube-controller-manager would with
+// --allocate-node-cidrs.
+func (c *Cluster) registerNode(ctx context.Context, n *Node) error {
+	err := poll(ctx, readyTimeout, func(ctx context.Context) error {
+		if exited, err := n.proc.Exited(); exited {
+			return errStop{fmt.Errorf("node %s exited: %v", n.Name, err)}
+		}
+		node, err := c.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if node.Spec.PodCIDR != "" {
+			return nil
+		}
+		patch := fmt.Sprintf(`{"spec":{"podCIDR":%q,"podCIDRs":[%q]}}`, n.Lab.PodCIDRv4, n.Lab.PodCIDRv4)
+		_, err = c.Client.CoreV1().Nodes().Patch(ctx, n.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("node %s: %w (log %s)", n.Name, err, filepath.Join(n.Dir, "kubelet.log"))
+	}
+	return nil
+}
+
+// AddNode joins the next spare host (Spec.Spare) to the running cluster, as an operator adds a
+// machine: its kubelet starts and registers, and AddNode returns once the node is Ready and every
+// pod the DaemonSets put on it (vipgate's node agent, the CNI) is ready.
+func (c *Cluster) AddNode(ctx context.Context) (*Node, error) {
+	kube := c.kubeLabNodes()
+	if len(c.Nodes) >= len(kube) {
+		return nil, errors.New("testcluster: no spare host left (Spec.Spare)")
+	}
+	n, err := c.startNode(kube[len(c.Nodes)])
+	if err != nil {
+		return nil, err
+	}
+	if err := c.registerNode(ctx, n); err != nil {
+		return nil, err
+	}
+	return n, c.waitSystemReady(ctx)
 }
 
 // errStop ends poll early.
