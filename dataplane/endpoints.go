@@ -148,3 +148,22 @@ func AppendPortEndpoints(buf []Endpoint, targets TargetPorts, j int, slices_ []*
 	slices.SortFunc(out, func(a, b Endpoint) int { return a.AddrPort().Compare(b.AddrPort()) })
 	return out
 }
+
+// FilterEndpoints returns the endpoints keep accepts: eps itself (not a copy) when it accepts all of
+// them, the usual case, so callers must not modify the result. The node's endpoint categories and
+// the gateway's ready backends both choose with it.
+func FilterEndpoints(eps []Endpoint, keep func(Endpoint) bool) []Endpoint {
+	for i, e := range eps {
+		if !keep(e) {
+			out := make([]Endpoint, i, len(eps))
+			copy(out, eps[:i])
+			for _, e := range eps[i+1:] {
+				if keep(e) {
+					out = append(out, e)
+				}
+			}
+			return out
+		}
+	}
+	return eps
+}

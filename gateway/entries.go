@@ -191,11 +191,11 @@ func ServiceEntries(cfg Config, f cluster.Family, svc *cluster.Service, slices_ 
 		switch cfg.Forwarding {
 		case cluster.ForwardDirect:
 			eps := dataplane.PortEndpoints(targets, j, slices_, f, "")
-			ready := filter(eps, func(e dataplane.Endpoint) bool { return e.Ready })
+			ready := dataplane.FilterEndpoints(eps, func(e dataplane.Endpoint) bool { return e.Ready })
 			if len(ready) == 0 {
 				// As the node does: while nothing is ready, what is still serving while terminating
 				// keeps existing and new connections working through a rolling update.
-				ready = filter(eps, func(e dataplane.Endpoint) bool { return e.Serving && e.Terminating })
+				ready = dataplane.FilterEndpoints(eps, func(e dataplane.Endpoint) bool { return e.Serving && e.Terminating })
 			}
 			onDraining := endpointsOnNodes(slices_, nodes)
 			for _, e := range ready {

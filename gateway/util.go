@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/vipgate/vipgate/cluster"
-	"github.com/vipgate/vipgate/dataplane"
 )
 
 // boolInt is 1 for true, 0 for false: an index into a pair of names.
@@ -14,23 +13,6 @@ func boolInt(b bool) int {
 		return 1
 	}
 	return 0
-}
-
-// filter returns the endpoints of eps that keep accepts (eps itself when it accepts all).
-func filter(eps []dataplane.Endpoint, keep func(dataplane.Endpoint) bool) []dataplane.Endpoint {
-	for i, e := range eps {
-		if !keep(e) {
-			out := make([]dataplane.Endpoint, i, len(eps))
-			copy(out, eps[:i])
-			for _, e := range eps[i+1:] {
-				if keep(e) {
-					out = append(out, e)
-				}
-			}
-			return out
-		}
-	}
-	return eps
 }
 
 // sortServiceKeys sorts keys by namespace, then name.

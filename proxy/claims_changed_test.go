@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"maps"
 	"net/netip"
-	"slices"
 	"testing"
 	"time"
 
@@ -99,37 +97,5 @@ func TestClaimsOfServicesChangedTogether(t *testing.T) {
 // flatEqualInUse is FlatEqual, less the shared pickers neither table uses: an incremental table
 // keeps a picker that fell out of use (diffState.finish), a full build lists the ones in use only.
 func flatEqualInUse(a, b *dataplane.Flat) (bool, string) {
-	return dataplane.FlatEqual(withoutUnusedPickers(a), withoutUnusedPickers(b))
-}
-
-// withoutUnusedPickers returns f without the shared picker chains no element or rule leads to
-// (a masquerading picker that is not used keeps its picker unused too).
-func withoutUnusedPickers(f *dataplane.Flat) *dataplane.Flat {
-	out := *f
-	out.Chains = maps.Clone(f.Chains)
-	for {
-		used := map[string]bool{}
-		for _, els := range out.Elements {
-			for _, e := range els {
-				used[e.Chain] = true
-			}
-		}
-		for _, c := range out.Chains {
-			for _, r := range c.Rules {
-				used[r.Action.Chain] = true
-			}
-		}
-		removed := false
-		for n := range out.Chains {
-			if c, ok := dataplane.ParseChainName(n); ok && (c.Role == dataplane.ChainRolePick || c.Role == dataplane.ChainRoleMasqPick) && !used[n] {
-				delete(out.Chains, n)
-				removed = true
-			}
-		}
-		if !removed {
-			break
-		}
-	}
-	out.ChainOrder = slices.DeleteFunc(slices.Clone(f.ChainOrder), func(n string) bool { return out.Chains[n] == nil })
-	return &out
+	return dataplane.FlatEqual(WithoutUnusedPickers(a), WithoutUnusedPickers(b))
 }

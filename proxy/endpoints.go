@@ -35,11 +35,11 @@ func Categorize(eps []dataplane.Endpoint, svc *cluster.Service, external bool, n
 	}
 	if usesClusterEndpoints(svc, external) {
 		mode := topologyMode(eps, nodeName, zone)
-		c.Cluster = filter(eps, func(e dataplane.Endpoint) bool { return e.Ready && availableForTopology(e, mode, nodeName, zone) })
+		c.Cluster = dataplane.FilterEndpoints(eps, func(e dataplane.Endpoint) bool { return e.Ready && availableForTopology(e, mode, nodeName, zone) })
 		if len(c.Cluster) == 0 {
 			// Terminating fallback: when nothing is ready, use what is still serving while terminating,
 			// so connections keep working through a rolling update.
-			c.Cluster = filter(eps, func(e dataplane.Endpoint) bool { return e.Serving && e.Terminating })
+			c.Cluster = dataplane.FilterEndpoints(eps, func(e dataplane.Endpoint) bool { return e.Serving && e.Terminating })
 		}
 		c.HasAny = len(c.Cluster) > 0
 	}
@@ -58,9 +58,9 @@ func Categorize(eps []dataplane.Endpoint, svc *cluster.Service, external bool, n
 	}
 	switch {
 	case localReady:
-		c.Local = filter(eps, func(e dataplane.Endpoint) bool { return e.Local && e.Ready })
+		c.Local = dataplane.FilterEndpoints(eps, func(e dataplane.Endpoint) bool { return e.Local && e.Ready })
 	case localTerm:
-		c.Local = filter(eps, func(e dataplane.Endpoint) bool { return e.Local && e.Serving && e.Terminating })
+		c.Local = dataplane.FilterEndpoints(eps, func(e dataplane.Endpoint) bool { return e.Local && e.Serving && e.Terminating })
 	}
 	return c
 }
@@ -110,22 +110,4 @@ func availableForTopology(e dataplane.Endpoint, mode, nodeName, zone string) boo
 		return slices.Contains(e.ZoneHints, zone)
 	}
 	return true
-}
-
-// filter returns the endpoints keep accepts: eps itself (not a copy) when it accepts all of them,
-// the usual case, so callers must not modify the result.
-func filter(eps []dataplane.Endpoint, keep func(dataplane.Endpoint) bool) []dataplane.Endpoint {
-	for i, e := range eps {
-		if !keep(e) {
-			out := make([]dataplane.Endpoint, i, len(eps))
-			copy(out, eps[:i])
-			for _, e := range eps[i+1:] {
-				if keep(e) {
-					out = append(out, e)
-				}
-			}
-			return out
-		}
-	}
-	return eps
 }

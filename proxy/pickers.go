@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"maps"
 	"slices"
 
 	"github.com/vipgate/vipgate/cluster"
@@ -34,4 +35,40 @@ func neighbourPickers(shared map[string]int) []string {
 	}
 	slices.Sort(add)
 	return add
+}
+
+// WithoutUnusedPickers returns f without the shared picker chains no element or rule leads to (a
+// masquerading picker that is not used keeps its picker unused too): what an incrementally synced
+// table and a fresh build of the same State may differ by, by design. A picker that falls out of use
+// stays in the table (taking it out and adding it back would make the kernel bind its maps again),
+// and a full sync adds the neighbouring pickers (neighbourPickers), unused. Unused, they change no
+// packet's path. Tests compare tables through it.
+func WithoutUnusedPickers(f *dataplane.Flat) *dataplane.Flat {
+	out := *f
+	out.Chains = maps.Clone(f.Chains)
+	for {
+		used := map[string]bool{}
+		for _, els := range out.Elements {
+			for _, e := range els {
+				used[e.Chain] = true
+			}
+		}
+		for _, c := range out.Chains {
+			for _, r := range c.Rules {
+				used[r.Action.Chain] = true
+			}
+		}
+		removed := false
+		for n := range out.Chains {
+			if c, ok := dataplane.ParseChainName(n); ok && (c.Role == dataplane.ChainRolePick || c.Role == dataplane.ChainRoleMasqPick) && !used[n] {
+				delete(out.Chains, n)
+				removed = true
+			}
+		}
+		if !removed {
+			break
+		}
+	}
+	out.ChainOrder = slices.DeleteFunc(slices.Clone(f.ChainOrder), func(n string) bool { return out.Chains[n] == nil })
+	return &out
 }

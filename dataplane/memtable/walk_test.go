@@ -2,7 +2,6 @@ package memtable_test
 
 import (
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -326,41 +325,9 @@ func walkConfig() proxy.Config {
 
 var families = []cluster.Family{cluster.IPv4, cluster.IPv6}
 
-// inUse returns f without the shared endpoint pickers nothing jumps to. They must differ between an
-// incrementally synced table and a fresh build, by design (dataplane/diff.go, finish and
-// addNeighbourPickers): a picker that falls out of use stays in the table (adding it back would make
-// the kernel re-validate the whole table), and a full sync adds the pickers of one endpoint fewer
-// and one more, unused, so that the next endpoint change binds no map. Unused, they change no
-// packet's path.
-func inUse(f *dataplane.Flat) *dataplane.Flat {
-	out := *f
-	out.Chains = maps.Clone(f.Chains)
-	for {
-		used := map[string]bool{}
-		for _, els := range out.Elements {
-			for _, e := range els {
-				used[e.Chain] = true
-			}
-		}
-		for _, c := range out.Chains {
-			for _, r := range c.Rules {
-				used[r.Action.Chain] = true
-			}
-		}
-		removed := false
-		for n := range out.Chains {
-			if c, ok := dataplane.ParseChainName(n); ok && (c.Role == dataplane.ChainRolePick || c.Role == dataplane.ChainRoleMasqPick) && !used[n] {
-				delete(out.Chains, n)
-				removed = true
-			}
-		}
-		if !removed {
-			break
-		}
-	}
-	out.ChainOrder = slices.DeleteFunc(slices.Clone(f.ChainOrder), func(n string) bool { return out.Chains[n] == nil })
-	return &out
-}
+// inUse returns f without the shared endpoint pickers nothing jumps to, which an incrementally
+// synced table and a fresh build differ by, by design (proxy.WithoutUnusedPickers).
+func inUse(f *dataplane.Flat) *dataplane.Flat { return proxy.WithoutUnusedPickers(f) }
 
 // sorted returns f with its chains and sets in name order, base chains first: the order of a table
 // built in one piece (Flatten) and of one grown by transactions (the kernel's creation order)
