@@ -122,6 +122,23 @@ func (l *wireLab) until(max int, cond func() bool) int {
 	return -1
 }
 
+// untilStable steps until cond has held for n steps in a row, at most max steps; it returns the
+// steps taken until cond began to hold for good (-1: never).
+func (l *wireLab) untilStable(max, n int, cond func() bool) int {
+	held := 0
+	for i := 0; i <= max; i++ {
+		if cond() {
+			if held++; held > n {
+				return i - n
+			}
+		} else {
+			held = 0
+		}
+		l.step()
+	}
+	return -1
+}
+
 // forge is what a member holding the key can send as member from, to member to: any counter, and
 // an echo of to's latest counter (it hears to's heartbeats itself).
 func (l *wireLab) forge(from, to string, counter uint64, ready bool) dropReason {
@@ -216,7 +233,10 @@ func TestRestartClockBehind(t *testing.T) {
 			}
 			l.cut = nil
 			l.start(who, old-uint64(time.Hour))
-			steps := l.until(200, l.allHearAll)
+			// Heard again: all hear all for two heartbeat intervals in a row. With gossip, the
+			// first tick where all hear all was followed by one where a member did not (in 2-3% of
+			// runs, always the next tick: the restart's handover is not over yet).
+			steps := l.untilStable(200, 8, l.allHearAll)
 			if steps < 0 {
 				t.Fatalf("%s restarted with its clock behind is not heard again within 5 s", who)
 			}
