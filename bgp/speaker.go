@@ -43,6 +43,8 @@ type Speaker struct {
 	routes map[netip.Prefix]route
 	// filters are the per-peer export filters installed in GoBGP (see filter.go).
 	filters map[string]*peerFilter
+	// prepends are the AS path prepend policies installed in GoBGP (see prepend.go).
+	prepends map[prependKey]map[netip.Prefix]bool
 	// draining is set by Shutdown: routes carry GRACEFUL_SHUTDOWN and LOCAL_PREF 0.
 	draining bool
 	// peersSet is set after the first SetPeers: only peers added by that call can be the
@@ -100,6 +102,7 @@ func New(logger hclog.Logger, reg prometheus.Registerer, routerID netip.Addr, li
 		peers:    map[string]PeerConfig{},
 		routes:   map[netip.Prefix]route{},
 		filters:  map[string]*peerFilter{},
+		prepends: map[prependKey]map[netip.Prefix]bool{},
 		bfdPeers: map[netip.Addr]bfd.Config{},
 		bfdHeld:  map[netip.Addr]*time.Timer{},
 	}
@@ -237,6 +240,23 @@ func (s *Speaker) SetAdvertisements(ads []Advertisement) error {
 			return was && stays
 		}) {
 			resetPeers = append(resetPeers, p)
+		}
+	}
+
+	// AS path prepend policies, also before the routes enter the RIB; a route that stays announced
+	// with another prepend is sent again by a soft reset out of every peer (prepend.go).
+	prepChanged, err := s.syncPrepends(want)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("AS path prepend: %w", err))
+	}
+	if slices.ContainsFunc(prepChanged, func(pfx netip.Prefix) bool {
+		_, was := s.routes[pfx]
+		_, stays := want[pfx]
+		return was && stays
+	}) {
+		resetPeers = nil
+		for _, name := range slices.Sorted(maps.Keys(s.peers)) {
+			resetPeers = append(resetPeers, s.peers[name])
 		}
 	}
 

@@ -93,6 +93,10 @@ type Advertisement struct {
 	LargeCommunities []string
 	// Peers restricts the route to the named peers; empty means every peer.
 	Peers []string
+	// ASPathPrepend is how many times the AS is prepended to the AS path towards eBGP peers, on
+	// top of the one BGP adds (MetalLB v0.16.2's BGPAdvertisement asPathPrepend, 0-MaxASPathPrepend;
+	// 0: none). See prepend.go.
+	ASPathPrepend uint8
 }
 
 // SessionState is the BGP finite state machine state of a peer.

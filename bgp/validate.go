@@ -120,13 +120,15 @@ type route struct {
 	localPref   uint32
 	communities []uint32 // sorted, unique
 	large       [][3]uint32
+	prepend     uint8 // Advertisement.ASPathPrepend
 	// peers is the sorted set of peer names; nil means every peer.
 	peers []string
 }
 
 // sameAttrs reports whether two routes would produce the same BGP path attributes.
 func (r route) sameAttrs(o route) bool {
-	return r.localPref == o.localPref && slices.Equal(r.communities, o.communities) && slices.Equal(r.large, o.large)
+	return r.localPref == o.localPref && slices.Equal(r.communities, o.communities) && slices.Equal(r.large, o.large) &&
+		r.prepend == o.prepend
 }
 
 // equal reports whether nothing about the route changed, peers included.
@@ -161,7 +163,7 @@ func normalizeAds(ads []Advertisement) (map[netip.Prefix]route, error) {
 			continue
 		}
 		if !old.sameAttrs(r) {
-			errs = append(errs, fmt.Errorf("advertisement %s: conflicts with another advertisement of the same prefix (different localPref or communities)", ad.Prefix))
+			errs = append(errs, fmt.Errorf("advertisement %s: conflicts with another advertisement of the same prefix (different localPref, communities or AS path prepend)", ad.Prefix))
 			continue
 		}
 		if old.peers == nil || r.peers == nil {
@@ -182,7 +184,10 @@ func toRoute(ad Advertisement) (route, error) {
 	if pfx.Addr().Is4In6() {
 		return route{}, errors.New("IPv4-mapped IPv6 prefix: use the IPv4 form")
 	}
-	r := route{prefix: pfx, localPref: ad.LocalPref}
+	if ad.ASPathPrepend > MaxASPathPrepend {
+		return route{}, fmt.Errorf("AS path prepend %d: at most %d", ad.ASPathPrepend, MaxASPathPrepend)
+	}
+	r := route{prefix: pfx, localPref: ad.LocalPref, prepend: ad.ASPathPrepend}
 	for _, c := range ad.Communities {
 		v, err := ParseCommunity(c)
 		if err != nil {

@@ -120,9 +120,12 @@ type NodeConfig struct {
 // for that Service; the Service's other entries are (the refusal is reported like a rejection).
 // Special addresses (loopback, link-local, multicast, ...) are refused whatever the policy says.
 type ExternalIPPolicy struct {
-	// AllowedCIDRs, when set, are the only ranges spec.externalIPs may use, like the
-	// externalip-webhook's allowed CIDRs; unset (the default) allows any address, as kube-proxy does.
-	// It does not apply to LoadBalancer IPs, which the LoadBalancer controller assigns.
+	// AllowedCIDRs are the only ranges spec.externalIPs may use, like the externalip-webhook's
+	// allowed CIDRs. Empty (the default) allows none: Kubernetes deprecated externalIPs (KEP-5707)
+	// and future conformance expects a service proxy not to support them by default, as the API
+	// server's DenyServiceExternalIPs admission. 0.0.0.0/0 and ::/0 give kube-proxy's behaviour
+	// (any address). It does not apply to LoadBalancer IPs, which the LoadBalancer controller
+	// assigns.
 	AllowedCIDRs []netip.Prefix
 	// AllowNodeIPs lets an external or LoadBalancer IP equal a node's address (a node IP of this
 	// config, a local address NodePorts answer on, or any Node's address): such an entry takes the

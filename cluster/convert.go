@@ -702,7 +702,8 @@ func NodeFromAPI(n *corev1.Node) (*Node, error) {
 	if err := checkName("metadata.name", n.Name, validation.IsDNS1123Subdomain); err != nil {
 		return nil, err
 	}
-	out := &Node{Name: n.Name, Labels: maps.Clone(n.Labels), Zone: n.Labels[ZoneLabel], Unschedulable: n.Spec.Unschedulable}
+	out := &Node{Name: n.Name, Labels: maps.Clone(n.Labels), Zone: n.Labels[ZoneLabel], Unschedulable: n.Spec.Unschedulable,
+		ToBeDeleted: nodeToBeDeleted(n)}
 	for k, v := range n.Annotations {
 		if strings.HasPrefix(k, "vipgate.io/") {
 			if out.Annotations == nil {
@@ -724,6 +725,19 @@ func NodeFromAPI(n *corev1.Node) (*Node, error) {
 		}
 	}
 	return out, nil
+}
+
+// ToBeDeletedTaint is the taint the cluster autoscaler puts on a node it is about to delete
+// (kube-proxy's healthcheck.ToBeDeletedTaint).
+const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
+
+// nodeToBeDeleted is kube-proxy's node (in)eligibility: a deletion timestamp, or the autoscaler's
+// ToBeDeletedTaint.
+func nodeToBeDeleted(n *corev1.Node) bool {
+	if n.DeletionTimestamp != nil {
+		return true
+	}
+	return slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ToBeDeletedTaint })
 }
 
 // dns1123Subdomain is the name rule of most namespaced kinds.

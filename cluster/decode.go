@@ -222,7 +222,8 @@ func decodeBGPSecret(js []byte) (metav1.Object, error) {
 }
 
 // decodeMetalLB decodes a MetalLB object strictly. Validation of its content comes later, with the
-// allocator and the speaker that use it; here only the shape and the name are checked.
+// allocator and the speaker that use it; here only the shape, the name and the v0.16.2 fields whose
+// bounds a CRD would enforce (validateMetalLB) are checked.
 func decodeMetalLB(js []byte, kind string, kinds map[string]func() metav1.Object) (metav1.Object, error) {
 	newObj, ok := kinds[kind]
 	if !ok {
@@ -236,6 +237,9 @@ func decodeMetalLB(js []byte, kind string, kinds map[string]func() metav1.Object
 		obj.SetNamespace(DefaultNamespace)
 	}
 	if err := checkMeta(obj.GetNamespace(), obj.GetName(), dns1123Subdomain); err != nil {
+		return nil, err
+	}
+	if err := validateMetalLB(obj); err != nil {
 		return nil, err
 	}
 	return obj, nil

@@ -613,9 +613,10 @@ func dropUnchanged(h cache.ResourceEventHandlerFuncs, unchanged func(oldObj, new
 
 // nodeUnchangedForVipgate says whether an update of a Node leaves everything NodeFromAPI reads as
 // it was: the UID and name, the labels (the zone, the speakers' exclusion label, node selectors),
-// the vipgate.io/ annotations, spec.unschedulable and status.addresses (compared whole, hostnames
+// the vipgate.io/ annotations, spec.unschedulable, whether it is to be deleted (deletionTimestamp,
+// the autoscaler's taint: nodeToBeDeleted) and status.addresses (compared whole, hostnames
 // included: they rarely change, and a change costs one snapshot). Nothing else of a Node is read,
-// by the proxier or the speakers: not the conditions, not the taints. kubelet writes the rest of the
+// by the proxier or the speakers: not the conditions, not the other taints. kubelet writes the rest of the
 // status (condition heartbeats, images, allocatable) every few minutes per node; at 5,000 nodes that
 // is 17 writes a second, each of which would otherwise cost every node a full listing.
 // TestNodeUnchangedForVipgate checks it against NodeFromAPI.
@@ -626,7 +627,7 @@ func nodeUnchangedForVipgate(oldObj, newObj any) bool {
 		return false
 	}
 	return o.UID == n.UID && o.Name == n.Name && o.Spec.Unschedulable == n.Spec.Unschedulable &&
-		maps.Equal(o.Labels, n.Labels) && slices.Equal(o.Status.Addresses, n.Status.Addresses) &&
+		nodeToBeDeleted(o) == nodeToBeDeleted(n) && maps.Equal(o.Labels, n.Labels) && slices.Equal(o.Status.Addresses, n.Status.Addresses) &&
 		vipgateAnnotationsEqual(o.Annotations, n.Annotations)
 }
 

@@ -176,6 +176,9 @@ func metallbFromUnstructured(k *metallbKind, u *unstructured.Unstructured) (meta
 	if err := checkMeta(obj.GetNamespace(), obj.GetName(), dns1123Subdomain); err != nil {
 		return nil, err
 	}
+	if err := validateMetalLB(obj); err != nil {
+		return nil, err
+	}
 	return obj, nil
 }
 

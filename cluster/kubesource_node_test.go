@@ -63,6 +63,10 @@ func TestNodeUnchangedForVipgate(t *testing.T) {
 			n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: "198.51.100.1"})
 		}, false},
 		{"new UID", func(n *corev1.Node) { n.UID = "other" }, false},
+		{"autoscaler's taint", func(n *corev1.Node) {
+			n.Spec.Taints = []corev1.Taint{{Key: ToBeDeletedTaint, Effect: corev1.TaintEffectNoSchedule}}
+		}, false},
+		{"being deleted", func(n *corev1.Node) { n.DeletionTimestamp = &metav1.Time{Time: time.Unix(1, 0)} }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := base.DeepCopy()
@@ -168,5 +172,34 @@ func TestKubeSourceNodeHeartbeat(t *testing.T) {
 	}
 	if n := src.stats.nodeIgnored.Load(); n != 1 {
 		t.Errorf("%d Node updates ignored, want the 1 heartbeat", n)
+	}
+}
+
+// TestNodeFromAPIToBeDeleted: a deletion timestamp or the cluster autoscaler's taint makes a Node
+// ToBeDeleted (kube-proxy's ineligible node: /healthz fails); another taint does not.
+func TestNodeFromAPIToBeDeleted(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(n *corev1.Node)
+		want   bool
+	}{
+		{"plain", func(*corev1.Node) {}, false},
+		{"other taint", func(n *corev1.Node) {
+			n.Spec.Taints = []corev1.Taint{{Key: "node.kubernetes.io/unschedulable", Effect: corev1.TaintEffectNoSchedule}}
+		}, false},
+		{"autoscaler's taint", func(n *corev1.Node) {
+			n.Spec.Taints = []corev1.Taint{{Key: "a", Effect: corev1.TaintEffectNoSchedule}, {Key: ToBeDeletedTaint, Value: "1700000000", Effect: corev1.TaintEffectNoSchedule}}
+		}, true},
+		{"deletion timestamp", func(n *corev1.Node) { n.DeletionTimestamp = &metav1.Time{Time: time.Unix(1, 0)} }, true},
+	} {
+		n := apiNode("node1", "1", "192.0.2.11")
+		tc.change(n)
+		got, err := NodeFromAPI(n)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got.ToBeDeleted != tc.want {
+			t.Errorf("%s: ToBeDeleted = %v, want %v", tc.name, got.ToBeDeleted, tc.want)
+		}
 	}
 }

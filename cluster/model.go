@@ -196,6 +196,10 @@ type Node struct {
 	Addresses []netip.Addr
 	// Unschedulable is spec.unschedulable (cordoned, e.g. by kubectl drain).
 	Unschedulable bool
+	// ToBeDeleted says the Node is going away: metadata.deletionTimestamp is set, or it carries the
+	// cluster autoscaler's ToBeDeletedByClusterAutoscaler taint. kube-proxy's /healthz then fails
+	// (the node is not eligible for load-balancer traffic); vipgate's does the same.
+	ToBeDeleted bool
 	// Annotations are the Node's annotations under vipgate.io/ (the others are not kept: Nodes
 	// carry large ones, e.g. CNI and CSI state).
 	Annotations map[string]string

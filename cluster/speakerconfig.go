@@ -39,7 +39,19 @@ type SpeakerConfig struct {
 	DirectMembersLimit *int
 	// GossipFanout is to how many members a gossip round sends (0: 1).
 	GossipFanout int
+	// GratuitousARPInterval, when set, announces every VIP this node owns by L2 again at this
+	// interval (gratuitous ARP, unsolicited NA), on the interfaces its takeover is announced on:
+	// MetalLB v0.16.2's speaker flag --gratuitous-arp-interval (metallb#2910: a switch whose FDB
+	// entry ages out before the router's ARP entry black-holes the VIP until the owner sends
+	// something). 0 (the default, as in MetalLB): off; else 1s-1h.
+	GratuitousARPInterval time.Duration
 }
+
+// Bounds of SpeakerConfig.GratuitousARPInterval.
+const (
+	minGratuitousARPInterval = time.Second
+	maxGratuitousARPInterval = time.Hour
+)
 
 // Bounds of the gossip settings: an all-to-all heartbeat holds at most 7,320 members, and a
 // fanout beyond 16 only multiplies the traffic.
@@ -66,6 +78,8 @@ type speakerConfigFile struct {
 	// DirectMembersLimit is a pointer: 0 (always gossip) differs from unset (128).
 	DirectMembersLimit *int `json:"directMembersLimit"`
 	GossipFanout       int  `json:"gossipFanout"`
+	// GratuitousARPInterval is a Go duration ("30s").
+	GratuitousARPInterval string `json:"gratuitousARPInterval"`
 }
 
 type speakerMemberFile struct {
@@ -87,7 +101,8 @@ func parseSpeakerConfig(f *speakerConfigFile) (SpeakerConfig, error) {
 		field string
 		in    string
 		out   *time.Duration
-	}{{"speaker.heartbeatInterval", f.HeartbeatInterval, &c.HeartbeatInterval}, {"speaker.deadAfter", f.DeadAfter, &c.DeadAfter}} {
+	}{{"speaker.heartbeatInterval", f.HeartbeatInterval, &c.HeartbeatInterval}, {"speaker.deadAfter", f.DeadAfter, &c.DeadAfter},
+		{"speaker.gratuitousARPInterval", f.GratuitousARPInterval, &c.GratuitousARPInterval}} {
 		if d.in == "" {
 			continue
 		}
@@ -127,6 +142,9 @@ func (c *SpeakerConfig) validate(nodeName string) error {
 	}
 	if l := c.DirectMembersLimit; l != nil && (*l < 0 || *l > maxDirectMembersLimit) {
 		return fmt.Errorf("speaker.directMembersLimit: %d is outside 0-%d (0: every segment gossips; unset: 128)", *l, maxDirectMembersLimit)
+	}
+	if g := c.GratuitousARPInterval; g != 0 && (g < minGratuitousARPInterval || g > maxGratuitousARPInterval) {
+		return fmt.Errorf("speaker.gratuitousARPInterval: %v is outside %v-%v (0 or unset: off)", g, minGratuitousARPInterval, maxGratuitousARPInterval)
 	}
 	if c.GossipFanout < 0 || c.GossipFanout > maxGossipFanout {
 		return fmt.Errorf("speaker.gossipFanout: %d is outside 1-%d (0 or unset: 1)", c.GossipFanout, maxGossipFanout)

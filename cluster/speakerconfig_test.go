@@ -20,6 +20,7 @@ func TestNodeConfigSpeaker(t *testing.T) {
   podSelector: app=vipgate-node,tier in (edge)
   directMembersLimit: 0
   gossipFanout: 2
+  gratuitousARPInterval: 30s
   members:
   - {name: n1, address: 192.0.2.11}
   - {name: n2, address: "2001:db8:1::12"}
@@ -29,7 +30,7 @@ func TestNodeConfigSpeaker(t *testing.T) {
 	}
 	want := SpeakerConfig{MemberPort: 7000, HeartbeatInterval: 50 * time.Millisecond, DeadAfter: 200 * time.Millisecond,
 		MemberKeyFile: "/etc/vipgate/memberlist/key", PodSelector: "app=vipgate-node,tier in (edge)",
-		DirectMembersLimit: new(int), GossipFanout: 2,
+		DirectMembersLimit: new(int), GossipFanout: 2, GratuitousARPInterval: 30 * time.Second,
 		Members: []SpeakerMember{{"n1", netip.MustParseAddr("192.0.2.11")}, {"n2", netip.MustParseAddr("2001:db8:1::12")}}}
 	if diff := cmp.Diff(want, c.Speaker, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 		t.Errorf("speaker (-want +got):\n%s", diff)
@@ -51,6 +52,9 @@ func TestNodeConfigSpeaker(t *testing.T) {
 		{"speaker: {directMembersLimit: many}", "directMembersLimit"},
 		{"speaker: {gossipFanout: -2}", "speaker.gossipFanout: -2 is outside 1-16"},
 		{"speaker: {gossipFanout: 100}", "speaker.gossipFanout"},
+		{"speaker: {gratuitousARPInterval: 500ms}", "speaker.gratuitousARPInterval: 500ms is outside 1s-1h0m0s (0 or unset: off)"},
+		{"speaker: {gratuitousARPInterval: 2h}", "speaker.gratuitousARPInterval: 2h0m0s is outside"},
+		{"speaker: {gratuitousARPInterval: 30}", "speaker.gratuitousARPInterval"},
 		{"speaker: {members: [{name: n2, address: 192.0.2.12}]}", "this node (\"n1\") is not listed"},
 		{"speaker: {members: [{name: n1, address: 192.0.2.11}, {name: n1, address: 192.0.2.12}]}", "listed twice"},
 		{"speaker: {members: [{name: n1, address: 192.0.2.11}, {name: n2, address: 192.0.2.11}]}", "also \"n1\"'s address"},

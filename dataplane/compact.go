@@ -638,8 +638,9 @@ func (p *Part) AllElements() iter.Seq[Element] {
 	}
 }
 
-// CountElements counts the part's elements, and those of them in sharable sets.
-func (p *Part) CountElements() (all, sharable int) {
+// CountElements counts the part's elements, and those of them in the sharable sets
+// (DiffOptions.Sharable, as SharableSets).
+func (p *Part) CountElements(sharableSets map[string]bool) (all, sharable int) {
 	if pp := p.packed; pp != nil {
 		r, n := pp.elementReader()
 		for range n {
@@ -680,8 +681,8 @@ func (p *Part) AllBackends() iter.Seq[Backend] {
 	}
 }
 
-// ElementRefs counts, for the sets whose elements several parts may hold (sharableSets: hairpin,
-// cluster IPs), how many parts hold each element: one per cluster IP and per local endpoint, ~20,000
+// ElementRefs counts, for the sets whose elements several parts may hold (DiffOptions.Sharable: the
+// node's hairpin and cluster IP sets), how many parts hold each element: one per cluster IP and per local endpoint, ~20,000
 // at 10,000 Services. They are counted under a packed key instead of the Element's 160 bytes: 14
 // bytes when both addresses are IPv4 (every element of an IPv4 table), else 38; an element no key
 // can hold exactly (any field a sharable element does not use set, an address with a zone) is
@@ -690,27 +691,29 @@ type ElementRefs struct {
 	packed4 map[sharedKey4]int32
 	packed  map[sharedKey]int32
 	other   map[Element]int
+	// sets numbers the sets of the packed keys (sharedKey.set), in the order they are met.
+	sets map[string]uint8
 }
 
 // sharedKey is a sharable element: its set, protocol, port and two addresses (kinds: two bits each,
 // addrKind; IPv4 addresses as their IPv4-mapped bytes).
 type sharedKey struct {
-	hairpin bool // SetHairpin; else SetClusterIPs
-	proto   uint8
-	kinds   uint8
-	port    uint16
-	addr    [16]byte
-	addr2   [16]byte
+	set   uint8 // ElementRefs.sets
+	proto uint8
+	kinds uint8
+	port  uint16
+	addr  [16]byte
+	addr2 [16]byte
 }
 
 // sharedKey4 is a sharable element whose addresses are IPv4 or unset.
 type sharedKey4 struct {
-	hairpin bool
-	proto   uint8
-	kinds   uint8
-	port    uint16
-	addr    [4]byte
-	addr2   [4]byte
+	set   uint8
+	proto uint8
+	kinds uint8
+	port  uint16
+	addr  [4]byte
+	addr2 [4]byte
 }
 
 // newElementRefs returns an empty count, with room for n elements of an IPv4 table (a full sync
@@ -721,7 +724,7 @@ func newElementRefs(n int) *ElementRefs {
 
 // NewElementRefs returns an empty count with room for n elements of a table of family f.
 func NewElementRefs(f cluster.Family, n int) *ElementRefs {
-	r := &ElementRefs{other: map[Element]int{}}
+	r := &ElementRefs{other: map[Element]int{}, sets: map[string]uint8{}}
 	if f == cluster.IPv4 {
 		r.packed4, r.packed = make(map[sharedKey4]int32, n), map[sharedKey]int32{}
 	} else {
@@ -730,8 +733,10 @@ func NewElementRefs(f cluster.Family, n int) *ElementRefs {
 	return r
 }
 
-func sharedKeyOf(e Element) (sharedKey, bool) {
-	if (e.Set != SetHairpin && e.Set != SetClusterIPs) || e.Chain != "" || e.Verdict != VerdictNone ||
+// sharedKeyOf packs e, numbering its set in r.sets (at most 256 sets are packed; the elements of
+// others are counted under the Element).
+func (r *ElementRefs) sharedKeyOf(e Element) (sharedKey, bool) {
+	if e.Chain != "" || e.Verdict != VerdictNone ||
 		e.DataAddr.IsValid() || e.DataPort != 0 || e.Index != 0 || e.Prefix != (netip.Prefix{}) {
 		return sharedKey{}, false
 	}
@@ -739,7 +744,15 @@ func sharedKeyOf(e Element) (sharedKey, bool) {
 	if k1 == addrZoned || k2 == addrZoned {
 		return sharedKey{}, false
 	}
-	k := sharedKey{hairpin: e.Set == SetHairpin, proto: e.Proto, port: e.Port, kinds: k1 | k2<<2}
+	set, ok := r.sets[e.Set]
+	if !ok {
+		if len(r.sets) > 255 {
+			return sharedKey{}, false
+		}
+		set = uint8(len(r.sets))
+		r.sets[e.Set] = set
+	}
+	k := sharedKey{set: set, proto: e.Proto, port: e.Port, kinds: k1 | k2<<2}
 	if k1 != addrNone {
 		k.addr = e.Addr.As16()
 	}
@@ -754,13 +767,13 @@ func (k sharedKey) key4() (sharedKey4, bool) {
 	if k.kinds&0b1010 != 0 { // addrV6 in either place (addrZoned is not in a sharedKey)
 		return sharedKey4{}, false
 	}
-	return sharedKey4{hairpin: k.hairpin, proto: k.proto, kinds: k.kinds, port: k.port,
+	return sharedKey4{set: k.set, proto: k.proto, kinds: k.kinds, port: k.port,
 		addr: [4]byte(k.addr[12:]), addr2: [4]byte(k.addr2[12:])}, true
 }
 
 // add adds delta to e's count and returns the new count; an element at 0 is forgotten.
 func (r *ElementRefs) add(e Element, delta int) int {
-	if k, ok := sharedKeyOf(e); ok {
+	if k, ok := r.sharedKeyOf(e); ok {
 		if k4, ok := k.key4(); ok {
 			return addRef(r.packed4, k4, delta)
 		}

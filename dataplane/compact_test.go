@@ -181,7 +181,7 @@ func TestElementRefs(t *testing.T) {
 			t.Fatalf("round %d: %d elements counted, want %d", round, r.Len(), len(want))
 		}
 	}
-	if _, ok := sharedKeyOf(Element{Set: SetHairpin, Addr: v4, Addr2: v4, Proto: ProtoTCP, Port: 80}); !ok {
+	if _, ok := r.sharedKeyOf(Element{Set: SetHairpin, Addr: v4, Addr2: v4, Proto: ProtoTCP, Port: 80}); !ok {
 		t.Error("a hairpin element is not counted under a packed key")
 	}
 	// The elements of an IPv4 table take the short key; an IPv4-mapped address the long one.

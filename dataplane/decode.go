@@ -412,13 +412,31 @@ func decodeElementAttrs(ad *netlink.AttributeDecoder, e *KernelElement) error {
 	return nil
 }
 
-// baseChainOrder is the order of the base chains of vipgate's tables as they are built and rendered
-// (the node's, proxy/schema.go's baseChains; the gateway's tables use the same names): decoded base
-// chains are put in this order, the others after them, so that a table reads back as rendered and
-// the tracer meets base chains of one hook and priority in the same order.
-var baseChainOrder = []string{
-	ChainFilterPreroutingPreDNAT, ChainFilterOutputPreDNAT, ChainFilterInput, ChainFilterForward,
-	ChainFilterOutput, ChainNATPrerouting, ChainNATOutput, ChainNATPostrouting,
+// CompareBaseChains orders base chains as the decoder puts them: filter before nat, then by
+// priority, then by hook along the packet's path (prerouting, input, forward, output,
+// postrouting, ingress); chains equal in all three keep the kernel's order. A role that builds its
+// base chains in this order reads its table back as rendered (the node's schema does:
+// proxy's TestBaseChainsInDecodeOrder), and the tracer meets base chains of one hook and priority
+// in the same order either way.
+func CompareBaseChains(a, b *Chain) int {
+	return cmp.Or(cmp.Compare(a.Type, b.Type), cmp.Compare(a.Priority, b.Priority), cmp.Compare(hookRank(a.Hook), hookRank(b.Hook)))
+}
+
+// hookRank is a hook's place along a packet's path (HookIngress, and any other, last).
+func hookRank(h Hook) int {
+	switch h {
+	case HookPrerouting:
+		return 0
+	case HookInput:
+		return 1
+	case HookForward:
+		return 2
+	case HookOutput:
+		return 3
+	case HookPostrouting:
+		return 4
+	}
+	return 5
 }
 
 // DecodeOptions are what a role tells the decoder about its tables; decoding needs neither.
@@ -458,10 +476,6 @@ func DecodeTable(kt *KernelTable, o DecodeOptions) (*Flat, error) {
 			f.Elements[name] = els
 		}
 	}
-	if err := resolveGatewayMarks(f); err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
-	}
-
 	var base, regular []string
 	// legacy lists the chains none of whose rules carries userdata: written by a vipgate that did
 	// not put comments there (or without comments at all), see DecodeOptions.RestoreComments.
@@ -495,15 +509,13 @@ func DecodeTable(kt *KernelTable, o DecodeOptions) (*Flat, error) {
 			regular = append(regular, ch.Name)
 		}
 	}
-	// Base chains first, in schema order where they are vipgate's, so the table reads as rendered.
-	rank := func(n string) int {
-		if i := slices.Index(baseChainOrder, n); i >= 0 {
-			return i
-		}
-		return len(baseChainOrder)
-	}
-	slices.SortStableFunc(base, func(a, b string) int { return cmp.Compare(rank(a), rank(b)) })
+	// Base chains first, in CompareBaseChains' order, so the table reads as rendered.
+	slices.SortStableFunc(base, func(a, b string) int { return CompareBaseChains(f.Chains[a], f.Chains[b]) })
 	f.ChainOrder = append(base, regular...)
+	// The node ids of the connection table's slot maps, by the node map their rules name.
+	if err := resolveGatewayMarks(f); err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
 	if o.RestoreComments != nil && len(legacy) > 0 {
 		o.RestoreComments(f, legacy)
 	}
@@ -842,12 +854,13 @@ func decodeChain(kc *nftables.Chain, netdev bool, devices []string) (*Chain, err
 // hints are the parameters a run of expressions offers to candidate matches and actions: the first
 // of each kind from the current position on. A wrong hint only makes a candidate fail its proof.
 type hints struct {
-	set, dynset string
-	modulus     uint32
-	mask, xor   []byte
-	cmpData     []byte
-	imm         [][]byte
-	verdict     *expr.Verdict
+	// set and set2 are the first two lookups' sets.
+	set, set2, dynset string
+	modulus           uint32
+	mask, xor         []byte
+	cmpData           []byte
+	imm               [][]byte
+	verdict           *expr.Verdict
 }
 
 func gatherHints(xs []expr.Any) hints {
@@ -855,6 +868,9 @@ func gatherHints(xs []expr.Any) hints {
 	for _, x := range xs {
 		switch e := x.(type) {
 		case *expr.Lookup:
+			if h.set != "" && h.set2 == "" {
+				h.set2 = e.SetName
+			}
 			h.set = cmp.Or(h.set, e.SetName)
 		case *expr.Dynset:
 			h.dynset = cmp.Or(h.dynset, e.SetName)

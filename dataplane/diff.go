@@ -152,11 +152,6 @@ func (t *Tx) String() string {
 		t.Family, t.Full, len(t.AddSets), len(t.AddChains), len(t.FlushChains), len(t.DelElements), t.NumAddElements(), len(t.DelChains), len(t.DelSets), len(t.Purges))
 }
 
-// sharableSets are the sets in which two Services may legitimately hold the same element (a pod IP and
-// port in the hairpin set, a ClusterIP in two Services' ClusterIP set). Elements there are reference
-// counted; every other element has exactly one owner.
-var sharableSets = map[string]bool{SetHairpin: true, SetClusterIPs: true}
-
 func rulesEqual(a, b []Rule) bool {
 	return slices.EqualFunc(a, b, func(x, y Rule) bool {
 		return x.Action == y.Action && x.Comment == y.Comment && slices.Equal(x.Matches, y.Matches)
@@ -177,6 +172,8 @@ type diffState struct {
 	sharedRefs  map[string]int
 	sharedDelta map[string]int
 	sets        map[string]*Set
+	// sharable are DiffOptions.Sharable's sets.
+	sharable map[string]bool
 	// lazyAdds: the parts added from nothing are listed in the transaction's addParts instead of
 	// their elements in AddElements (a full sync: nothing is deleted, so no addition cancels out in
 	// finish).
@@ -187,7 +184,7 @@ type diffState struct {
 }
 
 // Diff accumulates one sync's changes to one family's table into a transaction: each part's old
-// and new version in turn (Part), then Finish. Elements of the sharable sets (hairpin, cluster IPs)
+// and new version in turn (Part), then Finish. Elements of the sharable sets (DiffOptions.Sharable)
 // and shared chains (Part.Uses) are reference counted across the parts, in counts the caller keeps
 // from one sync to the next (DiffOptions). DiffRulesets is a Diff of two whole rulesets.
 type Diff struct{ d diffState }
@@ -195,6 +192,10 @@ type Diff struct{ d diffState }
 // DiffOptions are the counts and indexes a Diff updates, which its caller keeps between syncs, and
 // how it lists what it adds.
 type DiffOptions struct {
+	// Sharable are the sets in which two parts may legitimately hold the same element (the node's:
+	// a pod IP and port in the hairpin set, a ClusterIP in two Services' ClusterIP set). Elements
+	// there are reference counted; every other element has exactly one owner.
+	Sharable []string
 	// Refs counts the elements of sharable sets held by the parts (nil: a fresh map of Elements).
 	Refs *ElementRefs
 	// SharedRefs counts, per shared chain, the parts that use it; a chain at 0 exists unused.
@@ -223,9 +224,18 @@ func NewDiff(tx *Tx, o DiffOptions) *Diff {
 	return &Diff{d: newDiffState(tx, o)}
 }
 
+// SharableSets is a set of set names, as Part.CountElements takes them.
+func SharableSets(names []string) map[string]bool {
+	m := make(map[string]bool, len(names))
+	for _, n := range names {
+		m[n] = true
+	}
+	return m
+}
+
 func newDiffState(tx *Tx, o DiffOptions) diffState {
 	d := diffState{tx: tx, refs: o.Refs, sharedRefs: o.SharedRefs, sets: o.Sets, lazyAdds: o.AddParts,
-		sharedChain: o.SharedChain, neighbours: o.Neighbours}
+		sharedChain: o.SharedChain, neighbours: o.Neighbours, sharable: SharableSets(o.Sharable)}
 	if o.Refs == nil {
 		d.elemRefs = map[Element]int{}
 	}
@@ -313,7 +323,7 @@ func (d *diffState) diffPart(old, new *Part) {
 		if _, ok := newEls[e]; ok {
 			continue
 		}
-		if sharableSets[e.Set] && d.ref(e, -1) > 0 {
+		if d.sharable[e.Set] && d.ref(e, -1) > 0 {
 			continue
 		}
 		d.tx.DelElements = append(d.tx.DelElements, e)
@@ -322,7 +332,7 @@ func (d *diffState) diffPart(old, new *Part) {
 		if _, ok := oldEls[e]; ok {
 			continue
 		}
-		if sharableSets[e.Set] && d.ref(e, 1) > 1 {
+		if d.sharable[e.Set] && d.ref(e, 1) > 1 {
 			continue
 		}
 		d.tx.AddElements = append(d.tx.AddElements, e)
@@ -351,7 +361,7 @@ func (d *diffState) addPart(p *Part) {
 		ap := addedPart{p: p}
 		i := int32(0)
 		for e := range p.AllElements() {
-			if sharableSets[e.Set] && d.ref(e, 1) > 1 {
+			if d.sharable[e.Set] && d.ref(e, 1) > 1 {
 				ap.skip = append(ap.skip, i)
 			}
 			i++
@@ -362,7 +372,7 @@ func (d *diffState) addPart(p *Part) {
 		}
 	} else {
 		for e := range p.AllElements() {
-			if sharableSets[e.Set] && d.ref(e, 1) > 1 {
+			if d.sharable[e.Set] && d.ref(e, 1) > 1 {
 				continue
 			}
 			d.tx.AddElements = append(d.tx.AddElements, e)

@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -35,7 +34,7 @@ const (
 	MasqExternalCluster
 	// MasqLocalFromHost: traffic from this host to an externalTrafficPolicy=Local Service.
 	MasqLocalFromHost
-	// MasqMarkedByChain: another chain marked the packet for masquerade (Candidate.MarkRule).
+	// MasqMarkedByChain: another chain marked the packet for masquerade (ExplainedCandidate.MarkRule).
 	MasqMarkedByChain
 	// MasqHairpin: the endpoint is the client itself.
 	MasqHairpin
@@ -53,28 +52,48 @@ func (m MasqReason) String() string {
 	return "MasqReason(" + strconv.Itoa(int(m)) + ")"
 }
 
-// masqReasonOf says why the branch st, which was masqueraded, was.
-func masqReasonOf(st pstate) MasqReason {
-	if st.gwMasq {
-		return MasqGatewaySNAT
-	}
-	if st.markRule.Chain != "" {
-		if st.markRule.Chain == ChainServices {
-			return MasqClusterIPFromOutside
+// ExplainRole is what one role (the node's proxy, the gateway) knows of the chains and sets of
+// its tables, which Explain needs to say why: the engine names none of them. A zero field knows
+// nothing. Explain asks the roles it is given in order, and takes the first answer.
+type ExplainRole struct {
+	// Masquerade says why candidate c of table f, which is masqueraded, is (MasqNone: the role
+	// does not know) and which rule marked it for masquerade (zero if none did).
+	Masquerade func(f *Flat, c Candidate) (MasqReason, RuleRef)
+	// Verdict says why a rule of chain dropped or rejected (o) the packet (VerdictOther: the role
+	// does not know), and for VerdictSourceRange the Service port ("ns/name port 80/tcp").
+	Verdict func(chain string, o Outcome) (VerdictReason, string)
+	// EntrySets are the sets whose elements' addresses are Service addresses: a packet to one of
+	// them that no rule takes is AcceptUndefinedPort.
+	EntrySets []string
+}
+
+// masqReasonOf says why candidate c of f, which was masqueraded, was: the first role's answer,
+// else hairpin when the masquerading rule matches the hairpin set, else MasqOther.
+func masqReasonOf(f *Flat, c Candidate, roles []ExplainRole) (MasqReason, RuleRef) {
+	for _, r := range roles {
+		if r.Masquerade == nil {
+			continue
 		}
-		cn, _ := ParseChainName(st.markRule.Chain)
-		switch cn.Role {
-		case ChainRoleMasqPick, ChainRoleExternal:
-			return MasqExternalCluster
-		case ChainRoleExternalLocalIP, ChainRoleExternalLocalNodePort:
-			return MasqLocalFromHost
+		if why, mark := r.Masquerade(f, c); why != MasqNone {
+			return why, mark
 		}
-		return MasqMarkedByChain
 	}
-	if st.masqHairpin {
-		return MasqHairpin
+	if rule := ruleAt(f, c.MasqRule); rule != nil && slices.ContainsFunc(rule.Matches, func(m Match) bool { return m.Kind == MatchHairpin }) {
+		return MasqHairpin, RuleRef{}
 	}
-	return MasqOther
+	return MasqOther, RuleRef{}
+}
+
+// ruleAt is the rule ref names in f (nil if none).
+func ruleAt(f *Flat, ref RuleRef) *Rule {
+	if f == nil {
+		return nil
+	}
+	ch := f.Chains[ref.Chain]
+	if ch == nil || ref.Index < 0 || ref.Index >= len(ch.Rules) {
+		return nil
+	}
+	return &ch.Rules[ref.Index]
 }
 
 // VerdictReason says why a packet is dropped or rejected.
@@ -154,6 +173,10 @@ type Explanation struct {
 // the map's slots lead to it.
 type ExplainedCandidate struct {
 	Candidate
+	// MasqReason says why the source is masqueraded (MasqNone when it is not), MarkRule the rule
+	// that marked it for masquerade (zero if none did), as the roles tell (ExplainRole).
+	MasqReason MasqReason
+	MarkRule   RuleRef
 	// Slots of SlotsOf slots lead to the candidate (0 of 0: not picked by slots).
 	Slots, SlotsOf uint32
 }
@@ -168,8 +191,9 @@ type MaglevChoice struct {
 	Routed  bool
 }
 
-// Explain traces p through f and explains the result.
-func Explain(f *Flat, h HostInfo, p Packet) Explanation {
+// Explain traces p through f and explains the result, with what roles know of f's chains and
+// sets (the proxy's and the gateway's ExplainRole).
+func Explain(f *Flat, h HostInfo, p Packet, roles ...ExplainRole) Explanation {
 	res := Trace(f, h, p)
 	ex := Explanation{Result: res}
 	dst := p.Dst.Unmap()
@@ -181,6 +205,9 @@ func Explain(f *Flat, h HostInfo, p Packet) Explanation {
 	}
 	for _, c := range res.Candidates {
 		ec := ExplainedCandidate{Candidate: c}
+		if c.Masquerade {
+			ec.MasqReason, ec.MarkRule = masqReasonOf(f, c, roles)
+		}
 		if d := actionKindDescs[c.Rule.Action]; d != nil && d.slots != nil { // kinds.go
 			ec.Slots, ec.SlotsOf = slotsTo(f, c.Rule, *d.slots, dst, p.Proto, p.Port, c.Endpoint)
 			if ec.Probability == 0 && ec.SlotsOf > 0 {
@@ -196,10 +223,10 @@ func Explain(f *Flat, h HostInfo, p Packet) Explanation {
 	for _, d := range res.Decisions {
 		switch d.Outcome {
 		case OutcomeDrop, OutcomeReject:
-			ex.Verdicts = append(ex.Verdicts, verdictOf(d))
+			ex.Verdicts = append(ex.Verdicts, verdictOf(d, roles))
 		case OutcomeAccept:
 			ex.Accept = AcceptNotServiceTraffic
-			if entryAddrKnown(f, dst) {
+			if entryAddrKnown(f, dst, roles) {
 				ex.Accept = AcceptUndefinedPort
 			}
 		}
@@ -216,32 +243,34 @@ func algorithmOf(k ActionKind) cluster.LBAlgorithm {
 	return ""
 }
 
-// verdictOf explains a drop or reject decision by the chain of its rule.
-func verdictOf(d Decision) Verdict {
+// verdictOf explains a drop or reject decision by the chain of its rule: the first role's answer.
+func verdictOf(d Decision, roles []ExplainRole) Verdict {
 	v := Verdict{Outcome: d.Outcome, Rule: d.Rule}
-	switch chain := d.Rule.Chain; {
-	case chain == ChainReject:
-		v.Reason = VerdictNoEndpoints
-	case chain == ChainServiceEndpointsCheck || chain == ChainNodePortEndpointsCheck:
-		v.Reason = VerdictNoLocalEndpoints
-	case chain == ChainClusterIPsCheck && d.Outcome == OutcomeReject:
-		v.Reason = VerdictClusterIPNoPort
-	case chain == ChainClusterIPsCheck:
-		v.Reason = VerdictClusterIPUnallocated
-	default:
-		if cn, ok := ParseChainName(chain); ok && cn.Role == ChainRoleFirewall {
-			v.Reason, v.ServicePort = VerdictSourceRange, cn.ServicePort()
+	for _, r := range roles {
+		if r.Verdict == nil {
+			continue
+		}
+		if v.Reason, v.ServicePort = r.Verdict(d.Rule.Chain, d.Outcome); v.Reason != VerdictOther {
+			break
 		}
 	}
 	return v
 }
 
-// entryAddrKnown says whether addr is the address of some Service entry in the table.
-func entryAddrKnown(f *Flat, addr netip.Addr) bool {
-	for _, set := range []string{MapServiceIPs, MapNoEndpointServices, MapFirewallIPs} {
-		for _, e := range f.Elements[set] {
-			if e.Addr == addr {
-				return true
+// entryAddrKnown says whether addr is the address of some Service entry in the table: an element
+// of a role's EntrySets.
+func entryAddrKnown(f *Flat, addr netip.Addr, roles []ExplainRole) bool {
+	seen := map[string]bool{}
+	for _, r := range roles {
+		for _, set := range r.EntrySets {
+			if seen[set] {
+				continue
+			}
+			seen[set] = true
+			for _, e := range f.Elements[set] {
+				if e.Addr == addr {
+					return true
+				}
 			}
 		}
 	}
@@ -256,7 +285,7 @@ func slotsTo(f *Flat, rule RuleRef, sm slotMap, dst netip.Addr, proto uint8, por
 		return 0, 0
 	}
 	a := ch.Rules[rule.Index].Action
-	kind, m := sm.kind, cmp.Or(sm.name, a.Map)
+	kind, m := sm.kind, a.Map
 	for _, e := range f.Elements[m] {
 		if (kind != KindProtoPortEndpoints && e.Addr.Unmap() != dst) || e.Proto != proto || e.Port != port || e.Index >= a.Value {
 			continue
@@ -320,7 +349,7 @@ type FastPathExplanation struct {
 // every ingress chain holds the same rules), through the netdev table nd. A device without an
 // ingress chain, or a packet from this host, is not the fast path's: the explanation's Result
 // accepts it, and the family's table decides.
-func ExplainFastPath(nd *Flat, dev string, h HostInfo, p Packet) FastPathExplanation {
+func ExplainFastPath(nd *Flat, dev string, h HostInfo, p Packet, roles ...ExplainRole) FastPathExplanation {
 	var out FastPathExplanation
 	if nd == nil {
 		out.Result = Result{Outcome: OutcomeError, Reason: "no netdev table to trace"}
@@ -359,7 +388,7 @@ func ExplainFastPath(nd *Flat, dev string, h HostInfo, p Packet) FastPathExplana
 			one.Chains[n] = c
 		}
 	}
-	out.Explanation = Explain(&one, h, p)
+	out.Explanation = Explain(&one, h, p, roles...)
 	out.Taken = out.Result.Outcome == OutcomeRoute
 	for _, c := range out.Result.Candidates {
 		if ch := nd.Chains[c.Rule.Chain]; ch != nil && c.Rule.Index >= 0 && c.Rule.Index < len(ch.Rules) && ch.Rules[c.Rule.Index].Action.Device != "" {

@@ -6,6 +6,3 @@ package dataplane
 
 // PackRoundTrip is packRoundTrip (compact_test.go).
 var PackRoundTrip = packRoundTrip
-
-// BaseChainOrder is baseChainOrder (decode.go), which the node's schema (proxy) must build in.
-var BaseChainOrder = baseChainOrder

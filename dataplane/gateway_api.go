@@ -62,15 +62,6 @@ func IsNetdev(f cluster.Family) bool { return isNetdev(f) }
 // IPFamily is the IP family of f, a family or NetdevFamily of one.
 func IPFamily(f cluster.Family) cluster.Family { return ipFamily(f) }
 
-// IngressChainName is the name of the netdev table's ingress chain of device dev.
-func IngressChainName(dev string) string { return ingressChainName(dev) }
-
-// FirewallChainName is the name of the fw- chain of a VIP port of Service key (the node's name for
-// it: schema.go), which checks loadBalancerSourceRanges.
-func FirewallChainName(key cluster.ServiceKey, proto uint8, port uint16) string {
-	return PerPortChain(ChainRoleFirewall, ServicePortName(key, proto, port), "")
-}
-
 // FlowCopyBatch is the number of gateway-flows entries a GatewayFlowWriter should be given per Add
 // (one kernel transaction; see flowCopyMsg).
 const FlowCopyBatch = flowCopyBatch

@@ -59,13 +59,9 @@ import (
 // Drain: a node marked draining gets no new flows — it is not a Maglev backend — but its established
 // flows keep it through gateway-conns until they end (the entry expires) or the drain deadline passes.
 
-// Names of the connection table's maps.
-const (
-	MapGatewayConns    = "gateway-conns"
-	MapGatewayRouteIDs = "gateway-route-ids"
-	MapGatewayFlows    = "gateway-flows"
-	MapGatewayPrevIDs  = "gateway-route-prev"
-)
+// The maps above are named by the role (gateway/names.go): an action of the connection table
+// carries their names (Action.Set: the flows, Conns: the nodes, Map: the slots of ActFlowPick and
+// ActFlowDaisy), and the decoder reads them back from the rule's expressions.
 
 // DefaultGatewayFlowTimeout is how long an idle flow keeps its entry in gateway-flows by default
 // (each packet restarts it; gateway.Config.FlowTimeout); GatewayFlowsMax bounds the map (a full map
@@ -136,8 +132,8 @@ func (e *encoder) flowKey() []expr.Any {
 
 // connNode looks up the node of the packet's VIP port whose id is the packet mark, into dreg; no
 // match (the rule ends) when the VIP port has no such node.
-func (e *encoder) connNode(dreg uint32) ([]expr.Any, error) {
-	l, err := e.mapLookup(MapGatewayConns, reg32, dreg)
+func (e *encoder) connNode(conns string, dreg uint32) ([]expr.Any, error) {
+	l, err := e.mapLookup(conns, reg32, dreg)
 	if err != nil {
 		return nil, err
 	}
@@ -155,8 +151,8 @@ const (
 
 // flowUpdate writes the packet's gateway-flows entry with the packet mark as data: op update also
 // restarts an existing entry's timeout, op add leaves an existing entry as it is.
-func (e *encoder) flowUpdate(op uint32) ([]expr.Any, error) {
-	s, err := e.setRef(MapGatewayFlows)
+func (e *encoder) flowUpdate(flowsMap string, op uint32) ([]expr.Any, error) {
+	s, err := e.setRef(flowsMap)
 	if err != nil {
 		return nil, err
 	}
@@ -180,21 +176,22 @@ func (e *encoder) flowUpdate(op uint32) ([]expr.Any, error) {
 // nft spelling (flowRecallText) is unchanged: nft lists the rule as the text says.
 //
 // In the netdev table (dev set) the update comes before a fwd through dev, which ends the rule.
-func (e *encoder) flowRecall(dev string) ([]expr.Any, error) {
+func (e *encoder) flowRecall(a Action) ([]expr.Any, error) {
+	dev := a.Device
 	k := uint32(reg32 + 4) // the gateway-conns key, after the flow key
 	if e.f == cluster.IPv6 {
 		k = reg32 + 1
 	}
 	mark := k + e.addrRegs() + 2
-	flows, err := e.mapLookup(MapGatewayFlows, reg32, mark)
+	flows, err := e.mapLookup(a.Set, reg32, mark)
 	if err != nil {
 		return nil, err
 	}
-	conns, err := e.mapLookup(MapGatewayConns, k, mark+1)
+	conns, err := e.mapLookup(a.Conns, k, mark+1)
 	if err != nil {
 		return nil, err
 	}
-	s, err := e.setRef(MapGatewayFlows)
+	s, err := e.setRef(a.Set)
 	if err != nil {
 		return nil, err
 	}
@@ -224,14 +221,12 @@ func (e *encoder) flowRecall(dev string) ([]expr.Any, error) {
 // encodeFlowRecall encodes ActFlowRecall (flowRecall); encodeFlowPick ActFlowPick and
 // ActFlowDaisy. Their descriptors are kinds_gateway.go's.
 func encodeFlowRecall(e *encoder, a Action) ([]expr.Any, error) {
-	return e.flowRecall(a.Device)
+	return e.flowRecall(a)
 }
 
 func encodeFlowPick(e *encoder, a Action) ([]expr.Any, error) {
 	var first []expr.Any
-	m := MapGatewayRouteIDs
 	if a.Kind == ActFlowDaisy {
-		m = MapGatewayPrevIDs
 		first = []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{ProtoTCP}},
@@ -240,7 +235,7 @@ func encodeFlowPick(e *encoder, a Action) ([]expr.Any, error) {
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{0}},
 		}
 	}
-	xs, err := e.jhashLookup(Action{Kind: ActDupJhashMap, Map: m, Value: a.Value}, hashShape{tuple: true, flow: true})
+	xs, err := e.jhashLookup(Action{Kind: ActDupJhashMap, Map: a.Map, Value: a.Value}, hashShape{tuple: true, flow: true})
 	if err != nil {
 		return nil, err
 	}
@@ -249,11 +244,11 @@ func encodeFlowPick(e *encoder, a Action) ([]expr.Any, error) {
 	if a.Device != "" {
 		addr = fwdAddrReg
 	}
-	node, err := e.connNode(addr)
+	node, err := e.connNode(a.Conns, addr)
 	if err != nil {
 		return nil, err
 	}
-	up, err := e.flowUpdate(unix.NFT_DYNSET_OP_ADD)
+	up, err := e.flowUpdate(a.Set, unix.NFT_DYNSET_OP_ADD)
 	if err != nil {
 		return nil, err
 	}
@@ -283,23 +278,30 @@ func conntableText(f *Flat, fam nftFamily, a Action) (key, flow, tail, recall st
 	ip := fam.table
 	key = ip + " daddr . meta l4proto . th dport"
 	flow = flowKeyText(ip)
-	tail = fmt.Sprintf("dup to %[3]s . meta mark map @%[4]s add @%[1]s { %[2]s : meta mark } drop", MapGatewayFlows, flow, key, MapGatewayConns)
-	recall = fmt.Sprintf("dup to %s . meta mark map @%s update @%s { %s : meta mark } drop", key, MapGatewayConns, MapGatewayFlows, flow)
+	tail = fmt.Sprintf("dup to %[3]s . meta mark map @%[4]s add @%[1]s { %[2]s : meta mark } drop", a.Set, flow, key, a.Conns)
+	recall = fmt.Sprintf("dup to %s . meta mark map @%s update @%s { %s : meta mark } drop", key, a.Conns, a.Set, flow)
 	if a.Device != "" {
 		// The fast path (gateway_netdev.go): fwd ends the rule, so the node's membership in
 		// gateway-conns is tested before the add or update, as the dup's lookup does above.
-		fwd, ferr := fwdText(fam, fmt.Sprintf("%s . meta mark map @%s", key, MapGatewayConns), a.Device)
+		fwd, ferr := fwdText(fam, fmt.Sprintf("%s . meta mark map @%s", key, a.Conns), a.Device)
 		if ferr != nil {
 			return "", "", "", "", nil, ferr
 		}
-		check := fmt.Sprintf("%s . meta mark @%s", key, MapGatewayConns)
-		tail = fmt.Sprintf("%s add @%s { %s : meta mark } %s", check, MapGatewayFlows, flow, fwd)
-		recall = fmt.Sprintf("%s update @%s { %s : meta mark } %s", check, MapGatewayFlows, flow, fwd)
+		check := fmt.Sprintf("%s . meta mark @%s", key, a.Conns)
+		tail = fmt.Sprintf("%s add @%s { %s : meta mark } %s", check, a.Set, flow, fwd)
+		recall = fmt.Sprintf("%s update @%s { %s : meta mark } %s", check, a.Set, flow, fwd)
 	}
-	for _, c := range []struct {
+	need := []struct {
 		name string
 		kind SetKind
-	}{{MapGatewayFlows, KindGatewayFlows}, {MapGatewayConns, KindTupleAddr}, {MapGatewayRouteIDs, KindTupleMark}, {MapGatewayPrevIDs, KindTupleMark}} {
+	}{{a.Set, KindGatewayFlows}, {a.Conns, KindTupleAddr}}
+	if a.Kind != ActFlowRecall {
+		need = append(need, struct {
+			name string
+			kind SetKind
+		}{a.Map, KindTupleMark})
+	}
+	for _, c := range need {
 		if e := needSet(f, c.name, c.kind); e != nil && err == nil {
 			err = e
 		}
@@ -313,14 +315,14 @@ func flowRecallText(f *Flat, fam nftFamily, a Action) (string, error) {
 	if ferr != nil {
 		return "", ferr
 	}
-	return fmt.Sprintf("meta mark set %s map @%s %s", flow, MapGatewayFlows, recall), err
+	return fmt.Sprintf("meta mark set %s map @%s %s", flow, a.Set, recall), err
 }
 
 // flowSlotText spells a connection table kind that marks a flow with the node its jhash slot
-// leads to in map m (ActFlowPick: gateway-route-ids; ActFlowDaisy: gateway-prev-ids). cond is the
+// leads to in the action's Map (ActFlowPick: the Maglev table; ActFlowDaisy: its previous slots). cond is the
 // match in front (empty, or ending in a space). Both spell the flow hash, so both refuse a modulus
 // of 0, and the tracer, which spells a rule before it runs it, never meets one.
-func flowSlotText(cond, m string) func(f *Flat, fam nftFamily, a Action) (string, error) {
+func flowSlotText(cond string) func(f *Flat, fam nftFamily, a Action) (string, error) {
 	return func(f *Flat, fam nftFamily, a Action) (string, error) {
 		key, _, tail, _, err, ferr := conntableText(f, fam, a)
 		if ferr != nil {
@@ -329,7 +331,7 @@ func flowSlotText(cond, m string) func(f *Flat, fam nftFamily, a Action) (string
 		if a.Value == 0 {
 			return "", fmt.Errorf("jhash modulus 0")
 		}
-		return fmt.Sprintf("%smeta mark set %s . %s map @%s %s", cond, key, jhashText(fam.table, hashShape{tuple: true, flow: true}, a.Value), m, tail), err
+		return fmt.Sprintf("%smeta mark set %s . %s map @%s %s", cond, key, jhashText(fam.table, hashShape{tuple: true, flow: true}, a.Value), a.Map, tail), err
 	}
 }
 
@@ -339,17 +341,17 @@ func flowSlotText(cond, m string) func(f *Flat, fam nftFamily, a Action) (string
 // there.
 func traceFlowRecall(c actCall, st pstate, a Action) (pstate, bool) {
 	t, ch, idx, text, by := c.t, c.ch, c.idx, c.text, c.by
-	if err := needSet(t.f, MapGatewayFlows, KindGatewayFlows); err != nil {
+	if err := needSet(t.f, a.Set, KindGatewayFlows); err != nil {
 		t.fail("%s: %v", by, err)
 		return st, false
 	}
-	t.stepOf(st, StepNoMatch, ch.Name, idx, text, fmt.Sprintf("no match: a new flow is not in @%s yet", MapGatewayFlows))
+	t.stepOf(st, StepNoMatch, ch.Name, idx, text, fmt.Sprintf("no match: a new flow is not in @%s yet", a.Set))
 	return st, true
 }
 
 func traceFlowDaisy(c actCall, st pstate, a Action) (pstate, bool) {
 	t, ch, idx, text, by := c.t, c.ch, c.idx, c.text, c.by
-	if err := needSet(t.f, MapGatewayPrevIDs, KindTupleMark); err != nil {
+	if err := needSet(t.f, a.Map, KindTupleMark); err != nil {
 		t.fail("%s: %v", by, err)
 		return st, false
 	}
@@ -359,23 +361,23 @@ func traceFlowDaisy(c actCall, st pstate, a Action) (pstate, bool) {
 
 func traceFlowPick(c actCall, st pstate, a Action) (pstate, bool) {
 	t, ch, idx, text, by, done := c.t, c.ch, c.idx, c.text, c.by, c.done
-	pick := Action{Kind: ActFlowPick, Map: MapGatewayRouteIDs, Value: a.Value}
+	pick := Action{Kind: ActFlowPick, Map: a.Map, Value: a.Value}
 	t.jhashBranches(st, ch, idx, text, pick, KindTupleMark, by, done, func(b pstate, ep netip.AddrPort, slots int) {
 		id, _ := GatewayNodeID(ep.Addr())
 		key, _ := t.entryKey(b, true)
 		key.Index = id
-		if _, found, err := t.lookup(MapGatewayConns, key, KindTupleAddr); err != nil || !found {
-			t.fail("%s: node %s (id %d) chosen by Maglev is not in @%s", by, ep.Addr(), id, MapGatewayConns)
+		if _, found, err := t.lookup(a.Conns, key, KindTupleAddr); err != nil || !found {
+			t.fail("%s: node %s (id %d) chosen by Maglev is not in @%s", by, ep.Addr(), id, a.Conns)
 			return
 		}
 		if a.Device != "" {
 			t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: Maglev picks node %s (id %d, %d of %d slots), @%s remembers it for the flow's later packets; fwd unchanged by device %s",
-				ep.Addr(), id, slots, a.Value, MapGatewayFlows, a.Device))
+				ep.Addr(), id, slots, a.Value, a.Set, a.Device))
 			t.sendTo(b, netip.AddrPortFrom(ep.Addr(), b.port), fmt.Sprintf("forwarded by %s to %s dev %s", by, ep.Addr(), a.Device))
 			return
 		}
 		t.stepOf(b, StepMatch, ch.Name, idx, text, fmt.Sprintf("match: Maglev picks node %s (id %d, %d of %d slots), @%s remembers it for the flow's later packets; sent unchanged, the original is dropped",
-			ep.Addr(), id, slots, a.Value, MapGatewayFlows))
+			ep.Addr(), id, slots, a.Value, a.Set))
 		t.sendTo(b, netip.AddrPortFrom(ep.Addr(), b.port), "routed by "+by)
 	})
 	return st, false
@@ -415,8 +417,9 @@ func tupleMarkText(f *Flat, fam nftFamily, s *Set, e Element) (string, error) {
 	return fmt.Sprintf("%s . %s . %d . %d : %d", a, ProtoName(e.Proto), e.Port, e.Index, id), nil
 }
 
-// gatewayConnsDecl declares gateway-conns, of KindTupleAddr, keyed by the mark: nft refuses a mark
-// looked up in a key typed by numgen (integer).
+// gatewayConnsDecl declares a connection table's node map (gateway-conns: a set of KindTupleAddr
+// that a rule names as its Action.Conns, connsMaps), keyed by the mark: nft refuses a mark looked
+// up in a key typed by numgen (integer).
 func gatewayConnsDecl(fam nftFamily) []string {
 	return []string{fmt.Sprintf("typeof %[1]s daddr . meta l4proto . th dport . meta mark : %[1]s daddr", fam.table)}
 }
@@ -460,15 +463,40 @@ func decodeMarkElement(s *Set, alen int, ke KernelElement) (Element, error) {
 	return el, nil
 }
 
+// connsMaps are the node maps the connection table actions of f name (Action.Conns), by the slot
+// map (Action.Map) of those that have one.
+func connsMaps(f *Flat) (all map[string]bool, bySlots map[string]string) {
+	all, bySlots = map[string]bool{}, map[string]string{}
+	for _, c := range f.Chains {
+		for _, r := range c.Rules {
+			a := r.Action
+			if a.Conns == "" || (a.Kind != ActFlowRecall && a.Kind != ActFlowPick && a.Kind != ActFlowDaisy) {
+				continue
+			}
+			all[a.Conns] = true
+			if a.Map != "" {
+				bySlots[a.Map] = a.Conns
+			}
+		}
+	}
+	return all, bySlots
+}
+
 // resolveGatewayMarks turns the node ids decodeMarkElement left in the KindTupleMark elements of f
-// into node addresses, by the gateway-conns element of the same VIP port and id.
+// into node addresses, by the element of the same VIP port and id of the node map that the rules
+// reading the KindTupleMark map name (Action.Conns).
 func resolveGatewayMarks(f *Flat) error {
+	_, bySlots := connsMaps(f)
 	for name, s := range f.Sets {
-		if s.Kind != KindTupleMark {
+		if s.Kind != KindTupleMark || len(f.Elements[name]) == 0 {
 			continue
 		}
+		conns, ok := bySlots[name]
+		if !ok {
+			return fmt.Errorf("set %s: no rule names the node map its node ids are resolved by", name)
+		}
 		byID := map[Element]netip.Addr{}
-		for _, c := range f.Elements[MapGatewayConns] {
+		for _, c := range f.Elements[conns] {
 			byID[Element{Addr: c.Addr, Proto: c.Proto, Port: c.Port, Index: c.Index}] = c.DataAddr
 		}
 		for i, el := range f.Elements[name] {
@@ -476,7 +504,7 @@ func resolveGatewayMarks(f *Flat) error {
 			id := binary.BigEndian.Uint32(b[:])
 			a, ok := byID[Element{Addr: el.Addr, Proto: el.Proto, Port: el.Port, Index: id}]
 			if !ok {
-				return fmt.Errorf("set %s: %s . %d . %d . %d : node id %d is in no element of %s", name, el.Addr, el.Proto, el.Port, el.Index, id, MapGatewayConns)
+				return fmt.Errorf("set %s: %s . %d . %d . %d : node id %d is in no element of %s", name, el.Addr, el.Proto, el.Port, el.Index, id, conns)
 			}
 			f.Elements[name][i].DataAddr = a
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -31,7 +32,7 @@ func TestGatewayFlowRecallEncoding(t *testing.T) {
 		for _, s := range append(conntable, &Set{Name: MapGatewayRoutes, Kind: KindTupleAddr}) {
 			e.kinds[s.Name] = s
 		}
-		xs, err := e.action(Action{Kind: ActFlowRecall})
+		xs, err := e.action(Action{Kind: ActFlowRecall, Set: MapGatewayFlows, Conns: MapGatewayConns})
 		if err != nil {
 			t.Fatalf("%v: %v", f, err)
 		}
@@ -198,5 +199,85 @@ func TestRewriteFwdEmptiedRuleRefused(t *testing.T) {
 	}
 	if _, err := prog.ReadTable(NetdevFamily(cluster.IPv4), "t"); err == nil {
 		t.Errorf("the refused batch's table exists")
+	}
+}
+
+// TestConntableNamesFromRule: the connection table's actions use the maps their rule names (the
+// gateway's names, or any others), the decoder reads the names back from the expressions (decode
+// by re-encoding), the node map a rule names is declared keyed by the mark, and the slot maps'
+// node ids are resolved by it.
+func TestConntableNamesFromRule(t *testing.T) {
+	for _, n := range []struct{ flows, conns, ids, prev string }{
+		{MapGatewayFlows, MapGatewayConns, MapGatewayRouteIDs, MapGatewayPrevIDs},
+		{"t-flows", "t-nodes", "t-slots", "t-slots-before"},
+	} {
+		for _, f := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
+			sets := []*Set{{Name: n.ids, Kind: KindTupleMark}, {Name: n.prev, Kind: KindTupleMark},
+				{Name: n.conns, Kind: KindTupleAddr}, {Name: n.flows, Kind: KindGatewayFlows, Timeout: time.Hour},
+				{Name: MapGatewayRoutes, Kind: KindTupleAddr}}
+			e := &encoder{f: f, t: &nftables.Table{Name: "vipgate", Family: tableFamily(f)}, sets: map[string]*nftables.Set{},
+				kinds: map[string]*Set{}, chains: map[string]*nftables.Chain{}}
+			for _, s := range sets {
+				e.kinds[s.Name] = s
+			}
+			actions := []Action{
+				{Kind: ActFlowRecall, Set: n.flows, Conns: n.conns},
+				{Kind: ActFlowDaisy, Map: n.prev, Set: n.flows, Conns: n.conns, Value: 1021},
+				{Kind: ActFlowPick, Map: n.ids, Set: n.flows, Conns: n.conns, Value: 1021},
+			}
+			for _, a := range actions {
+				xs, err := e.action(a)
+				if err != nil {
+					t.Fatalf("%v %v: %v", f, a, err)
+				}
+				r, err := decodeRule(e, xs)
+				if err != nil || r.Action != a {
+					t.Errorf("%v: %+v decodes to %+v (%v)", f, a, r.Action, err)
+				}
+			}
+
+			node := netip.MustParseAddr("192.0.2.11")
+			vip := netip.MustParseAddr("203.0.113.50")
+			if f == cluster.IPv6 {
+				node, vip = netip.MustParseAddr("2001:db8::11"), netip.MustParseAddr("2001:db8::50")
+			}
+			id, _ := GatewayNodeID(node)
+			fl := &Flat{Family: f, Table: "vipgate", Chains: map[string]*Chain{}, Sets: map[string]*Set{}, Elements: map[string][]Element{}}
+			for _, s := range sets {
+				fl.Sets[s.Name] = s
+				fl.SetOrder = append(fl.SetOrder, s.Name)
+			}
+			fl.Chains["route"] = &Chain{Name: "route"}
+			for _, a := range actions {
+				fl.Chains["route"].Rules = append(fl.Chains["route"].Rules, Rule{Action: a})
+			}
+			fl.ChainOrder = []string{"route"}
+			text := RenderString(fl)
+			ip := "ip"
+			if f == cluster.IPv6 {
+				ip = "ip6"
+			}
+			if want := "map " + n.conns + " {\n\t\ttypeof " + ip + " daddr . meta l4proto . th dport . meta mark : " + ip + " daddr\n"; !strings.Contains(text, want) {
+				t.Errorf("%v: the node map %s is not declared keyed by the mark:\n%s", f, n.conns, text)
+			}
+			if strings.Contains(text, "map "+MapGatewayRoutes+" {\n\t\ttypeof "+ip+" daddr . meta l4proto . th dport . meta mark") {
+				t.Errorf("%v: %s, a map no rule names as its node map, is declared keyed by the mark", f, MapGatewayRoutes)
+			}
+
+			// The ids decodeMarkElement leaves (as IPv4 addresses) resolve by the rules' node map.
+			var b [4]byte
+			binary.BigEndian.PutUint32(b[:], id)
+			fl.Elements[n.conns] = []Element{{Set: n.conns, Addr: vip, Proto: ProtoTCP, Port: 80, Index: id, DataAddr: node}}
+			fl.Elements[n.ids] = []Element{{Set: n.ids, Addr: vip, Proto: ProtoTCP, Port: 80, Index: 7, DataAddr: netip.AddrFrom4(b)}}
+			if err := resolveGatewayMarks(fl); err != nil || fl.Elements[n.ids][0].DataAddr != node {
+				t.Errorf("%v: resolving %s by %s: %v, %v", f, n.ids, n.conns, fl.Elements[n.ids][0].DataAddr, err)
+			}
+			// Without a rule naming it, a slot map's ids resolve by nothing: an error, not a guess.
+			fl.Elements[n.ids][0].DataAddr = netip.AddrFrom4(b)
+			fl.Chains["route"].Rules = nil
+			if err := resolveGatewayMarks(fl); err == nil || !strings.Contains(err.Error(), n.ids) {
+				t.Errorf("%v: resolving %s without a rule naming its node map: %v", f, n.ids, err)
+			}
+		}
 	}
 }

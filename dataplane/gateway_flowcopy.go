@@ -70,13 +70,13 @@ type GatewayFlow struct {
 // a gateway.Proxier whose Programmer does not (the recording fakes of unit tests) copies nothing.
 // A zero deadline is none.
 type GatewayFlowStore interface {
-	// ReadGatewayFlows streams table's gateway-flows entries to each, in chunks whose slices each
+	// ReadGatewayFlows streams the entries of table's flow map set (gateway-flows) to each, in chunks whose slices each
 	// may keep only until it returns. A table or map that does not exist is ErrNoFlowsMap; a dump
 	// cut by the deadline, or that the kernel reports interrupted, is ErrFlowCopyTruncated (after
 	// the entries it read).
-	ReadGatewayFlows(f cluster.Family, table string, deadline time.Time, each func([]GatewayFlow) error) error
-	// GatewayFlowWriter returns a writer of table's gateway-flows whose transactions end by deadline.
-	GatewayFlowWriter(f cluster.Family, table string, deadline time.Time) (GatewayFlowWriter, error)
+	ReadGatewayFlows(f cluster.Family, table, set string, deadline time.Time, each func([]GatewayFlow) error) error
+	// GatewayFlowWriter returns a writer of table's flow map set whose transactions end by deadline.
+	GatewayFlowWriter(f cluster.Family, table, set string, deadline time.Time) (GatewayFlowWriter, error)
 }
 
 // GatewayFlowWriter adds entries to one gateway-flows map, each call one kernel transaction.
@@ -86,7 +86,7 @@ type GatewayFlowWriter interface {
 }
 
 // ErrNoFlowsMap: the table, or its gateway-flows map, does not exist (nothing to copy from).
-var ErrNoFlowsMap = errors.New("no such gateway-flows map")
+var ErrNoFlowsMap = errors.New("no such flow map")
 
 // ErrFlowCopyTruncated: a copy stopped before its end, by its sync's budget, by its cap of refused
 // transactions, or on a dump the kernel interrupted. The entries it wrote stay.
@@ -115,7 +115,7 @@ func flowKeyLen(f cluster.Family) int {
 // google/nftables v0.3.0 writes no NFTA_SET_ELEM_EXPIRATION (an element's life left).
 
 // ReadGatewayFlows implements GatewayFlowStore.
-func (n *NetlinkProgrammer) ReadGatewayFlows(f cluster.Family, table string, deadline time.Time, each func([]GatewayFlow) error) error {
+func (n *NetlinkProgrammer) ReadGatewayFlows(f cluster.Family, table, set string, deadline time.Time, each func([]GatewayFlow) error) error {
 	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: n.NetNSFd})
 	if err != nil {
 		return fmt.Errorf("opening netfilter netlink socket: %w", err)
@@ -127,8 +127,8 @@ func (n *NetlinkProgrammer) ReadGatewayFlows(f cluster.Family, table string, dea
 			return err
 		}
 	}
-	if _, err := c.Send(flowsMsg(f, table, unix.NFT_MSG_GETSETELEM, netlink.Request|netlink.Dump, nil)); err != nil {
-		return fmt.Errorf("dumping %s: %w", MapGatewayFlows, err)
+	if _, err := c.Send(flowsMsg(f, table, set, unix.NFT_MSG_GETSETELEM, netlink.Request|netlink.Dump, nil)); err != nil {
+		return fmt.Errorf("dumping %s: %w", set, err)
 	}
 	rc, err := c.SyscallConn()
 	if err != nil {
@@ -141,12 +141,12 @@ func (n *NetlinkProgrammer) ReadGatewayFlows(f cluster.Family, table string, dea
 		nr, rerr, err := recvRaw(rc, buf)
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				err = fmt.Errorf("%w: dumping %s: the deadline passed", ErrFlowCopyTruncated, MapGatewayFlows)
+				err = fmt.Errorf("%w: dumping %s: the deadline passed", ErrFlowCopyTruncated, set)
 			}
 			return err
 		}
 		if rerr != nil {
-			return fmt.Errorf("dumping %s: %w", MapGatewayFlows, rerr)
+			return fmt.Errorf("dumping %s: %w", set, rerr)
 		}
 		done, intr, err := parseFlowDump(buf[:nr], func(fl GatewayFlow) error {
 			chunk = append(chunk, fl)
@@ -159,7 +159,7 @@ func (n *NetlinkProgrammer) ReadGatewayFlows(f cluster.Family, table string, dea
 		})
 		if err != nil {
 			if errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("%s %s: %w", TableString(f, table), MapGatewayFlows, ErrNoFlowsMap)
+				return fmt.Errorf("%s %s: %w", TableString(f, table), set, ErrNoFlowsMap)
 			}
 			return err
 		}
@@ -175,7 +175,7 @@ func (n *NetlinkProgrammer) ReadGatewayFlows(f cluster.Family, table string, dea
 	}
 	if interrupted {
 		// The map's generation changed during the dump (a transaction): entries may be missing.
-		return fmt.Errorf("%w: dumping %s: interrupted by a change (NLM_F_DUMP_INTR)", ErrFlowCopyTruncated, MapGatewayFlows)
+		return fmt.Errorf("%w: dumping %s: interrupted by a change (NLM_F_DUMP_INTR)", ErrFlowCopyTruncated, set)
 	}
 	return nil
 }
@@ -270,10 +270,10 @@ func dataValue(ad *netlink.AttributeDecoder) []byte {
 
 // flowsMsg is a message of type typ about table's gateway-flows, with attrs after the table's and
 // the map's names.
-func flowsMsg(f cluster.Family, table string, typ uint16, flags netlink.HeaderFlags, attrs []byte) netlink.Message {
+func flowsMsg(f cluster.Family, table, set string, typ uint16, flags netlink.HeaderFlags, attrs []byte) netlink.Message {
 	ae := netlink.NewAttributeEncoder()
 	ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
-	ae.String(unix.NFTA_SET_ELEM_LIST_SET, MapGatewayFlows)
+	ae.String(unix.NFTA_SET_ELEM_LIST_SET, set)
 	head, _ := ae.Encode() // two strings: cannot fail
 	return netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: flags},
@@ -304,13 +304,14 @@ type netlinkFlowWriter struct {
 	n        *NetlinkProgrammer
 	f        cluster.Family
 	table    string
+	set      string
 	deadline time.Time
 	c        *netlink.Conn
 }
 
 // GatewayFlowWriter implements GatewayFlowStore.
-func (n *NetlinkProgrammer) GatewayFlowWriter(f cluster.Family, table string, deadline time.Time) (GatewayFlowWriter, error) {
-	return &netlinkFlowWriter{n: n, f: f, table: table, deadline: deadline}, nil
+func (n *NetlinkProgrammer) GatewayFlowWriter(f cluster.Family, table, set string, deadline time.Time) (GatewayFlowWriter, error) {
+	return &netlinkFlowWriter{n: n, f: f, table: table, set: set, deadline: deadline}, nil
 }
 
 // Add writes flows in one batch (one transaction) of NEWSETELEM messages of flowCopyMsg elements.
@@ -334,7 +335,7 @@ func (w *netlinkFlowWriter) Add(flows []GatewayFlow) error {
 		if err != nil {
 			return err
 		}
-		msgs = append(msgs, flowsMsg(w.f, w.table, unix.NFT_MSG_NEWSETELEM, netlink.Request|netlink.Acknowledge|netlink.Create, elems))
+		msgs = append(msgs, flowsMsg(w.f, w.table, w.set, unix.NFT_MSG_NEWSETELEM, netlink.Request|netlink.Acknowledge|netlink.Create, elems))
 	}
 	msgs = append(msgs, batchMsg(unix.NFNL_MSG_BATCH_END))
 	clean, err := w.exchange(msgs)
@@ -346,7 +347,7 @@ func (w *netlinkFlowWriter) Add(flows []GatewayFlow) error {
 		if errors.Is(err, os.ErrDeadlineExceeded) && !w.deadline.IsZero() {
 			err = fmt.Errorf("%w: %w", ErrFlowCopyTruncated, err)
 		}
-		return fmt.Errorf("adding %d entries to %s %s: %w", len(flows), TableString(w.f, w.table), MapGatewayFlows, err)
+		return fmt.Errorf("adding %d entries to %s %s: %w", len(flows), TableString(w.f, w.table), w.set, err)
 	}
 	return nil
 }

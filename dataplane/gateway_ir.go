@@ -57,18 +57,3 @@ func loadSport(reg uint32) expr.Any {
 func GatewaySlot(src, dst netip.AddrPort, m uint32) uint32 {
 	return maglev.FlowSlot(src, dst, m, GatewayHashSeed)
 }
-
-// Names of the gateway table's own chains and sets (the rest are the node's names from schema.go; gateway/ builds the table).
-const (
-	ChainGatewayPick     = "gateway-pick"
-	ChainGatewayMasqPick = "gateway-masq-pick"
-	// ChainGatewayPickSH and ChainGatewayMasqPickSH are the source-hash twins (lb-algorithm:
-	// source-hash): the same Maglev table, keyed by a hash of the client address only.
-	ChainGatewayPickSH     = "gateway-pick-sh"
-	ChainGatewayMasqPickSH = "gateway-masq-pick-sh"
-	SetGatewayVIPs         = "gateway-vips"
-	MapGatewayBackends     = "gateway-backends"
-	// MapGatewayBackendsSH holds the Maglev tables of the source-hash VIP ports: a map of its own, so
-	// each map is bound by one rule and a slot is only ever read with the hash it was dealt for.
-	MapGatewayBackendsSH = "gateway-backends-sh"
-)

@@ -55,9 +55,6 @@ import (
 // HookIngress is the netdev family's ingress hook.
 const HookIngress Hook = "ingress"
 
-// ChainGatewayIngress is the prefix of the netdev table's base chains: one per ingress device.
-const ChainGatewayIngress = "gateway-ingress-"
-
 // netdevFamily marks a Tx's, Ruleset's or Flat's Family as a netdev table whose payload matches are
 // of the IP family it is or-ed with (NetdevFamily).
 const netdevFamily cluster.Family = 0x100
@@ -533,17 +530,6 @@ func fragmentText(fam nftFamily) string {
 		return "exthdr frag exists"
 	}
 	return "ip frag-off & 0x3fff != 0"
-}
-
-// ingressChainName is the name of device dev's ingress chain: ChainGatewayIngress and the device
-// name, with the characters an nft chain name may not have (an interface name may) as '_'.
-func ingressChainName(dev string) string {
-	return ChainGatewayIngress + strings.Map(func(r rune) rune {
-		if r == '-' || r == '_' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
-			return r
-		}
-		return '_'
-	}, dev)
 }
 
 // MatchPktTypeHost: the frame is addressed to this host (`meta pkttype host`: PACKET_HOST, not a

@@ -28,15 +28,6 @@ import (
 // traffic to the VIPs (their rules for LoadBalancer IPs); the network must let the nodes' replies,
 // sourced from the VIP, reach the clients (no strict uRPF for VIP sources at the router).
 
-// Names of the routed mode's chains and map.
-const (
-	ChainGatewayPrerouting = "gateway-prerouting"
-	ChainGatewayRoute      = "gateway-route"
-	ChainGatewayRouteSH    = "gateway-route-sh"
-	MapGatewayRoutes       = "gateway-routes"
-	MapGatewayRoutesSH     = "gateway-routes-sh"
-)
-
 // PriorityRaw is netfilter's raw priority: before conntrack (-200).
 const PriorityRaw = -300
 

@@ -58,20 +58,25 @@ var importRules = []importRule{
 	// The node's Service proxy: it builds the node's table (schema, Services, claims, the address
 	// screen) and keeps it in sync through the engine's exported API (Diff, Part, Tx, the netlink
 	// edge), as the gateway does; neither the engine nor the gateway imports it.
-	{"proxy", []string{"cluster", "dataplane", "dataplane/", "proxy/"},
+	{"proxy", []string{"cluster", "dataplane", "dataplane/", "proxy/", "tablenames"},
 		"the node's Service proxy (kube-proxy's role) on the nftables engine's exported API; the engine knows no role, and the gateway does not need the node's proxy"},
 	// The proxy's leaves: they must never import the proxy (which imports them) nor the engine.
 	{"proxy/healthcheck", []string{"cluster"},
 		"healthCheckNodePort and /healthz servers: they take the counts the sync reports, not the Proxier"},
 	{"proxy/", []string{"cluster", "proxy/"},
 		"a proxy leaf must not import the proxy package, which imports it, nor the engine"},
+	// The names the node's and the gateway's tables share (base chains, services, firewall-check,
+	// service-ips, the fw- chains): above the engine, which names none of them, and below both
+	// roles, so that the gateway needs no node's proxy for them.
+	{"tablenames", []string{"cluster", "dataplane"},
+		"the chain and set names both roles' tables share (kube-proxy's where the job is the same): the engine never imports it, each role's own names are its own"},
 	// The gateway: a host in front of the cluster. It builds its tables with the dataplane's model
 	// and programs them through the dataplane's exported API (Programmer, DiffRulesets, the netlink
 	// edge), so the nftables engine stays one; the dataplane never imports it. Its runtime (sync
 	// loop, SNAT addresses' owners, conntrack sync) hears the membership and answers ARP/NDP
 	// through its own PeerView and Announcer interfaces, which cmd/vipgate adapts: no speaker,
 	// membership or l2 here.
-	{"gateway", []string{"cluster", "dataplane", "dataplane/", "gateway/"},
+	{"gateway", []string{"cluster", "dataplane", "dataplane/", "gateway/", "keyreload", "tablenames"},
 		"the gateway's config, entries, tables, proxier and runtime: it uses the nftables engine's exported API, not the speaker's, the membership's or l2's (cmd/vipgate adapts them to gateway.PeerView and gateway.Announcer)"},
 	// The gateway's leaves: kernel and protocol pieces only the gateway uses. They must never import
 	// the gateway (which imports them) nor the dataplane, so that they build and test on their own.
@@ -89,7 +94,7 @@ var importRules = []importRule{
 		"a gateway leaf must not import the gateway package, which imports it, nor the dataplane"},
 	// explain traces a packet through the node's or the gateway's ruleset, read from the kernel or
 	// built for manifests with their own builders: it sits above both, and only cmd imports it.
-	{"explain", []string{"cluster", "dataplane", "dataplane/", "proxy", "proxy/", "gateway", "gateway/"},
+	{"explain", []string{"cluster", "dataplane", "dataplane/", "proxy", "proxy/", "gateway", "gateway/", "keyreload", "tablenames"},
 		"vipgate explain's trace and report, and the offline ruleset render prints: it uses the proxy's and the gateway's builders and the engine's Explain, never the speaker, membership or l2"},
 	// The desired-state model and its sources sit under everything that consumes them.
 	{"cluster", []string{"cluster"},
@@ -103,6 +108,10 @@ var importRules = []importRule{
 		"the speakers' UDP membership protocol: sockets, keys, wire format and views only; it knows no State and no owner (the speaker decides, cmd/vipgate wires the two)"},
 	{"l2", nil,
 		"ARP/NDP engine: protocol only, reusable and testable without the cluster model"},
+	// The key file reload both the membership's keys (cmd/vipgate) and the gateway's conntrack
+	// sync relay's keys (gateway/) use: one copy, knowing no key format and no user.
+	{"keyreload", nil,
+		"reloads a key file on a period and hands changed keys on: generic in what reads and applies them, so the speaker's wiring and the gateway share it"},
 	{"bgp", []string{"bgp"},
 		"BGP/BFD engine: protocol only, it must not learn about Services (that is the speaker's job)"},
 	// Programs: they may import anything in the module, and nothing may import them (Go forbids

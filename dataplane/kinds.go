@@ -117,10 +117,8 @@ type actionKindDesc struct {
 
 // slotMap is the map of slots a flow-hash action picks from (actionKindDesc.slots).
 type slotMap struct {
-	// kind is the map's set kind; name its name when the action's Map does not say it (the
-	// connection table's maps have fixed names).
+	// kind is the map's set kind (the action's Map names it).
 	kind SetKind
-	name string
 	// flow: the slot is GatewaySlot of the flow, in a map keyed by the entry's address (explain.go
 	// names the slot a given flow takes); routed: the map's data is a next hop, not an endpoint.
 	flow, routed bool

@@ -18,10 +18,8 @@ import (
 func init() {
 	registerSetKinds(map[SetKind]*setKindDesc{
 		KindTupleAddr: {
+			// A connection table's node map is declared keyed by the mark (render.go, gatewayConnsDecl).
 			decl: func(fam nftFamily, s *Set) (string, []string) {
-				if s.Name == MapGatewayConns {
-					return "map", gatewayConnsDecl(fam)
-				}
 				return "map", []string{fmt.Sprintf("typeof %[1]s daddr . meta l4proto . th dport . numgen random mod 1 : %[1]s daddr", fam.table)}
 			},
 			nftSet: func(e *encoder, s *Set, ns *nftables.Set) {
@@ -95,14 +93,14 @@ func init() {
 			algorithm: cluster.LBMaglev,
 			slots:     &slotMap{kind: KindTupleAddr, flow: true, routed: true},
 		},
-		// The connection table's maps have fixed names: only the slot count is a parameter.
-		ActFlowRecall: {encode: encodeFlowRecall, text: flowRecallText, hint: noActionParams, trace: traceFlowRecall},
+		// The connection table's maps are named by the rule (Set: flows, Conns: nodes, Map: slots).
+		ActFlowRecall: {encode: encodeFlowRecall, text: flowRecallText, hint: flowRecallHint, trace: traceFlowRecall},
 		ActFlowPick: {
-			encode: encodeFlowPick, text: flowSlotText("", MapGatewayRouteIDs), hint: modulusHint, trace: traceFlowPick,
-			algorithm: cluster.LBMaglev, slots: &slotMap{kind: KindTupleMark, name: MapGatewayRouteIDs},
+			encode: encodeFlowPick, text: flowSlotText(""), hint: flowSlotHint, trace: traceFlowPick,
+			algorithm: cluster.LBMaglev, slots: &slotMap{kind: KindTupleMark},
 		},
 		ActFlowDaisy: {
-			encode: encodeFlowPick, text: flowSlotText("tcp flags & syn == 0 ", MapGatewayPrevIDs), hint: modulusHint,
+			encode: encodeFlowPick, text: flowSlotText("tcp flags & syn == 0 "), hint: flowSlotHint,
 			trace: traceFlowDaisy,
 		},
 		// The route forwarding fast path's stateless rule.
@@ -113,5 +111,10 @@ func init() {
 	})
 }
 
-// modulusHint proposes the slot count of an action whose maps have fixed names.
-func modulusHint(h hints) Action { return Action{Value: h.modulus} }
+// flowRecallHint proposes ActFlowRecall's maps: the flows (looked up, then updated) and the nodes
+// (the second lookup); flowSlotHint ActFlowPick's and ActFlowDaisy's: the slots (the first
+// lookup), the nodes (the second), the flows (added to) and the slot count.
+func flowRecallHint(h hints) Action { return Action{Set: h.dynset, Conns: h.set2} }
+func flowSlotHint(h hints) Action {
+	return Action{Map: h.set, Conns: h.set2, Set: h.dynset, Value: h.modulus}
+}

@@ -3,7 +3,6 @@ package dataplane
 import (
 	"encoding/binary"
 	"fmt"
-	"slices"
 
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
@@ -176,9 +175,7 @@ func traceJump(c actCall, st pstate, a Action) (pstate, bool) {
 		return st, false
 	}
 	c.match(st, "match: jump "+a.Chain).Target = a.Chain
-	if a.Chain == ChainMarkForMasquerade && st.markRule.Chain == "" {
-		st.markRule = st.rule
-	}
+	st.jumps = append(st.jumps[:len(st.jumps):len(st.jumps)], Jump{Rule: st.rule, To: a.Chain})
 	st.stack = append(st.stack[:len(st.stack):len(st.stack)], frame{chain: a.Chain})
 	return st, true
 }
@@ -194,7 +191,6 @@ func traceMasquerade(c actCall, st pstate, a Action) (pstate, bool) {
 		st.mark ^= a.Value
 	}
 	st.masq, st.masqWhy, st.masqRule = true, c.by, st.rule
-	st.masqHairpin = slices.ContainsFunc(c.rule.Matches, func(m Match) bool { return m.Kind == MatchHairpin })
 	c.match(st, "match: MASQUERADE")
 	c.done(st, vAccept, c.by)
 	return st, false

@@ -143,6 +143,10 @@ type Action struct {
 	// Device, in a netdev table, is the interface a route action's packet leaves by (`fwd ... device
 	// Device`, gateway_netdev.go); empty elsewhere.
 	Device string
+	// Conns is the node map of a connection table action (ActFlowRecall, ActFlowPick,
+	// ActFlowDaisy: (VIP port, node id) -> node), whose flow map is Set and slot map Map
+	// (gateway_conntable.go); the role names them all.
+	Conns string
 }
 
 // Rule is a conjunction of matches and one action.
@@ -236,8 +240,13 @@ const (
 	VerdictNone VerdictKind = iota
 	VerdictGoto
 	VerdictDrop
-	VerdictReject // stored as `goto reject-chain`: a vmap cannot hold reject itself
+	VerdictReject // stored as `goto reject-chain` (ChainReject): a vmap cannot hold reject itself
 )
+
+// ChainReject is the chain a VerdictReject element goes to (an element's Chain "" means it): the
+// engine's spelling of a reject in a verdict map, which the kernel cannot hold. A role whose maps
+// hold VerdictReject builds it, with a reject rule (the node's proxy.BuildBase).
+const ChainReject = "reject-chain"
 
 // Element is one set or map element. Which fields are used depends on the set's Kind. Element is
 // comparable, so it can be a map key: the diff between two rulesets is a set difference of Elements.

@@ -138,6 +138,11 @@ func renderSet(w *bufio.Writer, f *Flat, fam nftFamily, s *Set) error {
 	if err != nil {
 		return err
 	}
+	if s.Kind == KindTupleAddr {
+		if all, _ := connsMaps(f); all[s.Name] {
+			lines = gatewayConnsDecl(fam)
+		}
+	}
 	fmt.Fprintf(w, "\t%s %s {\n", keyword, s.Name)
 	for _, l := range lines {
 		fmt.Fprintf(w, "\t\t%s\n", l)

@@ -14,8 +14,9 @@ import (
 // hook by hook and rule by rule, and says where the packet ends up. The tests use it as the
 // specification of what the rules do (kube-proxy's tracer in pkg/proxy/nftables/helpers_test.go is the
 // model); `vipgate explain` prints its step log. Every step and candidate says what it is as values
-// too (Step.Kind, Candidate.Rule, MasqReason, Probability, Result.Decisions) besides the words, and
-// explain.go builds its report from those: nothing downstream reads the prose.
+// too (Step.Kind, Candidate.Rule, MasqRule, Jumps, Probability, Result.Decisions) besides the words, and
+// explain.go builds its report from those, with what the roles know of their chains (ExplainRole):
+// nothing downstream reads the prose.
 //
 // It evaluates the model, not nft text, and knows every match and action kind of model.go through
 // its descriptor's trace (kinds.go). Anything it does not know — an unknown kind, a lookup in a set
@@ -62,12 +63,17 @@ type Candidate struct {
 	Probability float64
 	// Rule is the rule that DNATed the packet (or sent it to its next hop): the DNAT target's rule.
 	Rule RuleRef
-	// MasqReason says why the source is masqueraded (MasqNone when it is not); MasqRule is the
-	// rule that masqueraded it and MarkRule the rule that marked it for masquerade (a jump to
-	// ChainMarkForMasquerade; zero if there was none).
-	MasqReason MasqReason
-	MasqRule   RuleRef
-	MarkRule   RuleRef
+	// MasqRule is the rule that masqueraded the source (zero when it is not); Explain says why,
+	// with the roles' knowledge of their chains (ExplainRole).
+	MasqRule RuleRef
+	// Jumps are the jumps and gotos the branch took (verdict maps' verdicts among them), in order.
+	Jumps []Jump
+}
+
+// Jump is a jump or goto a branch took: the rule that took it and the chain it went to.
+type Jump struct {
+	Rule RuleRef
+	To   string
 }
 
 // RuleRef names one rule of a table: its chain, its index there, its nft text and comment, and the
@@ -279,10 +285,10 @@ type pstate struct {
 	masqWhy  string
 	dnatBy   string
 	// rule is the rule being acted on (set by act before the action runs); dnatRule the rule
-	// that DNATed the packet, masqRule the one that masqueraded it, markRule the first jump to
-	// ChainMarkForMasquerade; gwMasq: the path went through a gateway masquerading picker.
-	rule, dnatRule, masqRule, markRule RuleRef
-	masqHairpin, gwMasq                bool
+	// that DNATed the packet, masqRule the one that masqueraded it; jumps the jumps and gotos
+	// taken (copied on write, as stack).
+	rule, dnatRule, masqRule RuleRef
+	jumps                    []Jump
 	// prob is the product of the weights of the random choices taken; probUnknown: a choice on
 	// the path did not say its weight.
 	prob        float64
@@ -433,9 +439,9 @@ func (t *tracer) deliver(st pstate) {
 	}
 	t.info(st, StepDone, "done", fmt.Sprintf("DNAT to %s, masquerade %v", ep, st.masq))
 	t.steps[len(t.steps)-1].Endpoint = ep
-	c := Candidate{Endpoint: ep, Masquerade: st.masq, Why: why, Branch: st.branch, Probability: st.probability(), Rule: st.dnatRule}
+	c := Candidate{Endpoint: ep, Masquerade: st.masq, Why: why, Branch: st.branch, Probability: st.probability(), Rule: st.dnatRule, Jumps: st.jumps}
 	if st.masq {
-		c.MasqReason, c.MasqRule, c.MarkRule = masqReasonOf(st), st.masqRule, st.markRule
+		c.MasqRule = st.masqRule
 	}
 	t.finals = append(t.finals, final{outcome: OutcomeDNAT, cand: c, by: "DNAT by " + st.dnatBy, rule: st.dnatRule})
 }
@@ -543,9 +549,6 @@ func (t *tracer) exec(st pstate, done func(pstate, verdict, string)) {
 		if !ok {
 			t.fail("chain %q does not exist", fr.chain)
 			return
-		}
-		if ch.Name == ChainGatewayMasqPick || ch.Name == ChainGatewayMasqPickSH {
-			st.gwMasq = true
 		}
 		if fr.next >= len(ch.Rules) {
 			if top == 0 {
@@ -696,6 +699,7 @@ func (t *tracer) gotoChain(st pstate, chain string) (pstate, error) {
 	}
 	top := len(st.stack) - 1
 	st.stack = append(st.stack[:top:top], frame{chain: chain})
+	st.jumps = append(st.jumps[:len(st.jumps):len(st.jumps)], Jump{Rule: st.rule, To: chain})
 	return st, nil
 }
 
@@ -792,7 +796,11 @@ func (t *tracer) result() Result {
 		r.Outcome, r.Reason = OutcomeError, t.err.Error()
 		return r
 	}
-	seenCand := map[Candidate]int{}
+	type candKey struct {
+		ep   netip.AddrPort
+		masq bool
+	}
+	seenCand := map[candKey]int{}
 	seenOther := map[Outcome]bool{}
 	var reasons []string
 	routed := false
@@ -813,7 +821,7 @@ func (t *tracer) result() Result {
 		}
 		// The same endpoint may be reached by several branches: keep it once per masquerade value.
 		// Its probability is the sum of theirs (unknown if one is).
-		key := Candidate{Endpoint: fi.cand.Endpoint, Masquerade: fi.cand.Masquerade}
+		key := candKey{fi.cand.Endpoint, fi.cand.Masquerade}
 		if i, ok := seenCand[key]; ok {
 			if c := &r.Candidates[i-1]; c.Probability == 0 || fi.cand.Probability == 0 {
 				c.Probability = 0

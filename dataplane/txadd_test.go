@@ -15,7 +15,7 @@ func TestAddedElementsSkips(t *testing.T) {
 	p2 := &Part{Elements: []Element{a, b, c}} // a is p1's: a duplicate
 	p2.Pack()
 	d := &diffState{tx: &Tx{Full: true}, refs: newElementRefs(0), sharedRefs: map[string]int{},
-		sharedDelta: map[string]int{}, sets: map[string]*Set{}, lazyAdds: true}
+		sharedDelta: map[string]int{}, sets: map[string]*Set{}, lazyAdds: true, sharable: map[string]bool{SetClusterIPs: true}}
 	d.diffPart(nil, p1)
 	d.diffPart(nil, p2)
 	got := slices.Collect(d.tx.AddedElements())

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -17,3 +18,5 @@ func sortServiceKeys(keys []cluster.ServiceKey) {
 }
 
 func sortStrings(s []string) { slices.Sort(s) }
+
+func familyOfPrefix(p netip.Prefix) cluster.Family { return cluster.FamilyOf(p.Addr()) }

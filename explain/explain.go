@@ -25,9 +25,14 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/gateway"
 	"github.com/vipgate/vipgate/gateway/natpath"
 	"github.com/vipgate/vipgate/proxy"
 )
+
+// roles are what the node's proxy and the gateway know of their tables' chains and sets: a table
+// read from the kernel may be either's.
+var roles = []dataplane.ExplainRole{gateway.ExplainRole, proxy.ExplainRole}
 
 // Options says which packet to trace, through which ruleset.
 type Options struct {
@@ -166,7 +171,7 @@ func Trace(o Options) (*Report, error) {
 		}
 	}
 	pkt := dataplane.Packet{Src: srcAddr, Dst: dst.Addr(), Proto: proto, Port: dst.Port(), FromHost: o.FromHost, SrcPort: srcPort}
-	ex := dataplane.Explain(flat, dataplane.HostInfo{IsLocal: isLoc}, pkt)
+	ex := dataplane.Explain(flat, dataplane.HostInfo{IsLocal: isLoc}, pkt, roles...)
 	res := ex.Result
 	srcText := srcAddr.String()
 	if srcPort != 0 {
@@ -203,7 +208,7 @@ func Trace(o Options) (*Report, error) {
 	for _, c := range ex.Candidates {
 		ec := Candidate{Endpoint: c.Endpoint.String(), Masquerade: c.Masquerade, Choice: c.Branch}
 		if c.Masquerade {
-			ec.MasqueradeReason = masqueradeText(c.Candidate)
+			ec.MasqueradeReason = masqueradeText(c)
 		}
 		rep.Candidates = append(rep.Candidates, ec)
 	}
@@ -330,7 +335,7 @@ type FastPath struct {
 
 // fastPath traces p through a gateway's fast path table nd as arriving on device dev.
 func fastPath(nd *dataplane.Flat, dev string, isLoc func(netip.Addr) bool, p dataplane.Packet) *FastPath {
-	ex := dataplane.ExplainFastPath(nd, dev, dataplane.HostInfo{IsLocal: isLoc}, p)
+	ex := dataplane.ExplainFastPath(nd, dev, dataplane.HostInfo{IsLocal: isLoc}, p, roles...)
 	fp := &FastPath{Table: nd.Table, Device: ex.Device, Devices: ex.Devices, Forwarded: ex.Taken, NodeDevice: ex.NodeDevice,
 		Outcome: string(ex.Result.Outcome), DecidedBy: ex.Result.Reason, Steps: ex.Result.Steps}
 	if fp.Steps == nil {
@@ -418,7 +423,7 @@ func hostSource(fam cluster.Family, cfg *cluster.NodeConfig) (netip.Addr, error)
 }
 
 // masqueradeText says in words why the candidate's source is masqueraded.
-func masqueradeText(c dataplane.Candidate) string {
+func masqueradeText(c dataplane.ExplainedCandidate) string {
 	switch c.MasqReason {
 	case dataplane.MasqGatewaySNAT:
 		return "the gateway masquerades this Service's traffic (snat: always, or auto with nodePort forwarding to an externalTrafficPolicy=Cluster Service), so replies come back through it"

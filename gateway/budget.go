@@ -6,6 +6,7 @@ import (
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/maglev"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // What one Service may cost on a gateway (serviceLimits), as proxy/budget.go does on a node.
@@ -45,7 +46,7 @@ func gatewayElementsOverLimits(cfg Config, limits cluster.ServiceLimits, entries
 		if len(e.SourceRanges) > 0 {
 			// Its firewall-ips element, and its port's fw- chain once (gatewayFirewallRules).
 			cost++
-			if name := dataplane.ServicePortName(e.Service, e.Proto, e.Port); !fw[name] {
+			if name := tablenames.ServicePortName(e.Service, e.Proto, e.Port); !fw[name] {
 				fw[name] = true
 				cost += cluster.RuleCost * (len(e.SourceRanges) + 1)
 			}

@@ -24,7 +24,7 @@ func gatewayConnElements(e Entry, table []int, ids map[netip.Addr]uint32) []data
 		if _, ok := ids[a]; !ok {
 			continue
 		}
-		out = append(out, dataplane.Element{Set: dataplane.MapGatewayRouteIDs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: a})
+		out = append(out, dataplane.Element{Set: MapGatewayRouteIDs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: a})
 	}
 	seen := map[netip.Addr]bool{}
 	for _, b := range append(slices.Clone(e.Backends), e.Draining...) {
@@ -34,7 +34,7 @@ func gatewayConnElements(e Entry, table []int, ids map[netip.Addr]uint32) []data
 			continue
 		}
 		seen[a] = true
-		out = append(out, dataplane.Element{Set: dataplane.MapGatewayConns, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: id, DataAddr: a})
+		out = append(out, dataplane.Element{Set: MapGatewayConns, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: id, DataAddr: a})
 	}
 	return out
 }
@@ -58,20 +58,20 @@ func ConnIDs(addrs []netip.Addr) map[netip.Addr]uint32 {
 // gatewayConntableRules are the rules of gateway-route for a table of size slots (see above).
 func gatewayConntableRules(size int) []dataplane.Rule {
 	return []dataplane.Rule{
-		{Action: dataplane.Action{Kind: dataplane.ActFlowRecall}, Comment: "a known flow: to its node, if still one of the VIP port's"},
-		{Action: dataplane.Action{Kind: dataplane.ActFlowDaisy, Value: uint32(size)}, Comment: "an unknown connection: to its slot's previous node"},
-		{Action: dataplane.Action{Kind: dataplane.ActFlowPick, Value: uint32(size)}, Comment: "a new flow: Maglev, remembered"},
-		{Action: dataplane.Action{Kind: dataplane.ActDupJhashMap, Map: dataplane.MapGatewayRoutes, Value: uint32(size)}, Comment: "gateway-flows is full"},
+		{Action: dataplane.Action{Kind: dataplane.ActFlowRecall, Set: MapGatewayFlows, Conns: MapGatewayConns}, Comment: "a known flow: to its node, if still one of the VIP port's"},
+		{Action: dataplane.Action{Kind: dataplane.ActFlowDaisy, Map: MapGatewayPrevIDs, Set: MapGatewayFlows, Conns: MapGatewayConns, Value: uint32(size)}, Comment: "an unknown connection: to its slot's previous node"},
+		{Action: dataplane.Action{Kind: dataplane.ActFlowPick, Map: MapGatewayRouteIDs, Set: MapGatewayFlows, Conns: MapGatewayConns, Value: uint32(size)}, Comment: "a new flow: Maglev, remembered"},
+		{Action: dataplane.Action{Kind: dataplane.ActDupJhashMap, Map: MapGatewayRoutes, Value: uint32(size)}, Comment: "gateway-flows is full"},
 	}
 }
 
 // gatewayConntableSets are the route mode's maps of the connection table.
 func gatewayConntableSets(timeout time.Duration) []*dataplane.Set {
 	return []*dataplane.Set{
-		{Name: dataplane.MapGatewayRouteIDs, Kind: dataplane.KindTupleMark, Comment: "VIP . proto . port . Maglev slot -> node id"},
-		{Name: dataplane.MapGatewayPrevIDs, Kind: dataplane.KindTupleMark, Comment: "VIP . proto . port . Maglev slot -> the slot's node before the last change"},
-		{Name: dataplane.MapGatewayConns, Kind: dataplane.KindTupleAddr, Comment: "VIP . proto . port . node id -> node (backends and draining nodes)"},
-		{Name: dataplane.MapGatewayFlows, Kind: dataplane.KindGatewayFlows, Timeout: timeout, Comment: "flow -> node id (the connection table)"},
+		{Name: MapGatewayRouteIDs, Kind: dataplane.KindTupleMark, Comment: "VIP . proto . port . Maglev slot -> node id"},
+		{Name: MapGatewayPrevIDs, Kind: dataplane.KindTupleMark, Comment: "VIP . proto . port . Maglev slot -> the slot's node before the last change"},
+		{Name: MapGatewayConns, Kind: dataplane.KindTupleAddr, Comment: "VIP . proto . port . node id -> node (backends and draining nodes)"},
+		{Name: MapGatewayFlows, Kind: dataplane.KindGatewayFlows, Timeout: timeout, Comment: "flow -> node id (the connection table)"},
 	}
 }
 
@@ -334,7 +334,7 @@ func gatewayDaisyElements(e Entry, table []int, prev []netip.Addr, ids map[netip
 		if _, ok := ids[a]; !ok || !live[a] || e.Backends[table[slot]].Addr() == a {
 			continue
 		}
-		out = append(out, dataplane.Element{Set: dataplane.MapGatewayPrevIDs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: a})
+		out = append(out, dataplane.Element{Set: MapGatewayPrevIDs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: a})
 	}
 	return out
 }

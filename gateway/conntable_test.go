@@ -37,28 +37,28 @@ func TestGatewayConnTableElements(t *testing.T) {
 		set, vip string
 		want     []netip.Addr
 	}{
-		{dataplane.MapGatewayConns, "203.0.113.50", both},
-		{dataplane.MapGatewayRouteIDs, "203.0.113.50", both},
-		{dataplane.MapGatewayRoutes, "203.0.113.50", both},
-		{dataplane.MapGatewayConns, "203.0.113.51", []netip.Addr{gwNode1}},
+		{MapGatewayConns, "203.0.113.50", both},
+		{MapGatewayRouteIDs, "203.0.113.50", both},
+		{MapGatewayRoutes, "203.0.113.50", both},
+		{MapGatewayConns, "203.0.113.51", []netip.Addr{gwNode1}},
 	} {
 		if diff := cmp.Diff(c.want, conntableNodes(f, c.set, c.vip), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
 			t.Errorf("%s of %s (-want +got):\n%s", c.set, c.vip, diff)
 		}
 	}
-	for _, e := range f.Elements[dataplane.MapGatewayConns] {
+	for _, e := range f.Elements[MapGatewayConns] {
 		if id, _ := dataplane.GatewayNodeID(e.DataAddr); e.Index != id {
 			t.Errorf("%+v: id %d, want %d", e, e.Index, id)
 		}
 	}
 	// The same slot leads to the same node in both Maglev maps.
 	routes := map[dataplane.Element]netip.Addr{}
-	for _, e := range f.Elements[dataplane.MapGatewayRoutes] {
+	for _, e := range f.Elements[MapGatewayRoutes] {
 		routes[e.Key()] = e.DataAddr
 	}
-	for _, e := range f.Elements[dataplane.MapGatewayRouteIDs] {
+	for _, e := range f.Elements[MapGatewayRouteIDs] {
 		k := e.Key()
-		k.Set = dataplane.MapGatewayRoutes
+		k.Set = MapGatewayRoutes
 		if routes[k] != e.DataAddr {
 			t.Fatalf("slot %d of %s: ids map says %s, routes map %s", e.Index, e.Addr, e.DataAddr, routes[k])
 		}
@@ -132,10 +132,10 @@ func TestGatewayDrain(t *testing.T) {
 			}
 			f := grs.Ruleset.Flatten()
 			if fwd == cluster.ForwardRoute {
-				if got := conntableNodes(f, dataplane.MapGatewayConns, "203.0.113.50"); !slices.Contains(got, gwNode2) {
+				if got := conntableNodes(f, MapGatewayConns, "203.0.113.50"); !slices.Contains(got, gwNode2) {
 					t.Errorf("gateway-conns of web %v: the draining node must stay", got)
 				}
-				if got := conntableNodes(f, dataplane.MapGatewayRoutes, "203.0.113.50"); slices.Contains(got, gwNode2) {
+				if got := conntableNodes(f, MapGatewayRoutes, "203.0.113.50"); slices.Contains(got, gwNode2) {
 					t.Errorf("gateway-routes of web %v: the draining node takes no new flows", got)
 				}
 			}
@@ -168,7 +168,7 @@ func TestGatewayDrainDeadline(t *testing.T) {
 			if len(rep.StaleFlows) != 0 {
 				t.Errorf("stale flows while draining: %v", rep.StaleFlows)
 			}
-			if fwd == cluster.ForwardRoute && !slices.Contains(conntableNodes(p.Flatten(cluster.IPv4), dataplane.MapGatewayConns, "203.0.113.50"), gwNode2) {
+			if fwd == cluster.ForwardRoute && !slices.Contains(conntableNodes(p.Flatten(cluster.IPv4), MapGatewayConns, "203.0.113.50"), gwNode2) {
 				t.Errorf("draining node2 left gateway-conns before its deadline")
 			}
 			now = now.Add(30 * time.Second)
@@ -184,7 +184,7 @@ func TestGatewayDrainDeadline(t *testing.T) {
 				t.Errorf("after the deadline: draining %v until %v, want none", rep.Draining, rep.NextDrainDeadline)
 			}
 			if fwd == cluster.ForwardRoute {
-				if got := conntableNodes(p.Flatten(cluster.IPv4), dataplane.MapGatewayConns, "203.0.113.50"); slices.Contains(got, gwNode2) {
+				if got := conntableNodes(p.Flatten(cluster.IPv4), MapGatewayConns, "203.0.113.50"); slices.Contains(got, gwNode2) {
 					t.Errorf("gateway-conns %v after the deadline: node2 must be gone", got)
 				}
 				return
@@ -268,7 +268,7 @@ func TestGatewayDaisyChain(t *testing.T) {
 	if _, err := p.Sync(st, nil); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(p.Flatten(cluster.IPv4).Elements[dataplane.MapGatewayPrevIDs]); n != 0 {
+	if n := len(p.Flatten(cluster.IPv4).Elements[MapGatewayPrevIDs]); n != 0 {
 		t.Errorf("%d previous-table elements before any change", n)
 	}
 	node3 := netip.MustParseAddr("192.0.2.13")
@@ -279,13 +279,13 @@ func TestGatewayDaisyChain(t *testing.T) {
 	}
 	f := p.Flatten(cluster.IPv4)
 	cur := map[dataplane.Element]netip.Addr{}
-	for _, e := range f.Elements[dataplane.MapGatewayRouteIDs] {
+	for _, e := range f.Elements[MapGatewayRouteIDs] {
 		k := e.Key()
 		k.Set = ""
 		cur[k] = e.DataAddr
 	}
 	moved := 0
-	for _, e := range f.Elements[dataplane.MapGatewayPrevIDs] {
+	for _, e := range f.Elements[MapGatewayPrevIDs] {
 		if e.Addr != netip.MustParseAddr("203.0.113.50") {
 			continue
 		}
@@ -306,7 +306,7 @@ func TestGatewayDaisyChain(t *testing.T) {
 	if _, err := p.Sync(st4, nil); err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range p.Flatten(cluster.IPv4).Elements[dataplane.MapGatewayPrevIDs] {
+	for _, e := range p.Flatten(cluster.IPv4).Elements[MapGatewayPrevIDs] {
 		if e.DataAddr == gwNode1 {
 			t.Fatalf("slot %d chained to node1, which left", e.Index)
 		}
@@ -339,21 +339,21 @@ func TestGatewayDaisyWindow(t *testing.T) {
 	if want := changed.Add(time.Hour); !rep.NextDaisyEnd.Equal(want) {
 		t.Errorf("NextDaisyEnd %v, want %v", rep.NextDaisyEnd, want)
 	}
-	if len(p.Flatten(cluster.IPv4).Elements[dataplane.MapGatewayPrevIDs]) == 0 {
+	if len(p.Flatten(cluster.IPv4).Elements[MapGatewayPrevIDs]) == 0 {
 		t.Fatal("no previous-table elements right after the change")
 	}
 	now = changed.Add(time.Hour - time.Second)
 	if rep, err = p.Sync(st3, nil); err != nil {
 		t.Fatal(err)
 	}
-	if len(p.Flatten(cluster.IPv4).Elements[dataplane.MapGatewayPrevIDs]) == 0 || rep.NextDaisyEnd.IsZero() {
+	if len(p.Flatten(cluster.IPv4).Elements[MapGatewayPrevIDs]) == 0 || rep.NextDaisyEnd.IsZero() {
 		t.Error("previous-table elements gone before the window ended")
 	}
 	now = changed.Add(time.Hour)
 	if rep, err = p.Sync(st3, nil); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(p.Flatten(cluster.IPv4).Elements[dataplane.MapGatewayPrevIDs]); n != 0 || !rep.NextDaisyEnd.IsZero() {
+	if n := len(p.Flatten(cluster.IPv4).Elements[MapGatewayPrevIDs]); n != 0 || !rep.NextDaisyEnd.IsZero() {
 		t.Errorf("%d previous-table elements (next end %v) after the window", n, rep.NextDaisyEnd)
 	}
 	if len(rep.Txs) == 0 {
@@ -457,7 +457,7 @@ func TestGatewayNoDaisyToTransients(t *testing.T) {
 	if _, err := p.Sync(st3, nil); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(p.Flatten(cluster.IPv4).Elements[dataplane.MapGatewayPrevIDs]); n != 0 {
+	if n := len(p.Flatten(cluster.IPv4).Elements[MapGatewayPrevIDs]); n != 0 {
 		t.Errorf("%d previous-table elements for a change while the gateway was starting, want none", n)
 	}
 	// Settled: node3 leaves, and once that table has settled comes back: the slots it takes are
@@ -470,7 +470,7 @@ func TestGatewayNoDaisyToTransients(t *testing.T) {
 	if _, err := p.Sync(st3, nil); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(p.Flatten(cluster.IPv4).Elements[dataplane.MapGatewayPrevIDs]); n == 0 {
+	if n := len(p.Flatten(cluster.IPv4).Elements[MapGatewayPrevIDs]); n == 0 {
 		t.Errorf("no previous-table elements for a change after the gateway settled")
 	}
 	// node3 goes and comes back within historySettle (a transient without it): back to the table
@@ -483,7 +483,7 @@ func TestGatewayNoDaisyToTransients(t *testing.T) {
 	if _, err := p.Sync(st3, nil); err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range p.Flatten(cluster.IPv4).Elements[dataplane.MapGatewayPrevIDs] {
+	for _, e := range p.Flatten(cluster.IPv4).Elements[MapGatewayPrevIDs] {
 		t.Errorf("slot %d chained to %s after a transient", e.Index, e.DataAddr)
 		break
 	}
@@ -500,7 +500,7 @@ func TestGatewayNoDaisyToTransients(t *testing.T) {
 	if _, err := p.Sync(gwState(), nil); err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range p.Flatten(cluster.IPv4).Elements[dataplane.MapGatewayPrevIDs] {
+	for _, e := range p.Flatten(cluster.IPv4).Elements[MapGatewayPrevIDs] {
 		t.Errorf("slot %d chained to %s after the gateway's outage", e.Index, e.DataAddr)
 		break
 	}

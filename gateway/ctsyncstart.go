@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/gateway/ctsync"
 	"github.com/vipgate/vipgate/gateway/ctsync/relay"
+	"github.com/vipgate/vipgate/keyreload"
 )
 
 // StartConntrackSync starts what snatAddresses and conntrackSync ask for (docs/gateway.md, "SNAT
@@ -190,35 +190,11 @@ func startConntrackd(ctx context.Context, cfg *cluster.GatewayConfig, o RuntimeO
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() { defer wg.Done(); rl.Run(ctx) }()
-	go func() { defer wg.Done(); reloadSyncKeys(ctx, log, o, keyFile, keys, rl) }()
+	// The key file again every KeyReload (as the membership's): a rotated Secret takes effect
+	// without a restart; a broken file keeps the old keys.
+	reload := keyreload.Reloader{Path: keyFile, Period: o.KeyReload, Read: o.ReadKeys, Apply: rl.SetKeys, Log: log,
+		Failed: "conntrack sync: keeping the previous keys", Reloaded: "conntrack sync: keys reloaded"}
+	go func() { defer wg.Done(); reload.Run(ctx, keys) }()
 	go func() { defer wg.Done(); sup.Run(ctx) }()
 	return sup, func() { wg.Wait(); cleanup() }, nil
-}
-
-// reloadSyncKeys reads the key file again every KeyReload (as the membership does) and hands
-// changed keys to the relay: a rotated Secret takes effect without a restart. A broken file keeps
-// the old keys.
-func reloadSyncKeys(ctx context.Context, log hclog.Logger, o RuntimeOptions, path string, keys [][]byte, rl *relay.Relay) {
-	t := time.NewTicker(o.KeyReload)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		next, err := o.ReadKeys(path)
-		if err == nil && slices.EqualFunc(keys, next, bytes.Equal) {
-			continue
-		}
-		if err == nil {
-			err = rl.SetKeys(next)
-		}
-		if err != nil {
-			log.Error("conntrack sync: keeping the previous keys", "err", err)
-			continue
-		}
-		keys = next
-		log.Info("conntrack sync: keys reloaded", "keys", len(keys))
-	}
 }

@@ -98,7 +98,7 @@ func TestExplainGateway(t *testing.T) {
 			}
 			f := grs.Ruleset.Flatten()
 			src := netip.MustParseAddrPort("198.51.100.10:40001")
-			ex := dataplane.Explain(f, dataplane.HostInfo{}, dataplane.Packet{Src: src.Addr(), SrcPort: src.Port(), Dst: netip.MustParseAddr("203.0.113.50"), Proto: dataplane.ProtoTCP, Port: 80})
+			ex := dataplane.Explain(f, dataplane.HostInfo{}, dataplane.Packet{Src: src.Addr(), SrcPort: src.Port(), Dst: netip.MustParseAddr("203.0.113.50"), Proto: dataplane.ProtoTCP, Port: 80}, ExplainRole)
 			if ex.Result.Outcome != c.out || len(ex.Candidates) != 2 || ex.Algorithm != cluster.LBMaglev {
 				t.Fatalf("outcome %s, %d candidates, algorithm %q\n%s", ex.Result.Outcome, len(ex.Candidates), ex.Algorithm, ex.Result.Explain())
 			}
@@ -165,7 +165,7 @@ func TestExplainFastPath(t *testing.T) {
 		{name: "from the host", dev: "s0", dst: "203.0.113.50", fromHost: true, device: "s0"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ex := dataplane.ExplainFastPath(nd, c.dev, dataplane.HostInfo{}, dataplane.Packet{Src: gwClient, Dst: netip.MustParseAddr(c.dst), Proto: dataplane.ProtoTCP, Port: 80, SrcPort: c.srcPort, FromHost: c.fromHost})
+			ex := dataplane.ExplainFastPath(nd, c.dev, dataplane.HostInfo{}, dataplane.Packet{Src: gwClient, Dst: netip.MustParseAddr(c.dst), Proto: dataplane.ProtoTCP, Port: 80, SrcPort: c.srcPort, FromHost: c.fromHost}, ExplainRole)
 			if ex.Taken != c.taken || ex.Device != c.device || !slices.Equal(ex.Devices, []string{"s0", "s1"}) {
 				t.Fatalf("taken %v device %q devices %v, want %v %q [s0 s1]\n%s", ex.Taken, ex.Device, ex.Devices, c.taken, c.device, ex.Result.Explain())
 			}
@@ -180,13 +180,13 @@ func TestExplainFastPath(t *testing.T) {
 					ex.Result.Outcome, ex.NodeDevice, len(ex.Candidates), ex.Algorithm, ex.Result.Explain())
 			}
 			for _, s := range ex.Result.Steps {
-				if s.Chain != "" && strings.HasPrefix(s.Chain, dataplane.ChainGatewayIngress) && s.Chain != dataplane.ChainGatewayIngress+c.device {
+				if s.Chain != "" && strings.HasPrefix(s.Chain, PrefixGatewayIngress) && s.Chain != PrefixGatewayIngress+c.device {
 					t.Errorf("the trace passes the chain of another device: %s", s)
 				}
 			}
 			if c.srcPort != 0 {
 				// The flow's slot, as the family's table would pick it (the same maps).
-				fam := dataplane.Explain(grs.Ruleset.Flatten(), dataplane.HostInfo{}, dataplane.Packet{Src: gwClient, Dst: vip, Proto: dataplane.ProtoTCP, Port: 80, SrcPort: c.srcPort})
+				fam := dataplane.Explain(grs.Ruleset.Flatten(), dataplane.HostInfo{}, dataplane.Packet{Src: gwClient, Dst: vip, Proto: dataplane.ProtoTCP, Port: 80, SrcPort: c.srcPort}, ExplainRole)
 				if ex.Maglev == nil || fam.Maglev == nil || *ex.Maglev != *fam.Maglev || !ex.Maglev.Routed {
 					t.Errorf("the fast path's slot %+v, the family table's %+v: want the same, routed", ex.Maglev, fam.Maglev)
 				}
@@ -309,7 +309,7 @@ func TestMaglevSizeImbalance(t *testing.T) {
 				tableDev := maxDeviation(slots, float64(m)/float64(n))
 				// Flows: random client addresses and ports through the kernel's hash and the table.
 				table := map[uint32]netip.Addr{}
-				for _, e := range f.Elements[dataplane.MapGatewayRoutes] {
+				for _, e := range f.Elements[MapGatewayRoutes] {
 					table[e.Index] = e.DataAddr
 				}
 				rng := rand.New(rand.NewPCG(uint64(n), uint64(fam)))

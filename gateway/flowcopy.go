@@ -173,7 +173,7 @@ func copyGatewayFlows(store dataplane.GatewayFlowStore, from, to flowTable, plan
 		}
 		if w == nil {
 			var err error
-			if w, err = store.GatewayFlowWriter(to.family, to.table, deadline); err != nil {
+			if w, err = store.GatewayFlowWriter(to.family, to.table, MapGatewayFlows, deadline); err != nil {
 				return err
 			}
 		}
@@ -183,7 +183,7 @@ func copyGatewayFlows(store dataplane.GatewayFlowStore, from, to flowTable, plan
 		pending = pending[:0]
 		return err
 	}
-	err := store.ReadGatewayFlows(from.family, from.table, deadline, func(chunk []dataplane.GatewayFlow) error {
+	err := store.ReadGatewayFlows(from.family, from.table, MapGatewayFlows, deadline, func(chunk []dataplane.GatewayFlow) error {
 		if err := lim.check(); err != nil {
 			return err
 		}

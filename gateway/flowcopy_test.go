@@ -97,7 +97,7 @@ type memFlows struct {
 	txs   int
 }
 
-func (m *memFlows) ReadGatewayFlows(f cluster.Family, table string, _ time.Time, each func([]dataplane.GatewayFlow) error) error {
+func (m *memFlows) ReadGatewayFlows(f cluster.Family, table, _ string, _ time.Time, each func([]dataplane.GatewayFlow) error) error {
 	src, ok := m.maps[table]
 	if !ok {
 		return dataplane.ErrNoFlowsMap
@@ -118,7 +118,7 @@ func (m *memFlows) ReadGatewayFlows(f cluster.Family, table string, _ time.Time,
 	return nil
 }
 
-func (m *memFlows) GatewayFlowWriter(f cluster.Family, table string, _ time.Time) (dataplane.GatewayFlowWriter, error) {
+func (m *memFlows) GatewayFlowWriter(f cluster.Family, table, _ string, _ time.Time) (dataplane.GatewayFlowWriter, error) {
 	return memWriter{m, table}, nil
 }
 
@@ -199,7 +199,7 @@ func TestCopyGatewayFlows(t *testing.T) {
 
 func TestSplitIngress(t *testing.T) {
 	in := &dataplane.Chain{Name: "gateway-ingress-s0", Hook: dataplane.HookIngress, Devices: []string{"s0"}}
-	route := &dataplane.Chain{Name: dataplane.ChainGatewayRoute}
+	route := &dataplane.Chain{Name: ChainGatewayRoute}
 	tx := &dataplane.Tx{Family: dataplane.NetdevFamily(cluster.IPv4), Table: "t", Full: true, AddChains: []*dataplane.Chain{in, route}, AddSets: []*dataplane.Set{{Name: "s"}}}
 	first, hooks := splitIngress(tx)
 	if !first.Full || len(first.AddSets) != 1 || len(first.AddChains) != 1 || first.AddChains[0] != route {
@@ -217,7 +217,7 @@ func TestSplitIngress(t *testing.T) {
 func readFlows(t *testing.T, prog *dataplane.NetlinkProgrammer, f cluster.Family, table string) map[string]dataplane.GatewayFlow {
 	t.Helper()
 	out := map[string]dataplane.GatewayFlow{}
-	err := prog.ReadGatewayFlows(f, table, time.Time{}, func(fls []dataplane.GatewayFlow) error {
+	err := prog.ReadGatewayFlows(f, table, MapGatewayFlows, time.Time{}, func(fls []dataplane.GatewayFlow) error {
 		for _, fl := range fls {
 			fl.Key = bytes.Clone(fl.Key)
 			out[string(fl.Key)] = fl
@@ -266,7 +266,7 @@ func TestGatewayFlowCopyKernel(t *testing.T) {
 	// order, where the packets' `meta mark` (what gateway-flows holds) is in host order: the
 	// entries are spelled so that the kernel holds what a packet of node 192.0.2.11 would write.
 	asNft := func(mark uint32) uint32 { return binary.BigEndian.Uint32(binary.NativeEndian.AppendUint32(nil, mark)) }
-	nft("add", "element", "netdev", netdev, dataplane.MapGatewayFlows, fmt.Sprintf(
+	nft("add", "element", "netdev", netdev, MapGatewayFlows, fmt.Sprintf(
 		"{ 10.0.0.1 . 1234 . %[1]s . 5000 timeout 1h expires 30m : %#[2]x, 10.0.0.2 . 1234 . %[1]s . 5000 timeout 1h expires 30m : %#[3]x, 10.0.0.3 . 1234 . %[1]s . 5000 timeout 1h expires 100ms : %#[2]x }",
 		vip, asNft(n1), asNft(7)))
 	udpSend(t, cl, vip, 5000, 100) // a flow of real packets, through the fast path
@@ -314,7 +314,7 @@ func TestGatewayFlowCopyKernel(t *testing.T) {
 		}
 	}
 	check("the family's table after the fast path went off", after, 10*time.Second)
-	if list := nft("list", "map", "ip", table, dataplane.MapGatewayFlows); !strings.Contains(list, "10.0.0.1 . 1234 . "+vip+" . 5000") {
+	if list := nft("list", "map", "ip", table, MapGatewayFlows); !strings.Contains(list, "10.0.0.1 . 1234 . "+vip+" . 5000") {
 		t.Errorf("nft does not list the copied entry as it was written:\n%s", list)
 	}
 
@@ -338,7 +338,7 @@ func TestGatewayFlowCopyKernel(t *testing.T) {
 
 	// A netdev transaction the kernel refuses (a device name longer than IFNAMSIZ-1): the table is
 	// deleted, its flows copied into the family's first.
-	nft("flush", "map", "ip", table, dataplane.MapGatewayFlows)
+	nft("flush", "map", "ip", table, MapGatewayFlows)
 	fast.Devices, wantOn = []string{"s0", "a-sixteen-bytes!"}, false
 	copies = sync("refused", 2)
 	if copies[0].Why != "netdev table rewritten" || copies[0].Copied != 2 {
@@ -372,7 +372,7 @@ func TestGatewayFlowCopyScale(t *testing.T) {
 	}
 	n1 := nodeID(t, "192.0.2.11")
 	netdev := flowTable{dataplane.NetdevFamily(cluster.IPv4), dataplane.NetdevTableName(cluster.DefaultTableName, cluster.IPv4)}
-	w, err := prog.GatewayFlowWriter(netdev.family, netdev.table, time.Time{})
+	w, err := prog.GatewayFlowWriter(netdev.family, netdev.table, MapGatewayFlows, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -392,7 +392,7 @@ func TestGatewayFlowCopyScale(t *testing.T) {
 	t.Logf("writing %d entries: %v", n, time.Since(start))
 	start = time.Now()
 	read := 0
-	if err := prog.ReadGatewayFlows(netdev.family, netdev.table, time.Time{}, func(fls []dataplane.GatewayFlow) error { read += len(fls); return nil }); err != nil {
+	if err := prog.ReadGatewayFlows(netdev.family, netdev.table, MapGatewayFlows, time.Time{}, func(fls []dataplane.GatewayFlow) error { read += len(fls); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("reading %d entries: %v", read, time.Since(start))
@@ -407,7 +407,7 @@ func TestGatewayFlowCopyScale(t *testing.T) {
 		t.Errorf("%s; want %d read and copied", c, n)
 	}
 	got := 0
-	if err := prog.ReadGatewayFlows(cluster.IPv4, cluster.DefaultTableName, time.Time{}, func(fls []dataplane.GatewayFlow) error { got += len(fls); return nil }); err != nil {
+	if err := prog.ReadGatewayFlows(cluster.IPv4, cluster.DefaultTableName, MapGatewayFlows, time.Time{}, func(fls []dataplane.GatewayFlow) error { got += len(fls); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if got != n {
@@ -443,7 +443,7 @@ func TestGatewayFlowCopyKernelIPv6(t *testing.T) {
 	syncFastPath(t, "on", p, st, onLink)
 	netdev := flowTable{dataplane.NetdevFamily(cluster.IPv6), dataplane.NetdevTableName(cluster.DefaultTableName, cluster.IPv6)}
 	n1 := nodeID(t, "2001:db8::11")
-	w, err := prog.GatewayFlowWriter(netdev.family, netdev.table, time.Time{})
+	w, err := prog.GatewayFlowWriter(netdev.family, netdev.table, MapGatewayFlows, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -486,12 +486,12 @@ func (c *copyCounter) Apply(tx *dataplane.Tx) error {
 	return nil
 }
 
-func (c *copyCounter) ReadGatewayFlows(f cluster.Family, table string, _ time.Time, each func([]dataplane.GatewayFlow) error) error {
+func (c *copyCounter) ReadGatewayFlows(f cluster.Family, table, _ string, _ time.Time, each func([]dataplane.GatewayFlow) error) error {
 	c.reads = append(c.reads, table)
 	return each([]dataplane.GatewayFlow{{Key: flowKey4("10.0.0.1", 1234, "203.0.113.50", 5000), Mark: c.node, Timeout: time.Hour, Expires: time.Minute}})
 }
 
-func (c *copyCounter) GatewayFlowWriter(cluster.Family, string, time.Time) (dataplane.GatewayFlowWriter, error) {
+func (c *copyCounter) GatewayFlowWriter(cluster.Family, string, string, time.Time) (dataplane.GatewayFlowWriter, error) {
 	return memWriter{&memFlows{maps: map[string]map[string]dataplane.GatewayFlow{"": {}}}, ""}, nil
 }
 
@@ -577,7 +577,7 @@ func TestGatewayFlowCopyClash(t *testing.T) {
 	}
 	write := func(to flowTable, fls []dataplane.GatewayFlow) {
 		t.Helper()
-		w, err := prog.GatewayFlowWriter(to.family, to.table, time.Time{})
+		w, err := prog.GatewayFlowWriter(to.family, to.table, MapGatewayFlows, time.Time{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -643,7 +643,7 @@ func TestGatewayFlowCopyClash(t *testing.T) {
 	}
 
 	// A clash in every tenth entry: more than the cap of refused transactions can find.
-	if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "flush", "map", "ip", fam.table, dataplane.MapGatewayFlows).CombinedOutput(); err != nil {
+	if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "flush", "map", "ip", fam.table, MapGatewayFlows).CombinedOutput(); err != nil {
 		t.Fatalf("nft flush: %v: %s", err, out)
 	}
 	own = own[:0]

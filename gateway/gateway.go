@@ -12,6 +12,7 @@ import (
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/maglev"
 	"github.com/vipgate/vipgate/gateway/natpath"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // This file is the gateway's table and its proxier: a host in front of the cluster that owns the LoadBalancer IPs
@@ -45,11 +46,11 @@ func gatewayPart(cfg Config, entries []Entry, size int, ids map[netip.Addr]uint3
 		if len(e.SourceRanges) > 0 {
 			// Before DNAT (gatewayFirewall): a client outside the ranges is dropped, whether the
 			// port has backends or not, as the node drops it before it rejects.
-			fw := dataplane.FirewallChainName(e.Service, e.Proto, e.Port)
+			fw := tablenames.FirewallChain(e.Service, e.Proto, e.Port)
 			if !slices.ContainsFunc(p.Chains, func(c *dataplane.Chain) bool { return c.Name == fw }) {
 				p.Chains = append(p.Chains, &dataplane.Chain{Name: fw, Rules: gatewayFirewallRules(e.SourceRanges)})
 			}
-			p.Elements = append(p.Elements, dataplane.Element{Set: dataplane.MapFirewallIPs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Verdict: dataplane.VerdictGoto, Chain: fw})
+			p.Elements = append(p.Elements, dataplane.Element{Set: tablenames.MapFirewallIPs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Verdict: dataplane.VerdictGoto, Chain: fw})
 		}
 		for _, b := range e.Draining {
 			// Draining backends are kept: their established flows are not stale.
@@ -73,13 +74,13 @@ func gatewayPart(cfg Config, entries []Entry, size int, ids map[netip.Addr]uint3
 		}
 		sh := e.Algorithm == cluster.LBSourceHash
 		if cfg.Forwarding == cluster.ForwardRoute {
-			route := dataplane.ChainGatewayRoute
+			route := ChainGatewayRoute
 			if sh {
-				route = dataplane.ChainGatewayRouteSH
+				route = ChainGatewayRouteSH
 			}
-			p.Elements = append(p.Elements, dataplane.Element{Set: dataplane.MapServiceIPs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Verdict: dataplane.VerdictGoto, Chain: route})
+			p.Elements = append(p.Elements, dataplane.Element{Set: tablenames.MapServiceIPs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Verdict: dataplane.VerdictGoto, Chain: route})
 			for slot, bi := range table {
-				p.Elements = append(p.Elements, dataplane.Element{Set: [2]string{dataplane.MapGatewayRoutes, dataplane.MapGatewayRoutesSH}[boolInt(sh)], Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: e.Backends[bi].Addr()})
+				p.Elements = append(p.Elements, dataplane.Element{Set: [2]string{MapGatewayRoutes, MapGatewayRoutesSH}[boolInt(sh)], Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: e.Backends[bi].Addr()})
 			}
 			if !sh {
 				p.Elements = append(p.Elements, gatewayConnElements(e, table, ids)...)
@@ -97,11 +98,11 @@ func gatewayPart(cfg Config, entries []Entry, size int, ids map[netip.Addr]uint3
 		if v, ok := natPort(cfg, e, table); ok {
 			nat = append(nat, v)
 		}
-		pick := [2][2]string{{dataplane.ChainGatewayPick, dataplane.ChainGatewayMasqPick}, {dataplane.ChainGatewayPickSH, dataplane.ChainGatewayMasqPickSH}}[boolInt(sh)][boolInt(e.SNAT)]
-		p.Elements = append(p.Elements, dataplane.Element{Set: dataplane.MapServiceIPs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Verdict: dataplane.VerdictGoto, Chain: pick})
+		pick := [2][2]string{{ChainGatewayPick, ChainGatewayMasqPick}, {ChainGatewayPickSH, ChainGatewayMasqPickSH}}[boolInt(sh)][boolInt(e.SNAT)]
+		p.Elements = append(p.Elements, dataplane.Element{Set: tablenames.MapServiceIPs, Addr: e.VIP, Proto: e.Proto, Port: e.Port, Verdict: dataplane.VerdictGoto, Chain: pick})
 		for slot, bi := range table {
 			b := e.Backends[bi]
-			p.Elements = append(p.Elements, dataplane.Element{Set: [2]string{dataplane.MapGatewayBackends, dataplane.MapGatewayBackendsSH}[boolInt(sh)], Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: b.Addr(), DataPort: b.Port()})
+			p.Elements = append(p.Elements, dataplane.Element{Set: [2]string{MapGatewayBackends, MapGatewayBackendsSH}[boolInt(sh)], Addr: e.VIP, Proto: e.Proto, Port: e.Port, Index: uint32(slot), DataAddr: b.Addr(), DataPort: b.Port()})
 		}
 	}
 	return p, daisyEnd, nat, nil
@@ -114,7 +115,7 @@ func gatewayFirewallRules(ranges []netip.Prefix) []dataplane.Rule {
 	for _, r := range ranges {
 		rules = append(rules, dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchSaddrInPrefix, Prefix: r.Masked()}}, Action: dataplane.Action{Kind: dataplane.ActReturn}})
 	}
-	return append(rules, dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActDrop}, Comment: dataplane.CommentNotInSourceRanges})
+	return append(rules, dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActDrop}, Comment: tablenames.CommentNotInSourceRanges})
 }
 
 // BuildBase builds the fixed part of a gateway table, with the set of every VIP it owns (with
@@ -136,49 +137,49 @@ func buildGatewayBase(cfg Config, f cluster.Family, vips []netip.Addr, size int,
 		return dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActJump, Chain: to}}
 	}
 	rejectVIP := dataplane.Rule{
-		Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: dataplane.SetGatewayVIPs}},
+		Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: SetGatewayVIPs}},
 		Action:  dataplane.Action{Kind: dataplane.ActReject},
 		Comment: "a VIP port without backends",
 	}
 	// A packet that was DNATed no longer has a VIP as its destination, so only traffic to a VIP port
 	// with no backend (or no Service) meets the reject rules; without them it would be routed back
 	// out towards the router that sent it.
-	chain(&dataplane.Chain{Name: dataplane.ChainFilterForward, Type: dataplane.FilterType, Hook: dataplane.HookForward, Priority: dataplane.PriorityFilter, Rules: []dataplane.Rule{rejectVIP}})
-	chain(&dataplane.Chain{Name: dataplane.ChainFilterInput, Type: dataplane.FilterType, Hook: dataplane.HookInput, Priority: dataplane.PriorityFilter, Rules: []dataplane.Rule{rejectVIP}})
-	chain(&dataplane.Chain{Name: dataplane.ChainFilterOutput, Type: dataplane.FilterType, Hook: dataplane.HookOutput, Priority: dataplane.PriorityFilter, Rules: []dataplane.Rule{rejectVIP}})
-	chain(&dataplane.Chain{Name: dataplane.ChainNATPrerouting, Type: dataplane.NATType, Hook: dataplane.HookPrerouting, Priority: dataplane.PriorityDstNAT, Rules: []dataplane.Rule{jump(dataplane.ChainServices)}})
-	chain(&dataplane.Chain{Name: dataplane.ChainNATOutput, Type: dataplane.NATType, Hook: dataplane.HookOutput, Priority: dataplane.PriorityDstNAT, Rules: []dataplane.Rule{jump(dataplane.ChainServices)}})
-	chain(&dataplane.Chain{Name: dataplane.ChainNATPostrouting, Type: dataplane.NATType, Hook: dataplane.HookPostrouting, Priority: dataplane.PrioritySrcNAT, Rules: []dataplane.Rule{jump(dataplane.ChainMasquerading)}})
-	chain(&dataplane.Chain{Name: dataplane.ChainServices, Comment: "VIP dispatch", Rules: []dataplane.Rule{{Action: dataplane.Action{Kind: dataplane.ActVmapTuple, Map: dataplane.MapServiceIPs}}}})
-	chain(&dataplane.Chain{Name: dataplane.ChainGatewayPick, Comment: "Maglev: a fixed hash of the flow picks the slot", Rules: []dataplane.Rule{
-		{Action: dataplane.Action{Kind: dataplane.ActDNATJhashMap, Map: dataplane.MapGatewayBackends, Value: uint32(size)}},
+	chain(&dataplane.Chain{Name: tablenames.ChainFilterForward, Type: dataplane.FilterType, Hook: dataplane.HookForward, Priority: dataplane.PriorityFilter, Rules: []dataplane.Rule{rejectVIP}})
+	chain(&dataplane.Chain{Name: tablenames.ChainFilterInput, Type: dataplane.FilterType, Hook: dataplane.HookInput, Priority: dataplane.PriorityFilter, Rules: []dataplane.Rule{rejectVIP}})
+	chain(&dataplane.Chain{Name: tablenames.ChainFilterOutput, Type: dataplane.FilterType, Hook: dataplane.HookOutput, Priority: dataplane.PriorityFilter, Rules: []dataplane.Rule{rejectVIP}})
+	chain(&dataplane.Chain{Name: tablenames.ChainNATPrerouting, Type: dataplane.NATType, Hook: dataplane.HookPrerouting, Priority: dataplane.PriorityDstNAT, Rules: []dataplane.Rule{jump(tablenames.ChainServices)}})
+	chain(&dataplane.Chain{Name: tablenames.ChainNATOutput, Type: dataplane.NATType, Hook: dataplane.HookOutput, Priority: dataplane.PriorityDstNAT, Rules: []dataplane.Rule{jump(tablenames.ChainServices)}})
+	chain(&dataplane.Chain{Name: tablenames.ChainNATPostrouting, Type: dataplane.NATType, Hook: dataplane.HookPostrouting, Priority: dataplane.PrioritySrcNAT, Rules: []dataplane.Rule{jump(tablenames.ChainMasquerading)}})
+	chain(&dataplane.Chain{Name: tablenames.ChainServices, Comment: "VIP dispatch", Rules: []dataplane.Rule{{Action: dataplane.Action{Kind: dataplane.ActVmapTuple, Map: tablenames.MapServiceIPs}}}})
+	chain(&dataplane.Chain{Name: ChainGatewayPick, Comment: "Maglev: a fixed hash of the flow picks the slot", Rules: []dataplane.Rule{
+		{Action: dataplane.Action{Kind: dataplane.ActDNATJhashMap, Map: MapGatewayBackends, Value: uint32(size)}},
 	}})
-	chain(&dataplane.Chain{Name: dataplane.ChainGatewayMasqPick, Rules: []dataplane.Rule{
+	chain(&dataplane.Chain{Name: ChainGatewayMasqPick, Rules: []dataplane.Rule{
 		{Action: dataplane.Action{Kind: dataplane.ActMarkSet, Value: mark}},
-		{Action: dataplane.Action{Kind: dataplane.ActGoto, Chain: dataplane.ChainGatewayPick}},
+		{Action: dataplane.Action{Kind: dataplane.ActGoto, Chain: ChainGatewayPick}},
 	}})
 	if sh {
-		chain(&dataplane.Chain{Name: dataplane.ChainGatewayPickSH, Comment: "source-hash: a fixed hash of the client address picks the slot", Rules: []dataplane.Rule{
-			{Action: dataplane.Action{Kind: dataplane.ActDNATSrcHashMap, Map: dataplane.MapGatewayBackendsSH, Value: uint32(size)}},
+		chain(&dataplane.Chain{Name: ChainGatewayPickSH, Comment: "source-hash: a fixed hash of the client address picks the slot", Rules: []dataplane.Rule{
+			{Action: dataplane.Action{Kind: dataplane.ActDNATSrcHashMap, Map: MapGatewayBackendsSH, Value: uint32(size)}},
 		}})
-		chain(&dataplane.Chain{Name: dataplane.ChainGatewayMasqPickSH, Rules: []dataplane.Rule{
+		chain(&dataplane.Chain{Name: ChainGatewayMasqPickSH, Rules: []dataplane.Rule{
 			{Action: dataplane.Action{Kind: dataplane.ActMarkSet, Value: mark}},
-			{Action: dataplane.Action{Kind: dataplane.ActGoto, Chain: dataplane.ChainGatewayPickSH}},
+			{Action: dataplane.Action{Kind: dataplane.ActGoto, Chain: ChainGatewayPickSH}},
 		}})
 	}
 	// Not to a port the NAT fast path masquerades to (kernelMasqPorts).
 	masq := dataplane.Action{Kind: dataplane.ActMasqClearMark, Value: mark}
 	masq.Port, masq.PortMax = kernelMasqPorts(cfg.NATPath)
-	chain(&dataplane.Chain{Name: dataplane.ChainMasquerading, Comment: "source NAT where the gateway must see the replies", Rules: []dataplane.Rule{
+	chain(&dataplane.Chain{Name: tablenames.ChainMasquerading, Comment: "source NAT where the gateway must see the replies", Rules: []dataplane.Rule{
 		{Matches: []dataplane.Match{{Kind: dataplane.MatchMarkAny, Value: mark}}, Action: masq},
 	}})
 	p.Sets = []*dataplane.Set{
-		{Name: dataplane.SetGatewayVIPs, Kind: dataplane.KindAddr, Comment: "LoadBalancer IPs this gateway forwards"},
-		{Name: dataplane.MapServiceIPs, Kind: dataplane.KindTupleVmap, Comment: "VIP ports with backends"},
-		{Name: dataplane.MapGatewayBackends, Kind: dataplane.KindTupleEndpoints, Comment: "VIP . proto . port . Maglev slot -> backend"},
+		{Name: SetGatewayVIPs, Kind: dataplane.KindAddr, Comment: "LoadBalancer IPs this gateway forwards"},
+		{Name: tablenames.MapServiceIPs, Kind: dataplane.KindTupleVmap, Comment: "VIP ports with backends"},
+		{Name: MapGatewayBackends, Kind: dataplane.KindTupleEndpoints, Comment: "VIP . proto . port . Maglev slot -> backend"},
 	}
 	if sh {
-		p.Sets = append(p.Sets, &dataplane.Set{Name: dataplane.MapGatewayBackendsSH, Kind: dataplane.KindTupleEndpoints, Comment: "source-hash VIP . proto . port . Maglev slot -> backend"})
+		p.Sets = append(p.Sets, &dataplane.Set{Name: MapGatewayBackendsSH, Kind: dataplane.KindTupleEndpoints, Comment: "source-hash VIP . proto . port . Maglev slot -> backend"})
 	}
 	if fw {
 		gatewayFirewall(p)
@@ -189,18 +190,18 @@ func buildGatewayBase(cfg Config, f cluster.Family, vips []netip.Addr, size int,
 
 // gatewayFirewall adds the loadBalancerSourceRanges check to a gateway base p (forwarding direct
 // and nodePort, when a VIP port of the family has ranges; a table without them stays as it was):
-// the node's (schema.go), a filter chain in prerouting just before DNAT whose new connections look
+// the node's (proxy/schema.go), a filter chain in prerouting just before DNAT whose new connections look
 // up firewall-ips, which sends a VIP port with ranges to its fw- chain (gatewayPart): return if the
 // client is in a range, else drop. Those VIP ports are not given to the NAT fast path (natPort),
 // which would forward them before this hook. The gateway's own traffic (output) is not checked.
 func gatewayFirewall(p *dataplane.Part) {
 	p.Chains = append(p.Chains,
-		&dataplane.Chain{Name: dataplane.ChainFilterPreroutingPreDNAT, Type: dataplane.FilterType, Hook: dataplane.HookPrerouting, Priority: dataplane.PriorityDstNAT - 10, Rules: []dataplane.Rule{
-			{Matches: []dataplane.Match{{Kind: dataplane.MatchCtStateNew}}, Action: dataplane.Action{Kind: dataplane.ActJump, Chain: dataplane.ChainFirewallCheck}},
+		&dataplane.Chain{Name: tablenames.ChainFilterPreroutingPreDNAT, Type: dataplane.FilterType, Hook: dataplane.HookPrerouting, Priority: dataplane.PriorityDstNAT - 10, Rules: []dataplane.Rule{
+			{Matches: []dataplane.Match{{Kind: dataplane.MatchCtStateNew}}, Action: dataplane.Action{Kind: dataplane.ActJump, Chain: tablenames.ChainFirewallCheck}},
 		}},
-		&dataplane.Chain{Name: dataplane.ChainFirewallCheck, Rules: []dataplane.Rule{{Action: dataplane.Action{Kind: dataplane.ActVmapTuple, Map: dataplane.MapFirewallIPs}}}},
+		&dataplane.Chain{Name: tablenames.ChainFirewallCheck, Rules: []dataplane.Rule{{Action: dataplane.Action{Kind: dataplane.ActVmapTuple, Map: tablenames.MapFirewallIPs}}}},
 	)
-	p.Sets = append(p.Sets, &dataplane.Set{Name: dataplane.MapFirewallIPs, Kind: dataplane.KindTupleVmap, Comment: "VIP ports subject to loadBalancerSourceRanges"})
+	p.Sets = append(p.Sets, &dataplane.Set{Name: tablenames.MapFirewallIPs, Kind: dataplane.KindTupleVmap, Comment: "VIP ports subject to loadBalancerSourceRanges"})
 }
 
 // gatewayVIPElements are the gateway-vips elements of family f.
@@ -208,7 +209,7 @@ func gatewayVIPElements(f cluster.Family, vips []netip.Addr) []dataplane.Element
 	var out []dataplane.Element
 	for _, v := range vips {
 		if cluster.FamilyOf(v) == f {
-			out = append(out, dataplane.Element{Set: dataplane.SetGatewayVIPs, Addr: v.Unmap()})
+			out = append(out, dataplane.Element{Set: SetGatewayVIPs, Addr: v.Unmap()})
 		}
 	}
 	return out

@@ -180,7 +180,7 @@ func TestGatewayConflictAndMaglevElements(t *testing.T) {
 		t.Errorf("conflicts %v, want gw/zdup refused", grs.Conflicts)
 	}
 	n := 0
-	for _, e := range grs.Ruleset.Flatten().Elements[dataplane.MapGatewayBackends] {
+	for _, e := range grs.Ruleset.Flatten().Elements[MapGatewayBackends] {
 		if e.Addr == netip.MustParseAddr("203.0.113.50") {
 			n++
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/conntrack"
 	"github.com/vipgate/vipgate/gateway/natpath"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // natFake records what the gateway gives the NAT fast path.
@@ -59,7 +60,7 @@ func TestGatewayNATPathPorts(t *testing.T) {
 		// Slot tables as the family's table holds them.
 		f := p.Flatten(cluster.IPv4)
 		want := map[natpath.VIPKey][]netip.AddrPort{}
-		for _, e := range f.Elements[dataplane.MapGatewayBackends] {
+		for _, e := range f.Elements[MapGatewayBackends] {
 			k := natpath.VIPKey{VIP: e.Addr, Proto: e.Proto, Port: e.Port}
 			for len(want[k]) <= int(e.Index) {
 				want[k] = append(want[k], netip.AddrPort{})
@@ -193,7 +194,7 @@ func TestGatewayNATPathMasqueradePorts(t *testing.T) {
 		if _, err := p.Sync(gwState(), Health{{gwNode1, 32001}: true}); err != nil {
 			t.Fatal(err)
 		}
-		ch := p.Flatten(cluster.IPv4).Chains[dataplane.ChainMasquerading]
+		ch := p.Flatten(cluster.IPv4).Chains[tablenames.ChainMasquerading]
 		if ch == nil || len(ch.Rules) != 1 || ch.Rules[0].Action.Kind != dataplane.ActMasqClearMark {
 			t.Fatalf("%s: masquerading chain %+v", c.name, ch)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // Route forwarding's fast path (FastPath) as the gateway plans it: which ingress devices, the nodes'
@@ -152,11 +153,11 @@ func planNetdev(fp *FastPath, nodes []netip.Addr) netdevPlan {
 	}
 	chains := map[string]string{}
 	for _, d := range ingress {
-		if other, ok := chains[dataplane.IngressChainName(d)]; ok {
+		if other, ok := chains[IngressChainName(d)]; ok {
 			return netdevPlan{why: fmt.Sprintf("ingress devices %q and %q would share the chain %s (an nft chain name has no such characters): rename one, or list the devices in routeFastPath.devices",
-				other, d, dataplane.IngressChainName(d))}
+				other, d, IngressChainName(d))}
 		}
-		chains[dataplane.IngressChainName(d)] = d
+		chains[IngressChainName(d)] = d
 	}
 	index, mtu := fp.Index, fp.MTU
 	if index == nil {
@@ -220,7 +221,7 @@ func buildGatewayNetdevBase(f cluster.Family, inet *dataplane.Part, size int, pl
 	}
 	recall.Action.Device = plan.nodeDev
 	for _, dev := range plan.ingress {
-		p.Chains = append(p.Chains, &dataplane.Chain{Name: dataplane.IngressChainName(dev), Type: dataplane.FilterType, Hook: dataplane.HookIngress, Priority: dataplane.PriorityFilter,
+		p.Chains = append(p.Chains, &dataplane.Chain{Name: IngressChainName(dev), Type: dataplane.FilterType, Hook: dataplane.HookIngress, Priority: dataplane.PriorityFilter,
 			Devices: []string{dev}, Comment: "VIP traffic to its node, before the IP stack", Rules: []dataplane.Rule{
 				// A datagram's fragments must all go one way: only the first carries the ports the
 				// rules match, so taking it here would part it from the others; all go on to the
@@ -244,7 +245,7 @@ func buildGatewayNetdevBase(f cluster.Family, inet *dataplane.Part, size int, pl
 				// accept. The family's table keeps its gateway-vips check (its VIP ports without
 				// nodes are rejected there). Traffic to no VIP pays the three rules' checks and
 				// two lookups (gateway-flows, service-ips), on every device of the plan.
-				{Matches: []dataplane.Match{{Kind: dataplane.MatchPktTypeHost}}, Action: dataplane.Action{Kind: dataplane.ActVmapTuple, Map: dataplane.MapServiceIPs}},
+				{Matches: []dataplane.Match{{Kind: dataplane.MatchPktTypeHost}}, Action: dataplane.Action{Kind: dataplane.ActVmapTuple, Map: tablenames.MapServiceIPs}},
 			}})
 	}
 	if f == cluster.IPv6 {
@@ -254,11 +255,11 @@ func buildGatewayNetdevBase(f cluster.Family, inet *dataplane.Part, size int, pl
 		rules = rules[:len(rules)-1]
 	}
 	p.Chains = append(p.Chains,
-		&dataplane.Chain{Name: dataplane.ChainGatewayRoute, Comment: "Maglev: a fixed hash of the flow picks the node; the packet goes there unchanged", Rules: rules})
-	if slices.ContainsFunc(inet.Chains, func(c *dataplane.Chain) bool { return c.Name == dataplane.ChainGatewayRouteSH }) {
+		&dataplane.Chain{Name: ChainGatewayRoute, Comment: "Maglev: a fixed hash of the flow picks the node; the packet goes there unchanged", Rules: rules})
+	if slices.ContainsFunc(inet.Chains, func(c *dataplane.Chain) bool { return c.Name == ChainGatewayRouteSH }) {
 		// Source-hash VIP ports go on to the family's table, which dups them: an empty chain
 		// returns to the ingress chain, whose policy accepts.
-		p.Chains = append(p.Chains, &dataplane.Chain{Name: dataplane.ChainGatewayRouteSH, Comment: "source-hash: left to the IP stack's table"})
+		p.Chains = append(p.Chains, &dataplane.Chain{Name: ChainGatewayRouteSH, Comment: "source-hash: left to the IP stack's table"})
 	}
 	return p
 }

@@ -67,8 +67,8 @@ func TestRenderNetdevChecks(t *testing.T) {
 	if err := dataplane.Render(io.Discard, f); err != nil {
 		t.Error(err)
 	}
-	ing.Rules = []dataplane.Rule{{Action: dataplane.Action{Kind: dataplane.ActFwdJhashMap, Map: dataplane.MapGatewayRoutes, Value: 7}}}
-	f.Sets = map[string]*dataplane.Set{dataplane.MapGatewayRoutes: {Name: dataplane.MapGatewayRoutes, Kind: dataplane.KindTupleAddr}}
+	ing.Rules = []dataplane.Rule{{Action: dataplane.Action{Kind: dataplane.ActFwdJhashMap, Map: MapGatewayRoutes, Value: 7}}}
+	f.Sets = map[string]*dataplane.Set{MapGatewayRoutes: {Name: MapGatewayRoutes, Kind: dataplane.KindTupleAddr}}
 	if err := dataplane.Render(io.Discard, f); err == nil || !strings.Contains(err.Error(), "without a device") {
 		t.Errorf("fwd without a device: %v", err)
 	}
@@ -136,7 +136,7 @@ func TestGatewayFastPathPackets(t *testing.T) {
 		if c.fp != nil {
 			udpSend(t, cl, vip, 5001, 4000)
 			frag := func(family, table string) int {
-				out, _ := exec.Command("ip", "netns", "exec", gw, "nft", "list", "map", family, table, dataplane.MapGatewayFlows).CombinedOutput()
+				out, _ := exec.Command("ip", "netns", "exec", gw, "nft", "list", "map", family, table, MapGatewayFlows).CombinedOutput()
 				return strings.Count(string(out), ". 5001 ")
 			}
 			if ip, fwd := frag("ip", "vipgate"), frag("netdev", "vipgate-fwd4"); ip != 1 || fwd != 0 {
@@ -302,7 +302,7 @@ func TestGatewayNetdevDecodeRoundTrip(t *testing.T) {
 		if ok, diff := dataplane.FlatEqual(want, got); !ok {
 			t.Errorf("IPv%d: the kernel's netdev table decodes to something else: %s", f, diff)
 		}
-		if c := got.Chains[dataplane.ChainGatewayIngress+"s1"]; c == nil || !slices.Equal(c.Devices, []string{"s1"}) || c.Hook != dataplane.HookIngress {
+		if c := got.Chains[PrefixGatewayIngress+"s1"]; c == nil || !slices.Equal(c.Devices, []string{"s1"}) || c.Hook != dataplane.HookIngress {
 			t.Errorf("IPv%d: ingress chain of s1 read back as %+v", f, c)
 		} else if !slices.ContainsFunc(c.Rules, func(r dataplane.Rule) bool {
 			return len(r.Matches) > 0 && r.Matches[0].Kind == dataplane.MatchPktTypeHost
@@ -403,7 +403,7 @@ for i in range(%d):
 // nsGatewayFlows counts the flows in the gateway-flows map of table (of family, "ip" or "netdev") in
 // namespace ns.
 func nsGatewayFlows(ns, family, table string) int {
-	out, _ := exec.Command("ip", "netns", "exec", ns, "nft", "list", "map", family, table, dataplane.MapGatewayFlows).CombinedOutput()
+	out, _ := exec.Command("ip", "netns", "exec", ns, "nft", "list", "map", family, table, MapGatewayFlows).CombinedOutput()
 	return strings.Count(string(out), " expires ")
 }
 

@@ -5,6 +5,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // The table of forwarding: route (the packet unchanged to a node, no NAT, no conntrack state). Its
@@ -14,7 +15,7 @@ import (
 func buildGatewayRouteBase(cfg Config, f cluster.Family, vips []netip.Addr, size int, sh bool) *dataplane.Part {
 	p := &dataplane.Part{}
 	rejectVIP := dataplane.Rule{
-		Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: dataplane.SetGatewayVIPs}},
+		Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: SetGatewayVIPs}},
 		Action:  dataplane.Action{Kind: dataplane.ActReject},
 		Comment: "a VIP port without backends",
 	}
@@ -22,29 +23,29 @@ func buildGatewayRouteBase(cfg Config, f cluster.Family, vips []netip.Addr, size
 		// Every packet to a VIP port with nodes is sent on by gateway-route before conntrack sees it;
 		// what is left (a port without nodes, or no Service) is rejected where it would be forwarded
 		// or delivered. No output rule: the copies dup sends pass the output hook.
-		{Name: dataplane.ChainGatewayPrerouting, Type: dataplane.FilterType, Hook: dataplane.HookPrerouting, Priority: dataplane.PriorityRaw,
+		{Name: ChainGatewayPrerouting, Type: dataplane.FilterType, Hook: dataplane.HookPrerouting, Priority: dataplane.PriorityRaw,
 			Comment: "VIP traffic to its node, before conntrack", Rules: []dataplane.Rule{
-				{Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: dataplane.SetGatewayVIPs}}, Action: dataplane.Action{Kind: dataplane.ActJump, Chain: dataplane.ChainServices}},
+				{Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: SetGatewayVIPs}}, Action: dataplane.Action{Kind: dataplane.ActJump, Chain: tablenames.ChainServices}},
 			}},
-		{Name: dataplane.ChainFilterForward, Type: dataplane.FilterType, Hook: dataplane.HookForward, Priority: dataplane.PriorityFilter, Rules: []dataplane.Rule{rejectVIP}},
-		{Name: dataplane.ChainFilterInput, Type: dataplane.FilterType, Hook: dataplane.HookInput, Priority: dataplane.PriorityFilter, Rules: []dataplane.Rule{rejectVIP}},
-		{Name: dataplane.ChainServices, Comment: "VIP dispatch", Rules: []dataplane.Rule{{Action: dataplane.Action{Kind: dataplane.ActVmapTuple, Map: dataplane.MapServiceIPs}}}},
+		{Name: tablenames.ChainFilterForward, Type: dataplane.FilterType, Hook: dataplane.HookForward, Priority: dataplane.PriorityFilter, Rules: []dataplane.Rule{rejectVIP}},
+		{Name: tablenames.ChainFilterInput, Type: dataplane.FilterType, Hook: dataplane.HookInput, Priority: dataplane.PriorityFilter, Rules: []dataplane.Rule{rejectVIP}},
+		{Name: tablenames.ChainServices, Comment: "VIP dispatch", Rules: []dataplane.Rule{{Action: dataplane.Action{Kind: dataplane.ActVmapTuple, Map: tablenames.MapServiceIPs}}}},
 		// The connection table first (conntable.go): a known flow keeps its node.
-		{Name: dataplane.ChainGatewayRoute, Comment: "Maglev: a fixed hash of the flow picks the node; the packet goes there unchanged", Rules: gatewayConntableRules(size)},
+		{Name: ChainGatewayRoute, Comment: "Maglev: a fixed hash of the flow picks the node; the packet goes there unchanged", Rules: gatewayConntableRules(size)},
 	}
 	if sh {
-		p.Chains = append(p.Chains, &dataplane.Chain{Name: dataplane.ChainGatewayRouteSH, Comment: "source-hash: a fixed hash of the client address picks the node", Rules: []dataplane.Rule{
-			{Action: dataplane.Action{Kind: dataplane.ActDupSrcHashMap, Map: dataplane.MapGatewayRoutesSH, Value: uint32(size)}},
+		p.Chains = append(p.Chains, &dataplane.Chain{Name: ChainGatewayRouteSH, Comment: "source-hash: a fixed hash of the client address picks the node", Rules: []dataplane.Rule{
+			{Action: dataplane.Action{Kind: dataplane.ActDupSrcHashMap, Map: MapGatewayRoutesSH, Value: uint32(size)}},
 		}})
 	}
 	p.Sets = []*dataplane.Set{
-		{Name: dataplane.SetGatewayVIPs, Kind: dataplane.KindAddr, Comment: "LoadBalancer IPs this gateway forwards"},
-		{Name: dataplane.MapServiceIPs, Kind: dataplane.KindTupleVmap, Comment: "VIP ports with nodes"},
-		{Name: dataplane.MapGatewayRoutes, Kind: dataplane.KindTupleAddr, Comment: "VIP . proto . port . Maglev slot -> node"},
+		{Name: SetGatewayVIPs, Kind: dataplane.KindAddr, Comment: "LoadBalancer IPs this gateway forwards"},
+		{Name: tablenames.MapServiceIPs, Kind: dataplane.KindTupleVmap, Comment: "VIP ports with nodes"},
+		{Name: MapGatewayRoutes, Kind: dataplane.KindTupleAddr, Comment: "VIP . proto . port . Maglev slot -> node"},
 	}
 	p.Sets = append(p.Sets, gatewayConntableSets(cfg.FlowTimeout)...)
 	if sh {
-		p.Sets = append(p.Sets, &dataplane.Set{Name: dataplane.MapGatewayRoutesSH, Kind: dataplane.KindTupleAddr, Comment: "source-hash VIP . proto . port . Maglev slot -> node"})
+		p.Sets = append(p.Sets, &dataplane.Set{Name: MapGatewayRoutesSH, Kind: dataplane.KindTupleAddr, Comment: "source-hash VIP . proto . port . Maglev slot -> node"})
 	}
 	p.Elements = gatewayVIPElements(f, vips)
 	return p

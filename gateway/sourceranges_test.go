@@ -9,6 +9,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // The gateway enforces loadBalancerSourceRanges (issue #27: a Service's restriction must never be
@@ -132,8 +133,8 @@ func TestGatewaySourceRangesNotOnNATPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := grs.Ruleset.Flatten(); f.Chains[dataplane.ChainFirewallCheck] != nil {
-		t.Errorf("route forwarding: the gateway's table has %s; the node enforces the ranges", dataplane.ChainFirewallCheck)
+	if f := grs.Ruleset.Flatten(); f.Chains[tablenames.ChainFirewallCheck] != nil {
+		t.Errorf("route forwarding: the gateway's table has %s; the node enforces the ranges", tablenames.ChainFirewallCheck)
 	}
 }
 

@@ -35,6 +35,15 @@ type Options struct {
 	// one. nil means DefaultRepeats; an empty non-nil slice disables
 	// repeats.
 	Repeats []time.Duration
+	// Periodic, when positive, announces every owned VIP again at this
+	// interval for as long as it is owned (gratuitous ARP, unsolicited NA),
+	// on the interfaces its takeover is announced on (Where.Announce). It
+	// is MetalLB v0.16.2's --gratuitous-arp-interval (metallb#2910): a
+	// switch whose FDB entry for the owner's MAC ages out before the
+	// router's ARP entry for the VIP floods or drops the VIP's traffic
+	// until something the owner sends refreshes it. 0 (the default, as in
+	// MetalLB) sends nothing periodically.
+	Periodic time.Duration
 }
 
 // IPError says that a VIP cannot be answered for on an interface.
@@ -80,7 +89,8 @@ type Announcer struct {
 	closed     bool
 	responders map[respKey]responder
 	announcing map[pairKey]context.CancelFunc
-	failures   map[string]bool // failures already logged, so each is logged once
+	failures   map[string]bool  // failures already logged, so each is logged once
+	quiet      map[pairKey]bool // owned pairs answered but never announced (Where.Announce)
 
 	// sendMu orders repeated announcements against SetOwned: a repeat
 	// sends under the read lock after checking its context, SetOwned
@@ -88,6 +98,12 @@ type Announcer struct {
 	// for a removed VIP can still be on its way.
 	sendMu sync.RWMutex
 	wg     sync.WaitGroup // repeat goroutines
+
+	// The periodic announcements (Options.Periodic): stopped by Close
+	// before it takes mu, since a round holds mu.
+	periodicStop chan struct{}
+	periodicDone sync.WaitGroup
+	stopOnce     sync.Once
 }
 
 // seams are the kernel boundaries, replaced by fakes in unit tests.
@@ -150,9 +166,63 @@ func newAnnouncer(logger hclog.Logger, reg prometheus.Registerer, opts Options, 
 		responders: map[respKey]responder{},
 		announcing: map[pairKey]context.CancelFunc{},
 		failures:   map[string]bool{},
+		quiet:      map[pairKey]bool{},
 	}
 	a.owned.Store(&ownership{})
+	if opts.Periodic > 0 {
+		a.periodicStop = make(chan struct{})
+		a.periodicDone.Add(1)
+		go a.periodicLoop(opts.Periodic)
+	}
 	return a, nil
+}
+
+// periodicLoop announces the owned VIPs every interval until Close.
+func (a *Announcer) periodicLoop(interval time.Duration) {
+	defer a.periodicDone.Done()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.periodicStop:
+			return
+		case <-t.C:
+			a.announcePeriodic()
+		}
+	}
+}
+
+// announcePeriodic sends one round of the periodic announcements: every owned (VIP, interface)
+// pair whose takeover is announced, once. It holds mu, so the set cannot change under it.
+func (a *Announcer) announcePeriodic() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return 0
+	}
+	var pairs []pairKey
+	for ip, ifaces := range *a.owned.Load() {
+		for iface := range ifaces {
+			if p := (pairKey{ip: ip, iface: iface}); !a.quiet[p] {
+				pairs = append(pairs, p)
+			}
+		}
+	}
+	slices.SortFunc(pairs, func(x, y pairKey) int { return cmp.Or(x.ip.Compare(y.ip), strings.Compare(x.iface, y.iface)) })
+	n := 0
+	for _, p := range pairs {
+		r, ok := a.responders[p.responder()]
+		if !ok {
+			continue
+		}
+		if err := r.gratuitous(p.ip); err != nil {
+			a.log.Warn("periodic VIP announcement", "ip", p.ip, "interface", p.iface, "err", err)
+			continue
+		}
+		n++
+	}
+	a.m.periodic.Add(float64(n))
+	return n
 }
 
 // owns is the ownerFunc of every responder.
@@ -282,6 +352,7 @@ func (a *Announcer) SetOwnedWhere(owned map[netip.Addr]Where) error {
 	// pending repeats are cancelled.
 	a.sendMu.Lock()
 	a.owned.Store(&next)
+	a.quiet = quiet
 	a.stopAnnouncing(func(p pairKey) bool {
 		_, keep := next[p.ip][p.iface]
 		return !keep || quiet[p]
@@ -522,6 +593,12 @@ func (a *Announcer) logFailuresOnce(errs []error) {
 // Close stops answering for every VIP, cancels pending announcements and
 // closes all sockets. The Announcer cannot be used afterwards.
 func (a *Announcer) Close() error {
+	a.stopOnce.Do(func() {
+		if a.periodicStop != nil {
+			close(a.periodicStop)
+			a.periodicDone.Wait()
+		}
+	})
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {

@@ -22,6 +22,7 @@ type metrics struct {
 	gratuitous *prometheus.CounterVec // interface, family
 	sendErrors *prometheus.CounterVec // interface, family
 	owned      *prometheus.GaugeVec   // interface, family
+	periodic   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -47,6 +48,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "vipgate", Subsystem: "l2", Name: "send_errors_total",
 			Help: "Replies and announcements that could not be written to the socket.",
 		}, labels),
+		periodic: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "vipgate", Subsystem: "l2", Name: "periodic_announcements_total",
+			Help: "(VIP, interface) announcements sent by the periodic gratuitous ARP / unsolicited NA (speaker.gratuitousARPInterval); each is also counted in gratuitous_sent_total.",
+		}),
 		owned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "vipgate", Subsystem: "l2", Name: "owned_ips",
 			Help: "VIPs this host currently answers for.",
@@ -55,7 +60,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.dropped, m.replies, m.gratuitous, m.sendErrors, m.owned} {
+	for _, c := range []prometheus.Collector{m.requests, m.dropped, m.replies, m.gratuitous, m.sendErrors, m.owned, m.periodic} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering l2 metrics: %w", err)
 		}

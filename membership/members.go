@@ -41,8 +41,9 @@ import (
 //     receiver already has, or (after the receiver restarted) does not echo its current run.
 //     Rejected datagrams are counted and never evaluated (members_wire.go, checkLocked).
 //   - A member is *ready* (may announce) only while it has desired state to act on, hears a strict
-//     majority of the segment's members, itself included, and has been running for DeadAfter (so
-//     that at start-up it first hears everyone instead of believing it is alone). Its heartbeats carry that
+//     majority of the segment's members, itself included, and either hears every member or has been
+//     running for Options.StartupGrace (at least DeadAfter; vipgate's agents: 5 s), so that at
+//     start-up it first hears everyone instead of believing it is alone. Its heartbeats carry that
 //     flag, and a member sends one at once when the flag changes, so its peers hand over or take back
 //     its VIPs within a network round trip instead of a timeout.
 //   - Heartbeats also carry the ready members the sender hears (a bitmap over the sorted member
@@ -219,6 +220,12 @@ type Options struct {
 	DirectMembersLimit int
 	// GossipFanout is to how many members a gossip round sends the vector (0: DefaultGossipFanout).
 	GossipFanout int
+	// StartupGrace is how long after start-up a member that does not yet hear every member of a
+	// segment waits before it may announce without them (0 or less than DeadAfter: DeadAfter). It
+	// keeps agents that start a few seconds apart (a migration, a cluster's cold start) from taking
+	// each other's VIPs for the moment between their starts; a member that hears everyone is settled
+	// at once. vipgate's node agent and gateway use DefaultStartupGrace.
+	StartupGrace time.Duration
 }
 
 // Defaults of Options.
@@ -230,6 +237,8 @@ const (
 	DefaultDirectMembersLimit = 128
 	// DefaultGossipFanout is how many members a gossip round sends the vector to.
 	DefaultGossipFanout = 1
+	// DefaultStartupGrace is the StartupGrace vipgate's agents run with.
+	DefaultStartupGrace = 5 * time.Second
 	// MinKeyLen is the shortest accepted membership key, in bytes (characters of a key file line):
 	// 32 hex characters are 128 bits, the least any alphabet a key is written in (hex, base64,
 	// text) gives at this length. (16 was 64 bits for a hex key.)
@@ -251,6 +260,9 @@ type View struct {
 	Ready bool
 	// Heard is how many members this one hears directly, itself included; Total is the member count.
 	Heard, Total int
+	// Members are the segment's members, sorted (SegmentViews only): what the speaker keys its
+	// segments by.
+	Members []string
 }
 
 func (v View) equal(o View) bool {
@@ -607,8 +619,8 @@ func (m *Members) View() View {
 }
 
 // SegmentViews returns the latest evaluation of every segment this member belongs to, by segment
-// key (SegmentKey of its sorted members, which is speaker.L2Segment.Key): what the speaker's
-// DecideL2 takes as L2Input.SegmentViews.
+// key (SegmentKey of its sorted members, the digest on the wire), each with its Members: what the
+// speaker's DecideL2 takes as L2Input.SegmentViews (cmd/vipgate keys them by the speaker's key).
 func (m *Members) SegmentViews() map[uint64]View {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -619,6 +631,7 @@ func (m *Members) SegmentViews() map[uint64]View {
 		for n := range g.view.Candidates {
 			v.Candidates[n] = true
 		}
+		v.Members = slices.Clone(g.sorted)
 		out[g.key] = v
 	}
 	return out
@@ -977,7 +990,7 @@ func (m *Members) expireLocked(now time.Time) {
 		}
 	}
 	m.gossipTickLocked(now)
-	if !m.settled && !m.since.IsZero() && now.Sub(m.since) >= m.opts.DeadAfter {
+	if !m.settled && !m.since.IsZero() && now.Sub(m.since) >= max(m.opts.StartupGrace, m.opts.DeadAfter) {
 		m.settled = true
 		m.markAllLocked()
 	}

@@ -337,3 +337,26 @@ func TestReplayedOldRunNoEchoPoison(t *testing.T) {
 		})
 	}
 }
+
+// TestStartupGrace: a member that hears every member of its segment is ready at once; one that
+// misses a member waits StartupGrace (not just DeadAfter) before it announces without it, so agents
+// started a few seconds apart (a migration, a cold start) do not take each other's VIPs meanwhile.
+func TestStartupGrace(t *testing.T) {
+	const grace = 2 * time.Second
+	all := newWireLab(t, Options{StartupGrace: grace}, "n1", "n2", "n3")
+	steps := all.until(80, all.allHearAll)
+	if steps < 0 || time.Duration(steps)*25*time.Millisecond >= grace {
+		t.Fatalf("members that hear each other were not ready before the grace (%d steps)", steps)
+	}
+	t.Logf("all hear all after %v", time.Duration(steps)*25*time.Millisecond)
+
+	l := newWireLab(t, Options{StartupGrace: grace}, "n1", "n2", "n3")
+	l.cut = func(from, to string) bool { return from == "n3" || to == "n3" }
+	ready := l.until(200, func() bool { return l.hears("n1", "n2") && l.hears("n2", "n1") })
+	if ready < 0 {
+		t.Fatal("n1 and n2 (a majority) never became ready without n3")
+	}
+	if d := time.Duration(ready) * 25 * time.Millisecond; d < grace {
+		t.Fatalf("n1 and n2 were ready without n3 after %v, before the start-up grace (%v)", d, grace)
+	}
+}

@@ -151,8 +151,8 @@ func verify(keys [][]byte, self string, b []byte) bool {
 
 // SegmentKey identifies a sorted member list, so a heard bitmap is read only against the list it
 // was written for: the digest a heartbeat carries, and the key of SegmentViews. It is on the wire
-// (nodes of different versions must agree on it), and the speaker computes the same key for its
-// L2 segments (speaker.L2Segment.Key; cmd/vipgate's tests check the two agree).
+// (nodes of different versions must agree on it); the speaker does not need it (it keys its
+// segments by their members, View.Members).
 func SegmentKey(sorted []string) uint64 {
 	h := sha256.Sum256([]byte(strings.Join(sorted, "\n")))
 	return binary.BigEndian.Uint64(h[:8])

@@ -18,7 +18,7 @@ import (
 // the table is missing or cannot be decoded, the first sync falls back to the atomic replacement.
 //
 // Chains an older vipgate named differently (the eTP=Local chains were ext-ip-… and ext-np-…, see
-// schema.go) need no special case: they are not in the desired table, so adopting creates the chains
+// names.go) need no special case: they are not in the desired table, so adopting creates the chains
 // under their new names, replaces the map elements that jump to the old ones (an element's verdict
 // is part of it) and then deletes the old chains, all in one transaction (the order of Tx keeps every
 // reference valid). The affinity maps, whose chains kept their names, keep their clients.

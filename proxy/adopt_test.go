@@ -11,6 +11,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // TestAdoptOnRestart: a second vipgate (a restart) reconciles the live table in place: nothing to send
@@ -102,7 +103,7 @@ func affinityClientKept(ns, set string) (out string, kept bool) {
 }
 
 // TestAdoptLegacyChainNames: the eTP=Local chains were named ext-ip-… and ext-np-… until those names
-// turned out ambiguous (schema.go). A vipgate that starts on a table an older one left, with the old
+// turned out ambiguous (names.go). A vipgate that starts on a table an older one left, with the old
 // names, adopts it: the transaction creates the chains under their new names, replaces the map
 // elements that jumped to the old ones, and deletes the old chains; the live table is then exactly
 // the model, and a session-affinity client the old table remembered is still there (an adoption, not
@@ -180,17 +181,17 @@ func TestAdoptLegacyChainNames(t *testing.T) {
 	// cluster-wide endpoints. conntrack shows the DNAT. A veth pair (both ends in the namespace) with
 	// a default route gives the SYN a way out of the output path; nothing answers it.
 	var entry dataplane.Element
-	for _, e := range p2.Flatten(cluster.IPv4).Elements[dataplane.MapServiceIPs] {
+	for _, e := range p2.Flatten(cluster.IPv4).Elements[tablenames.MapServiceIPs] {
 		if strings.HasPrefix(e.Chain, "local-ip-") {
 			entry = e
 			break
 		}
 	}
 	if !entry.Addr.IsValid() || entry.Proto != dataplane.ProtoTCP {
-		t.Fatalf("no TCP entry of an eTP=Local Service in %s: %+v", dataplane.MapServiceIPs, entry)
+		t.Fatalf("no TCP entry of an eTP=Local Service in %s: %+v", tablenames.MapServiceIPs, entry)
 	}
 	var endpoints []string
-	for _, e := range p2.Flatten(cluster.IPv4).Elements[dataplane.MapEndpointsCluster] {
+	for _, e := range p2.Flatten(cluster.IPv4).Elements[MapEndpointsCluster] {
 		if e.Addr == entry.Addr && e.Proto == entry.Proto && e.Port == entry.Port {
 			endpoints = append(endpoints, e.DataAddr.String())
 		}

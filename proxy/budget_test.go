@@ -10,8 +10,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/vipgate/vipgate/cluster"
-	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/maglev"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // kernelBytesPerElement is what one map element costs the kernel, measured on 6.18 (slab growth
@@ -73,7 +73,8 @@ func TestHostileServiceCost(t *testing.T) {
 				EndpointSlices: map[cluster.ServiceKey][]*cluster.EndpointSlice{svc.Key: eps, good.Key: goodEps},
 			}
 			cfg := Config{NodeName: "node1", NodeIPs: []netip.Addr{netip.MustParseAddr("192.0.2.11")},
-				ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, Families: []cluster.Family{cluster.IPv4}}
+				ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, Families: []cluster.Family{cluster.IPv4},
+				ExternalIPs: cluster.ExternalIPPolicy{AllowedCIDRs: allowAnyExternalIP}}
 			cpu0 := cpuTime()
 			rs, conflicts, err := BuildRuleset(cfg, cluster.IPv4, st)
 			cpu := cpuTime() - cpu0 // logged, not asserted: the limits are counts
@@ -177,12 +178,13 @@ func TestServiceLimitsSync(t *testing.T) {
 		Services:       map[cluster.ServiceKey]*cluster.Service{svc.Key: svc, good.Key: good},
 		EndpointSlices: map[cluster.ServiceKey][]*cluster.EndpointSlice{svc.Key: eps, good.Key: goodEps},
 	}
-	p := NewProxier(hclog.NewNullLogger(), Config{NodeName: "node1", Families: []cluster.Family{cluster.IPv4}, Limits: cluster.ServiceLimits{MaxEntries: 100}}, nopProgrammer{})
+	p := NewProxier(hclog.NewNullLogger(), Config{NodeName: "node1", Families: []cluster.Family{cluster.IPv4}, Limits: cluster.ServiceLimits{MaxEntries: 100},
+		ExternalIPs: cluster.ExternalIPPolicy{AllowedCIDRs: allowAnyExternalIP}}, nopProgrammer{})
 	entries := func() int {
 		n := 0
 		for _, els := range p.Flatten(cluster.IPv4).Elements {
 			for _, e := range els {
-				if e.Set == dataplane.MapServiceIPs && (e.Addr.Is4() && e.Addr.As4()[0] == 198 || e.Addr == svc.ClusterIPs[0]) {
+				if e.Set == tablenames.MapServiceIPs && (e.Addr.Is4() && e.Addr.As4()[0] == 198 || e.Addr == svc.ClusterIPs[0]) {
 					n++
 				}
 			}
@@ -202,7 +204,7 @@ func TestServiceLimitsSync(t *testing.T) {
 		if refused != wantRefused || entries() != wantEntries {
 			t.Errorf("refused %v with %d entries programmed, want %v and %d: %v", refused, entries(), wantRefused, wantEntries, rep.Conflicts)
 		}
-		if p.Flatten(cluster.IPv4).Elements[dataplane.MapServiceIPs] == nil {
+		if p.Flatten(cluster.IPv4).Elements[tablenames.MapServiceIPs] == nil {
 			t.Errorf("the other Service lost its entry")
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/maglev"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // NodeInfo is what the per-Service rules depend on besides the Service itself.
@@ -98,7 +99,7 @@ func buildService(n NodeInfo, svc *cluster.Service, eps []*cluster.EndpointSlice
 	// time is what a full sync pays most for (page faults) after the kernel's own work. Packed, the
 	// backends are built in a scratch slice too.
 	scratch := elementScratch.Get().(*[]dataplane.Element)
-	p.Elements = append((*scratch)[:0], dataplane.Element{Set: dataplane.SetClusterIPs, Addr: clusterIP})
+	p.Elements = append((*scratch)[:0], dataplane.Element{Set: SetClusterIPs, Addr: clusterIP})
 	var bscratch *[]dataplane.Backend
 	var epScratch *[]dataplane.Endpoint
 	if pack {
@@ -262,7 +263,7 @@ func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slic
 	var name string
 	if svc.AffinityTimeout > 0 || b.alg == cluster.LBRoundRobin || len(b.externalIPs) > 0 || len(b.lbIPs) > 0 ||
 		(sp.NodePort != 0 && (svc.Type == cluster.TypeNodePort || svc.Type == cluster.TypeLoadBalancer)) {
-		name = dataplane.ServicePortName(svc.Key, proto, sp.Port)
+		name = tablenames.ServicePortName(svc.Key, proto, sp.Port)
 	}
 	externalIPs, lbIPs := b.externalIPs, b.lbIPs
 	nodePort := sp.NodePort
@@ -308,7 +309,7 @@ func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slic
 		}
 		b.p.Backends = append(b.p.Backends, dataplane.Backend{Proto: proto, Endpoint: e.AddrPort()})
 		if e.Local {
-			b.p.Elements = append(b.p.Elements, dataplane.Element{Set: dataplane.SetHairpin, Addr: e.Addr, Addr2: e.Addr, Proto: proto, Port: e.Port})
+			b.p.Elements = append(b.p.Elements, dataplane.Element{Set: SetHairpin, Addr: e.Addr, Addr2: e.Addr, Proto: proto, Port: e.Port})
 		}
 	}
 	// The healthCheckNodePort counts local READY endpoints only, as kube-proxy's
@@ -367,7 +368,7 @@ func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slic
 		if !b.afford(cluster.RuleCost*(len(ranges)+len(lbIPs)+1) + len(lbIPs)) {
 			return
 		}
-		fw := dataplane.PerPortChain(dataplane.ChainRoleFirewall, name, "")
+		fw := PerPortChain(ChainRoleFirewall, name, "")
 		var rules []dataplane.Rule
 		allowFromNode := false
 		for _, r := range ranges {
@@ -383,33 +384,33 @@ func (b *serviceBuilder) port(sp cluster.ServicePort, clusterIP netip.Addr, slic
 				rules = append(rules, dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchSaddrInPrefix, Prefix: netip.PrefixFrom(a, a.BitLen())}}, Action: dataplane.Action{Kind: dataplane.ActReturn}})
 			}
 		}
-		rules = append(rules, dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActDrop}, Comment: dataplane.CommentNotInSourceRanges})
+		rules = append(rules, dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActDrop}, Comment: tablenames.CommentNotInSourceRanges})
 		b.addChain(&dataplane.Chain{Name: fw, Rules: rules})
 		for _, a := range lbIPs {
-			b.p.Elements = append(b.p.Elements, dataplane.Element{Set: dataplane.MapFirewallIPs, Addr: a, Proto: proto, Port: sp.Port, Verdict: dataplane.VerdictGoto, Chain: fw})
+			b.p.Elements = append(b.p.Elements, dataplane.Element{Set: tablenames.MapFirewallIPs, Addr: a, Proto: proto, Port: sp.Port, Verdict: dataplane.VerdictGoto, Chain: fw})
 		}
 	}
 }
 
 func policyName(local bool) string {
 	if local {
-		return dataplane.PolicyLocal
+		return PolicyLocal
 	}
-	return dataplane.PolicyCluster
+	return PolicyCluster
 }
 
 func (b *serviceBuilder) vmap(e entry, proto uint8, chain string) {
 	if e.nodePort {
-		b.p.Elements = append(b.p.Elements, dataplane.Element{Set: dataplane.MapServiceNodePorts, Proto: proto, Port: e.port, Verdict: dataplane.VerdictGoto, Chain: chain})
+		b.p.Elements = append(b.p.Elements, dataplane.Element{Set: MapServiceNodePorts, Proto: proto, Port: e.port, Verdict: dataplane.VerdictGoto, Chain: chain})
 		return
 	}
-	b.p.Elements = append(b.p.Elements, dataplane.Element{Set: dataplane.MapServiceIPs, Addr: e.addr, Proto: proto, Port: e.port, Verdict: dataplane.VerdictGoto, Chain: chain})
+	b.p.Elements = append(b.p.Elements, dataplane.Element{Set: tablenames.MapServiceIPs, Addr: e.addr, Proto: proto, Port: e.port, Verdict: dataplane.VerdictGoto, Chain: chain})
 }
 
 func (b *serviceBuilder) noEndpoint(e entry, proto uint8, v dataplane.VerdictKind) {
-	el := dataplane.Element{Set: dataplane.MapNoEndpointServices, Addr: e.addr, Proto: proto, Port: e.port, Verdict: v}
+	el := dataplane.Element{Set: MapNoEndpointServices, Addr: e.addr, Proto: proto, Port: e.port, Verdict: v}
 	if e.nodePort {
-		el = dataplane.Element{Set: dataplane.MapNoEndpointNodePorts, Proto: proto, Port: e.port, Verdict: v}
+		el = dataplane.Element{Set: MapNoEndpointNodePorts, Proto: proto, Port: e.port, Verdict: v}
 	}
 	if v == dataplane.VerdictReject {
 		el.Verdict, el.Chain = dataplane.VerdictReject, dataplane.ChainReject
@@ -439,7 +440,7 @@ func (b *serviceBuilder) pick(e entry, proto uint8, eps []dataplane.Endpoint, cl
 		// the endpoints (maglev.NodeSizeFor), and within the Service's limit.
 		size := maglev.NodeSizeFor(len(eps))
 		if !b.afford(size) {
-			return b.use(dataplane.PickChainFor(cluster.LBMaglev, m, size)) // the part is refused
+			return b.use(PickChainFor(cluster.LBMaglev, m, size)) // the part is refused
 		}
 		names := make([]string, len(eps))
 		for i, ep := range eps {
@@ -450,7 +451,7 @@ func (b *serviceBuilder) pick(e entry, proto uint8, eps []dataplane.Endpoint, cl
 				el.Index, el.DataAddr, el.DataPort = uint32(slot), eps[i].Addr, eps[i].Port
 				b.p.Elements = append(b.p.Elements, el)
 			}
-			return b.use(dataplane.PickChainFor(cluster.LBMaglev, m, size))
+			return b.use(PickChainFor(cluster.LBMaglev, m, size))
 		}
 		// Unreachable (maglev.SizeFor leaves room for every endpoint); random below.
 	}
@@ -470,13 +471,13 @@ func (b *serviceBuilder) pick(e entry, proto uint8, eps []dataplane.Endpoint, cl
 // names the same few shared pickers for every Service port.
 func (b *serviceBuilder) pickChain(alg cluster.LBAlgorithm, m string, n int) string {
 	if b.n.picks == nil {
-		return dataplane.PickChainFor(alg, m, n)
+		return PickChainFor(alg, m, n)
 	}
 	k := pickKey{alg, m, n}
 	if c, ok := b.n.picks[k]; ok {
 		return c
 	}
-	c := b.sharedName(dataplane.PickChainFor(alg, m, n))
+	c := b.sharedName(PickChainFor(alg, m, n))
 	b.n.picks[k] = c
 	return c
 }
@@ -493,7 +494,7 @@ type pickKey struct {
 // counters are the rules' own (per node, shared by all CPUs) and start again when the chain is
 // replaced (an endpoint change). No set: chains and plain rules are what the kernel charges least for.
 func (b *serviceBuilder) roundRobinChain(eps []dataplane.Endpoint, name, policy string) string {
-	chain := dataplane.PerPortChain(dataplane.ChainRoleRoundRobin, name, policy)
+	chain := PerPortChain(ChainRoleRoundRobin, name, policy)
 	if b.hasChain(chain) {
 		return chain
 	}
@@ -512,27 +513,27 @@ func (b *serviceBuilder) roundRobinChain(eps []dataplane.Endpoint, name, policy 
 func endpointMap(nodePort, clusterMap bool) string {
 	switch {
 	case nodePort && clusterMap:
-		return dataplane.MapNodePortEndpointsCluster
+		return MapNodePortEndpointsCluster
 	case nodePort:
-		return dataplane.MapNodePortEndpoints
+		return MapNodePortEndpoints
 	case clusterMap:
-		return dataplane.MapEndpointsCluster
+		return MapEndpointsCluster
 	}
-	return dataplane.MapEndpoints
+	return MapEndpoints
 }
 
 // externalTarget returns where traffic arriving at an external entry goes.
 func (b *serviceBuilder) externalTarget(e entry, proto uint8, name string, local bool, cat Categorized, externalSet []dataplane.Endpoint) string {
 	if !local {
 		// externalTrafficPolicy Cluster: any endpoint, source NATed so replies come back through us.
-		target := b.pick(e, proto, externalSet, false, name, dataplane.PolicyCluster)
-		if dataplane.IsPickChain(target) {
-			return b.use(dataplane.MasqTwin(target)) // the shared picker's masquerading twin
+		target := b.pick(e, proto, externalSet, false, name, PolicyCluster)
+		if IsPickChain(target) {
+			return b.use(MasqTwin(target)) // the shared picker's masquerading twin
 		}
 		// The Service port's own chain (affinity, round-robin): masquerade, then pick.
-		ext := dataplane.PerPortChain(dataplane.ChainRoleExternal, name, "")
+		ext := PerPortChain(ChainRoleExternal, name, "")
 		b.addChain(&dataplane.Chain{Name: ext, Rules: []dataplane.Rule{
-			{Action: dataplane.Action{Kind: dataplane.ActJump, Chain: dataplane.ChainMarkForMasquerade}, Comment: dataplane.CommentMasquerade},
+			{Action: dataplane.Action{Kind: dataplane.ActJump, Chain: ChainMarkForMasquerade}, Comment: CommentMasquerade},
 			{Action: dataplane.Action{Kind: dataplane.ActGoto, Chain: target}},
 		}})
 		return ext
@@ -542,28 +543,28 @@ func (b *serviceBuilder) externalTarget(e entry, proto uint8, name string, local
 	// as if they had gone out to a load balancer and come back.
 	// One chain serves all IP entries of the port (the endpoint maps are keyed by the packet's own
 	// destination), and one the NodePort.
-	role := dataplane.ChainRoleExternalLocalIP
+	role := ChainRoleExternalLocalIP
 	if e.nodePort {
-		role = dataplane.ChainRoleExternalLocalNodePort
+		role = ChainRoleExternalLocalNodePort
 	}
-	chain := dataplane.PerPortChain(role, name, "")
+	chain := PerPortChain(role, name, "")
 	var rules []dataplane.Rule
 	if len(cat.Cluster) > 0 {
-		clusterTarget := b.pick(e, proto, cat.Cluster, true, name, dataplane.PolicyCluster)
+		clusterTarget := b.pick(e, proto, cat.Cluster, true, name, PolicyCluster)
 		if b.n.PodTrafficKnown {
 			rules = append(rules, dataplane.Rule{
-				Matches: []dataplane.Match{{Kind: dataplane.MatchSaddrInSet, Set: dataplane.SetClusterCIDRs}},
+				Matches: []dataplane.Match{{Kind: dataplane.MatchSaddrInSet, Set: SetClusterCIDRs}},
 				Action:  dataplane.Action{Kind: dataplane.ActGoto, Chain: clusterTarget},
-				Comment: dataplane.CommentShortCircuitPods,
+				Comment: CommentShortCircuitPods,
 			})
 		}
 		rules = append(rules,
-			dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchFibSaddrLocal}}, Action: dataplane.Action{Kind: dataplane.ActJump, Chain: dataplane.ChainMarkForMasquerade}, Comment: dataplane.CommentMasqueradeLocal},
-			dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchFibSaddrLocal}}, Action: dataplane.Action{Kind: dataplane.ActGoto, Chain: clusterTarget}, Comment: dataplane.CommentShortCircuitLocal},
+			dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchFibSaddrLocal}}, Action: dataplane.Action{Kind: dataplane.ActJump, Chain: ChainMarkForMasquerade}, Comment: CommentMasqueradeLocal},
+			dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchFibSaddrLocal}}, Action: dataplane.Action{Kind: dataplane.ActGoto, Chain: clusterTarget}, Comment: CommentShortCircuitLocal},
 		)
 	}
 	if len(externalSet) > 0 {
-		rules = append(rules, dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActGoto, Chain: b.pick(e, proto, externalSet, false, name, dataplane.PolicyLocal)}})
+		rules = append(rules, dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActGoto, Chain: b.pick(e, proto, externalSet, false, name, PolicyLocal)}})
 	}
 	b.addChain(&dataplane.Chain{Name: chain, Rules: rules})
 	return chain
@@ -576,7 +577,7 @@ func (b *serviceBuilder) externalTarget(e entry, proto uint8, name string, local
 // and a chain per endpoint, made the number of sets in the table the largest cost of a full sync
 // (the kernel finds a set by name with a walk of a list; see dataplane/README.md).
 func (b *serviceBuilder) affinityChain(eps []dataplane.Endpoint, name, policy string) string {
-	chain := dataplane.PerPortChain(dataplane.ChainRoleAffinity, name, policy)
+	chain := PerPortChain(ChainRoleAffinity, name, policy)
 	if b.hasChain(chain) {
 		return chain
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // TestClaimsOfServicesChangedTogether: when the holder of a contested LoadBalancer IP and the next
@@ -83,14 +84,14 @@ func TestClaimsOfServicesChangedTogether(t *testing.T) {
 	delete(st.EndpointSlices, a.Key)
 	sync("a deleted")
 	flat := p.Flatten(cluster.IPv4)
-	fw := dataplane.Element{Set: dataplane.MapFirewallIPs, Addr: netip.MustParseAddr(vip), Proto: dataplane.ProtoTCP, Port: 80, Verdict: dataplane.VerdictGoto,
-		Chain: dataplane.PerPortChain(dataplane.ChainRoleFirewall, dataplane.ServicePortName(cluster.ServiceKey{Namespace: "claims", Name: "c"}, dataplane.ProtoTCP, 80), "")}
+	fw := dataplane.Element{Set: tablenames.MapFirewallIPs, Addr: netip.MustParseAddr(vip), Proto: dataplane.ProtoTCP, Port: 80, Verdict: dataplane.VerdictGoto,
+		Chain: PerPortChain(ChainRoleFirewall, tablenames.ServicePortName(cluster.ServiceKey{Namespace: "claims", Name: "c"}, dataplane.ProtoTCP, 80), "")}
 	found := false
-	for _, e := range flat.Elements[dataplane.MapFirewallIPs] {
+	for _, e := range flat.Elements[tablenames.MapFirewallIPs] {
 		found = found || e == fw
 	}
 	if !found {
-		t.Errorf("a deleted: no %s element for c's source ranges: %v", dataplane.MapFirewallIPs, flat.Elements[dataplane.MapFirewallIPs])
+		t.Errorf("a deleted: no %s element for c's source ranges: %v", tablenames.MapFirewallIPs, flat.Elements[tablenames.MapFirewallIPs])
 	}
 }
 

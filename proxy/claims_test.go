@@ -77,7 +77,9 @@ func holder(t *testing.T, p *Proxier, st *cluster.State, addr string, proto uint
 func claimConfig() Config {
 	cfg := testConfig()
 	cfg.Families = []cluster.Family{cluster.IPv4}
-	// Let external IPs into the service CIDR through the policy: these tests are about conflicts.
+	// Let external IPs (anywhere, the service CIDR too) through the policy: these tests are about
+	// conflicts.
+	cfg.ExternalIPs.AllowedCIDRs = allowAnyExternalIP
 	cfg.ExternalIPs.AllowClusterCIDRs = true
 	return cfg
 }
@@ -221,6 +223,10 @@ func TestClaimsOldestWins(t *testing.T) {
 	}
 }
 
+// allowAnyExternalIP is the externalIPs.allowedCIDRs that allows every address, kube-proxy's
+// behaviour (the default allows none).
+var allowAnyExternalIP = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
+
 // TestAddressScreen: the externalIPs policy refuses per address, and says why.
 func TestAddressScreen(t *testing.T) {
 	base := &AddressScreen{
@@ -228,10 +234,13 @@ func TestAddressScreen(t *testing.T) {
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
 		NodeAddrs:    map[netip.Addr]bool{netip.MustParseAddr("192.0.2.11"): true, netip.MustParseAddr("192.0.2.12"): true},
 	}
+	// off is the default policy: no externalIPs at all (KEP-5707); base allows them anywhere.
+	off := *base
+	base.Policy = cluster.ExternalIPPolicy{AllowedCIDRs: allowAnyExternalIP}
 	allowed := *base
 	allowed.Policy = cluster.ExternalIPPolicy{AllowedCIDRs: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/25")}}
 	open := *base
-	open.Policy = cluster.ExternalIPPolicy{AllowNodeIPs: true, AllowClusterCIDRs: true}
+	open.Policy = cluster.ExternalIPPolicy{AllowedCIDRs: allowAnyExternalIP, AllowNodeIPs: true, AllowClusterCIDRs: true}
 	for _, tc := range []struct {
 		screen   *AddressScreen
 		addr     string
@@ -253,6 +262,9 @@ func TestAddressScreen(t *testing.T) {
 		{&open, "192.0.2.11", false, ""},
 		{&open, "224.0.0.251", true, "multicast"},
 		{nil, "10.96.0.10", true, ""},
+		{&off, "203.0.113.200", true, "externalIPs are off"},
+		{&off, "2001:db8::1", true, "externalIPs are off"},
+		{&off, "203.0.113.200", false, ""}, // LoadBalancer IPs are not externalIPs
 	} {
 		got := tc.screen.refuse(netip.MustParseAddr(tc.addr), tc.external)
 		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {

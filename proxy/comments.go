@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // DecodeOptions are what the engine's decoder needs to know of the node's tables: the comments of
@@ -67,24 +68,24 @@ func serviceRuleComment(chain string, r dataplane.Rule) string {
 	has := func(k dataplane.MatchKind) bool {
 		return len(r.Matches) == 1 && r.Matches[0].Kind == k
 	}
-	cn, _ := dataplane.ParseChainName(chain)
+	cn, _ := ParseChainName(chain)
 	switch cn.Role {
-	case dataplane.ChainRoleFirewall:
+	case ChainRoleFirewall:
 		if len(r.Matches) == 0 && r.Action.Kind == dataplane.ActDrop {
-			return dataplane.CommentNotInSourceRanges
+			return tablenames.CommentNotInSourceRanges
 		}
-	case dataplane.ChainRoleExternalLocalIP, dataplane.ChainRoleExternalLocalNodePort:
+	case ChainRoleExternalLocalIP, ChainRoleExternalLocalNodePort:
 		switch {
-		case has(dataplane.MatchSaddrInSet) && r.Matches[0].Set == dataplane.SetClusterCIDRs && r.Action.Kind == dataplane.ActGoto:
-			return dataplane.CommentShortCircuitPods
-		case has(dataplane.MatchFibSaddrLocal) && r.Action.Kind == dataplane.ActJump && r.Action.Chain == dataplane.ChainMarkForMasquerade:
-			return dataplane.CommentMasqueradeLocal
+		case has(dataplane.MatchSaddrInSet) && r.Matches[0].Set == SetClusterCIDRs && r.Action.Kind == dataplane.ActGoto:
+			return CommentShortCircuitPods
+		case has(dataplane.MatchFibSaddrLocal) && r.Action.Kind == dataplane.ActJump && r.Action.Chain == ChainMarkForMasquerade:
+			return CommentMasqueradeLocal
 		case has(dataplane.MatchFibSaddrLocal) && r.Action.Kind == dataplane.ActGoto:
-			return dataplane.CommentShortCircuitLocal
+			return CommentShortCircuitLocal
 		}
-	case dataplane.ChainRoleExternal:
-		if len(r.Matches) == 0 && r.Action.Kind == dataplane.ActJump && r.Action.Chain == dataplane.ChainMarkForMasquerade {
-			return dataplane.CommentMasquerade
+	case ChainRoleExternal:
+		if len(r.Matches) == 0 && r.Action.Kind == dataplane.ActJump && r.Action.Chain == ChainMarkForMasquerade {
+			return CommentMasquerade
 		}
 	}
 	return ""

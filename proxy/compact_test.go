@@ -182,10 +182,10 @@ func TestProxierPackedRuleset(t *testing.T) {
 // changed by their users' appends.
 func TestNameInterner(t *testing.T) {
 	in := dataplane.NewNameInterner()
-	a := in.Intern([]string{dataplane.SetClusterIPs, "", dataplane.MapEndpoints})
-	b := in.Intern([]string{dataplane.SetClusterIPs, "", dataplane.MapEndpoints})
-	c := in.Intern([]string{dataplane.SetClusterIPs, dataplane.MapEndpoints})
-	if a != b || a == c || !slices.Equal(*c, []string{dataplane.SetClusterIPs, dataplane.MapEndpoints}) {
+	a := in.Intern([]string{SetClusterIPs, "", MapEndpoints})
+	b := in.Intern([]string{SetClusterIPs, "", MapEndpoints})
+	c := in.Intern([]string{SetClusterIPs, MapEndpoints})
+	if a != b || a == c || !slices.Equal(*c, []string{SetClusterIPs, MapEndpoints}) {
 		t.Errorf("interned %v %v %v", *a, *b, *c)
 	}
 	if cap(*a) != len(*a) {

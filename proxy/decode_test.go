@@ -12,6 +12,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // dcState is the flow-test fixture plus a synthetic bulk of Services, as one snapshot.
@@ -99,10 +100,10 @@ func dcCompareTraces(t *testing.T, want, got *dataplane.Flat) {
 		srcs = []string{"2001:db8:ff::5", "2001:db8:244:1::99", "2001:db8:244:3::5", trNodeIP6.String()}
 	}
 	var pkts []dataplane.Packet
-	for _, e := range want.Elements[dataplane.MapServiceIPs] {
+	for _, e := range want.Elements[tablenames.MapServiceIPs] {
 		pkts = append(pkts, dataplane.Packet{Dst: e.Addr, Proto: e.Proto, Port: e.Port}, dataplane.Packet{Dst: e.Addr, Proto: e.Proto, Port: e.Port + 1})
 	}
-	for _, e := range want.Elements[dataplane.MapServiceNodePorts] {
+	for _, e := range want.Elements[MapServiceNodePorts] {
 		node := trNodeIP4
 		if want.Family == cluster.IPv6 {
 			node = trNodeIP6
@@ -185,8 +186,8 @@ func TestDecodeRejectsForeignRules(t *testing.T) {
 		t.Skipf("nft not usable here: %v: %s", err, out)
 	}
 	// nft reads vipgate's rule comments (rule userdata) as its own.
-	if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "chain", "ip", "vipgate", dataplane.ChainMasquerading).CombinedOutput(); err != nil || !strings.Contains(string(out), `comment "hairpin"`) {
-		t.Errorf("nft list chain %s: %v\n%s", dataplane.ChainMasquerading, err, out)
+	if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "chain", "ip", "vipgate", tablenames.ChainMasquerading).CombinedOutput(); err != nil || !strings.Contains(string(out), `comment "hairpin"`) {
+		t.Errorf("nft list chain %s: %v\n%s", tablenames.ChainMasquerading, err, out)
 	}
 	_, err := prog.ReadTable(cluster.IPv4, "vipgate")
 	if err == nil || !strings.Contains(err.Error(), "chain services rule") {
@@ -231,14 +232,14 @@ func BenchmarkReadTable(b *testing.B) {
 // TestParseChainName: every chain a node table holds parses, and builds back to its name.
 func TestParseChainName(t *testing.T) {
 	st := dcState()
-	roles := map[dataplane.ChainRole]int{}
+	roles := map[ChainRole]int{}
 	for _, fam := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
 		rs, _, err := BuildRuleset(dcConfig(), fam, st)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, name := range rs.Flatten().ChainOrder {
-			c, ok := dataplane.ParseChainName(name)
+			c, ok := ParseChainName(name)
 			if !ok {
 				t.Errorf("ParseChainName(%q): not ok", name)
 				continue
@@ -247,28 +248,28 @@ func TestParseChainName(t *testing.T) {
 			if got := c.String(); got != name {
 				t.Errorf("ParseChainName(%q) = %+v, which builds %q", name, c, got)
 			}
-			if (c.Role == dataplane.ChainRolePick || c.Role == dataplane.ChainRoleMasqPick) != (SharedChain(name) != nil) {
+			if (c.Role == ChainRolePick || c.Role == ChainRoleMasqPick) != (SharedChain(name) != nil) {
 				t.Errorf("%s: role %s, SharedChain %v", name, c.Role, SharedChain(name))
 			}
 		}
 	}
-	for r := dataplane.ChainRoleFixed; r <= dataplane.ChainRoleMasqPick; r++ {
-		if roles[r] == 0 && r != dataplane.ChainRoleRoundRobin && r != dataplane.ChainRoleExternal {
+	for r := ChainRoleFixed; r <= ChainRoleMasqPick; r++ {
+		if roles[r] == 0 && r != ChainRoleRoundRobin && r != ChainRoleExternal {
 			t.Errorf("no chain of role %s in the fixture", r)
 		}
 	}
 	t.Logf("roles: %v", roles)
-	c, ok := dataplane.ParseChainName("aff-ns1/web/tcp/443-local")
-	if !ok || c.Role != dataplane.ChainRoleAffinity || c.Service != (cluster.ServiceKey{Namespace: "ns1", Name: "web"}) || c.Proto != dataplane.ProtoTCP || c.Port != 443 || c.Policy != "local" || c.ServicePort() != "ns1/web port 443/tcp" {
+	c, ok := ParseChainName("aff-ns1/web/tcp/443-local")
+	if !ok || c.Role != ChainRoleAffinity || c.Service != (cluster.ServiceKey{Namespace: "ns1", Name: "web"}) || c.Proto != dataplane.ProtoTCP || c.Port != 443 || c.Policy != "local" || c.ServicePort() != "ns1/web port 443/tcp" {
 		t.Errorf("aff chain: %+v, %v", c, ok)
 	}
-	c, ok = dataplane.ParseChainName("masq-pick-mg-endpoints-cluster-13")
-	if !ok || c.Role != dataplane.ChainRoleMasqPick || c.Algorithm != cluster.LBMaglev || c.Map != dataplane.MapEndpointsCluster || c.Size != 13 {
+	c, ok = ParseChainName("masq-pick-mg-endpoints-cluster-13")
+	if !ok || c.Role != ChainRoleMasqPick || c.Algorithm != cluster.LBMaglev || c.Map != MapEndpointsCluster || c.Size != 13 {
 		t.Errorf("masq-pick chain: %+v, %v", c, ok)
 	}
 	for _, bad := range []string{"", "fw-", "fw-ns/name/tcp", "fw-ns/name/tcp/0", "fw-ns/name/tcp/80/x", "aff-ns/n/tcp/80",
 		"aff-ns/n/tcp/80-sideways", "pick-endpoints-0", "pick-mg-endpoints-12", "pick-nosuchmap-3", "masq-pick-x", "gateway-pick", "ext-"} {
-		if c, ok := dataplane.ParseChainName(bad); ok {
+		if c, ok := ParseChainName(bad); ok {
 			t.Errorf("ParseChainName(%q) = %+v, want not ok", bad, c)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // TestExplainNode: Explain's values for the node fixture of the tracer tests (trace_test.go): the
@@ -53,7 +54,7 @@ func TestExplainNode(t *testing.T) {
 		{name: "not Service traffic", src: outside, dst: "10.244.2.10", port: 8080, outcome: dataplane.OutcomeAccept, accept: dataplane.AcceptNotServiceTraffic},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ex := dataplane.Explain(f, trHost, dataplane.Packet{Src: netip.MustParseAddr(tc.src), Dst: netip.MustParseAddr(tc.dst), Proto: dataplane.ProtoTCP, Port: tc.port, FromHost: tc.fromHost})
+			ex := dataplane.Explain(f, trHost, dataplane.Packet{Src: netip.MustParseAddr(tc.src), Dst: netip.MustParseAddr(tc.dst), Proto: dataplane.ProtoTCP, Port: tc.port, FromHost: tc.fromHost}, ExplainRole)
 			res := ex.Result
 			if res.Outcome != tc.outcome || len(ex.Candidates) != len(tc.cands) {
 				t.Fatalf("outcome %s with %d candidates, want %s with %d\n%s", res.Outcome, len(ex.Candidates), tc.outcome, len(tc.cands), res.Explain())
@@ -106,12 +107,12 @@ func TestExplainNode(t *testing.T) {
 // TestExplainSteps: the steps carry their kind and targets as values.
 func TestExplainSteps(t *testing.T) {
 	f := trFlat(t, cluster.IPv4, false, trFixture())
-	ex := dataplane.Explain(f, trHost, dataplane.Packet{Src: netip.MustParseAddr(outside), Dst: netip.MustParseAddr("10.96.0.10"), Proto: dataplane.ProtoTCP, Port: 80})
+	ex := dataplane.Explain(f, trHost, dataplane.Packet{Src: netip.MustParseAddr(outside), Dst: netip.MustParseAddr("10.96.0.10"), Proto: dataplane.ProtoTCP, Port: 80}, ExplainRole)
 	kinds := map[dataplane.StepKind]int{}
 	var jumpMasq, done int
 	for _, s := range ex.Result.Steps {
 		kinds[s.Kind]++
-		if s.Kind == dataplane.StepMatch && s.Action == dataplane.ActJump && s.Target == dataplane.ChainMarkForMasquerade {
+		if s.Kind == dataplane.StepMatch && s.Action == dataplane.ActJump && s.Target == ChainMarkForMasquerade {
 			jumpMasq++
 		}
 		if s.Kind == dataplane.StepDone && s.Endpoint.IsValid() {
@@ -127,11 +128,11 @@ func TestExplainSteps(t *testing.T) {
 		}
 	}
 	if jumpMasq == 0 || done != len(ex.Candidates) {
-		t.Errorf("%d jumps to %s, %d done steps for %d candidates\n%s", jumpMasq, dataplane.ChainMarkForMasquerade, done, len(ex.Candidates), ex.Result.Explain())
+		t.Errorf("%d jumps to %s, %d done steps for %d candidates\n%s", jumpMasq, ChainMarkForMasquerade, done, len(ex.Candidates), ex.Result.Explain())
 	}
 	// Session affinity picks uniformly by `numgen random mod N == 0` rules: each of the three
 	// endpoints takes a third.
-	aff := dataplane.Explain(f, trHost, dataplane.Packet{Src: netip.MustParseAddr(podHere), Dst: netip.MustParseAddr("10.96.0.19"), Proto: dataplane.ProtoTCP, Port: 80})
+	aff := dataplane.Explain(f, trHost, dataplane.Packet{Src: netip.MustParseAddr(podHere), Dst: netip.MustParseAddr("10.96.0.19"), Proto: dataplane.ProtoTCP, Port: 80}, ExplainRole)
 	taken, notTaken := 0, 0
 	for _, s := range aff.Result.Steps {
 		taken += boolInt(s.Kind == dataplane.StepRandomTaken)
@@ -146,8 +147,8 @@ func TestExplainSteps(t *testing.T) {
 		}
 	}
 	for _, c := range ex.Candidates {
-		if c.MarkRule.Chain != dataplane.ChainServices {
-			t.Errorf("candidate %s marked for masquerade by %+v, want a rule of %s", c.Endpoint, c.MarkRule, dataplane.ChainServices)
+		if c.MarkRule.Chain != tablenames.ChainServices {
+			t.Errorf("candidate %s marked for masquerade by %+v, want a rule of %s", c.Endpoint, c.MarkRule, tablenames.ChainServices)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // lbAnnotated is the flow-test fixture with every Service annotated with alg.
@@ -42,7 +43,7 @@ func TestLBAlgorithmTrace(t *testing.T) {
 				}
 			}
 			// Every entry of every Service traces without error (eTP=Local, NodePorts, source ranges).
-			for _, e := range f.Elements[dataplane.MapServiceIPs] {
+			for _, e := range f.Elements[tablenames.MapServiceIPs] {
 				r := dataplane.Trace(f, trHost, dataplane.Packet{Src: netip.MustParseAddr(outside), Dst: e.Addr, Proto: e.Proto, Port: e.Port})
 				if r.Outcome == dataplane.OutcomeError {
 					t.Errorf("%s -> %s:%d: %s", outside, e.Addr, e.Port, r.Reason)

@@ -21,7 +21,7 @@ import (
 func TestNetlinkVerdictMapChunks(t *testing.T) {
 	_, fd := testNetns(t)
 	tx := &dataplane.Tx{Family: cluster.IPv4, Table: "vipgate", Full: true, Sets: map[string]*dataplane.Set{}}
-	vmap := &dataplane.Set{Name: dataplane.MapServiceNodePorts, Kind: dataplane.KindProtoPortVmap}
+	vmap := &dataplane.Set{Name: MapServiceNodePorts, Kind: dataplane.KindProtoPortVmap}
 	tx.AddSets = append(tx.AddSets, vmap)
 	tx.Sets[vmap.Name] = vmap
 	const chains, elements = 50, 2700
@@ -80,10 +80,10 @@ func TestNetlinkSharedPickerFlap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := kt.Rules[dataplane.PickChain(dataplane.MapEndpoints, 12)]; ok {
-		t.Errorf("chain %s exists: only one endpoint more or fewer than a count in use is added", dataplane.PickChain(dataplane.MapEndpoints, 12))
+	if _, ok := kt.Rules[PickChain(MapEndpoints, 12)]; ok {
+		t.Errorf("chain %s exists: only one endpoint more or fewer than a count in use is added", PickChain(MapEndpoints, 12))
 	}
-	for _, name := range []string{dataplane.PickChain(dataplane.MapEndpoints, 9), dataplane.PickChain(dataplane.MapEndpoints, 10), dataplane.PickChain(dataplane.MapEndpoints, 11)} {
+	for _, name := range []string{PickChain(MapEndpoints, 9), PickChain(MapEndpoints, 10), PickChain(MapEndpoints, 11)} {
 		if got := len(kt.Rules[name]); got != 1 {
 			t.Errorf("chain %s holds %d rules in the kernel, want 1", name, got)
 		}
@@ -96,7 +96,7 @@ func TestNetlinkSharedPickerFlap(t *testing.T) {
 func TestNetlinkBatchErrors(t *testing.T) {
 	_, fd := testNetns(t)
 	prog := &dataplane.NetlinkProgrammer{NetNSFd: fd}
-	vmap := &dataplane.Set{Name: dataplane.MapServiceNodePorts, Kind: dataplane.KindProtoPortVmap}
+	vmap := &dataplane.Set{Name: MapServiceNodePorts, Kind: dataplane.KindProtoPortVmap}
 	base := &dataplane.Tx{Family: cluster.IPv4, Table: "vipgate", Full: true, Sets: map[string]*dataplane.Set{vmap.Name: vmap},
 		AddSets: []*dataplane.Set{vmap}, AddChains: []*dataplane.Chain{{Name: "target"}}}
 	if err := prog.Apply(base); err != nil {

@@ -18,6 +18,8 @@ func testConfig() Config {
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("2001:db8:244::/48")},
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("2001:db8:96::/108")},
 		NodePortIPs:  []netip.Addr{netip.MustParseAddr("192.0.2.11"), netip.MustParseAddr("2001:db8:1::11")},
+		// externalIPs anywhere, as kube-proxy (the default allows none): the tests cover them.
+		ExternalIPs: cluster.ExternalIPPolicy{AllowedCIDRs: allowAnyExternalIP},
 	}
 }
 

@@ -22,12 +22,12 @@ import (
 func neighbourPickers(shared map[string]int) []string {
 	var add []string
 	for n := range shared {
-		c, ok := dataplane.ParseChainName(n)
-		if !ok || c.Role != dataplane.ChainRolePick || c.Algorithm == cluster.LBMaglev {
+		c, ok := ParseChainName(n)
+		if !ok || c.Role != ChainRolePick || c.Algorithm == cluster.LBMaglev {
 			continue
 		}
 		for _, size := range []int{c.Size - 1, c.Size + 1} {
-			name := dataplane.PickChainFor(c.Algorithm, c.Map, size)
+			name := PickChainFor(c.Algorithm, c.Map, size)
 			if _, exists := shared[name]; !exists && size > 0 && !slices.Contains(add, name) {
 				add = append(add, name)
 			}
@@ -60,7 +60,7 @@ func WithoutUnusedPickers(f *dataplane.Flat) *dataplane.Flat {
 		}
 		removed := false
 		for n := range out.Chains {
-			if c, ok := dataplane.ParseChainName(n); ok && (c.Role == dataplane.ChainRolePick || c.Role == dataplane.ChainRoleMasqPick) && !used[n] {
+			if c, ok := ParseChainName(n); ok && (c.Role == ChainRolePick || c.Role == ChainRoleMasqPick) && !used[n] {
 				delete(out.Chains, n)
 				removed = true
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/conntrack"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // Config is what the dataplane needs to know about the node it programs.
@@ -70,6 +71,12 @@ type Proxier struct {
 	mu       sync.Mutex
 	fams     map[cluster.Family]*familyState
 	needFull bool
+	// lastFams are the families of the last sync that got as far as programming, whether or not
+	// the kernel took it. Unlike fams it survives a failed sync, so that the full sync after it
+	// still knows which Services went away since (deletedFlows); pendingStale are the conntrack
+	// flows of the syncs that failed, reported by the next one that succeeds.
+	lastFams     map[cluster.Family]*familyState
+	pendingStale []conntrack.StaleFlow
 	// What the last successful sync saw, to find changed Services by pointer: seen for every
 	// Service, seenSlices the slices of those with more than one (see seenService).
 	seen       map[cluster.ServiceKey]seenService
@@ -224,20 +231,20 @@ func (p *Proxier) Sync(st *cluster.State) (*dataplane.SyncReport, error) {
 				}
 			}
 		}
-		opts := dataplane.DiffOptions{Refs: fs.elemRefs, SharedRefs: fs.sharedRefs, Sets: fs.sets, AddParts: tx.Full,
+		opts := dataplane.DiffOptions{Sharable: sharableSets, Refs: fs.elemRefs, SharedRefs: fs.sharedRefs, Sets: fs.sets, AddParts: tx.Full,
 			SharedChain: SharedChain, Neighbours: neighbourPickers}
 		if tx.Full {
 			// Every built part is added, after the base (DiffOptions.AddParts): the list at its
 			// final size.
 			opts.Parts = 1 + len(built)
 			// The count of sharable elements at its final size.
-			sharable := 0
+			nShared := 0
 			for _, part := range built {
-				_, s := part.CountElements()
-				sharable += s
+				_, s := part.CountElements(sharableSet)
+				nShared += s
 			}
 			if fs.elemRefs.Len() == 0 {
-				fs.elemRefs = dataplane.NewElementRefs(f, sharable)
+				fs.elemRefs = dataplane.NewElementRefs(f, nShared)
 				opts.Refs = fs.elemRefs
 			}
 		}
@@ -281,9 +288,17 @@ func (p *Proxier) Sync(st *cluster.State) (*dataplane.SyncReport, error) {
 				// After a full sync the caller reconciles conntrack against the whole state instead
 				// (see conntrack.Reconciler): a restart must not cut every UDP flow.
 				rep.StaleFlows = append(rep.StaleFlows, staleFlows(old, nw)...)
+				rep.StaleFlows = append(rep.StaleFlows, deletedFlows(old, nw)...)
 			}
 			if nw != nil {
 				nw.Pack() // a filtered part (lost entries) was unpacked
+			}
+		}
+		if prev := p.lastFams[f]; rep.Full && prev != nil {
+			// The reconciliation after a full sync sees only the Services that exist: the ones
+			// that went away since the last sync are found here.
+			for key, old := range prev.rs.Services {
+				rep.StaleFlows = append(rep.StaleFlows, deletedFlows(old, fs.rs.Services[key])...)
 			}
 		}
 		d.Finish()
@@ -309,17 +324,21 @@ func (p *Proxier) Sync(st *cluster.State) (*dataplane.SyncReport, error) {
 	rep.Conflicts = conflictReport(newFams)
 
 	restoreGC()
+	p.lastFams = newFams
 	for _, tx := range rep.Txs {
 		if err := p.prog.Apply(tx); err != nil {
 			// The in-memory state already moved on; the kernel did not. A full sync rebuilds both.
 			p.needFull = true
 			p.fams = nil
+			p.keepPendingStale(rep.StaleFlows)
 			p.log.Error("sync failed; the kernel keeps the previous ruleset, next sync replaces the table",
 				"tx", tx.String(), "err", err)
 			return rep, fmt.Errorf("programming IPv%d table %s: %w", tx.Family, tx.Table, err)
 		}
 	}
 	p.fams = newFams
+	rep.StaleFlows = append(rep.StaleFlows, p.pendingStale...)
+	p.pendingStale = nil
 	p.nodeAddrs = screen.NodeAddrs
 	p.needFull = false
 	p.adopted = true
@@ -395,9 +414,9 @@ func conflictReport(fams map[cluster.Family]*familyState) []cluster.Rejection {
 // elementEntry says which entry an element belongs to, for elements keyed by an entry.
 func elementEntry(el dataplane.Element) (entryKey, bool) {
 	switch el.Set {
-	case dataplane.MapServiceIPs, dataplane.MapNoEndpointServices, dataplane.MapFirewallIPs, dataplane.MapEndpoints, dataplane.MapEndpointsCluster:
+	case tablenames.MapServiceIPs, MapNoEndpointServices, tablenames.MapFirewallIPs, MapEndpoints, MapEndpointsCluster:
 		return entryKey{addr: el.Addr, proto: el.Proto, port: el.Port}, true
-	case dataplane.MapServiceNodePorts, dataplane.MapNoEndpointNodePorts, dataplane.MapNodePortEndpoints, dataplane.MapNodePortEndpointsCluster:
+	case MapServiceNodePorts, MapNoEndpointNodePorts, MapNodePortEndpoints, MapNodePortEndpointsCluster:
 		return entryKey{nodePort: true, proto: el.Proto, port: el.Port}, true
 	}
 	return entryKey{}, false
@@ -499,6 +518,63 @@ func (p *Proxier) updateHealth(st *cluster.State, changed []cluster.ServiceKey, 
 		}
 		p.localEps[k] = n
 	}
+}
+
+// maxPendingStale bounds the conntrack flows kept across failed syncs (a few per changed Service
+// each): syncs that keep failing for long must not grow them without end. Past it the flows are
+// dropped, and the reconciliation after the next full sync still repairs what concerns the Services
+// that exist.
+const maxPendingStale = 1 << 16
+
+// keepPendingStale keeps the flows of a failed sync for the next successful one: the changes that
+// made them stale are in the desired state, and the next sync compares with that state, not with
+// the kernel's.
+func (p *Proxier) keepPendingStale(flows []conntrack.StaleFlow) {
+	if n := len(p.pendingStale) + len(flows); n > maxPendingStale {
+		p.log.Warn("dropping conntrack cleanup of failed syncs", "flows", n-maxPendingStale)
+		flows = flows[:max(0, maxPendingStale-len(p.pendingStale))]
+	}
+	p.pendingStale = append(p.pendingStale, flows...)
+}
+
+// deletedFlows lists the conntrack entries to delete because a Service port is no longer
+// programmed, as kube-proxy does since Kubernetes 1.38 (kubernetes#141371): when a Service is deleted
+// (or stops being this node's: ExternalName, headless, another proxy's, refused) or loses a port,
+// every UDP and SCTP entry to its cluster IPs, external IPs and LoadBalancer IPs on that port. One-way
+// datagram senders (statsd, syslog) otherwise keep their entry alive for ever, DNATed to a pod
+// address that may belong to another pod by now. staleFlows already removes the entries replied by
+// its endpoints; these are the rest: entries to the Service's addresses, whoever answered them (or
+// nobody, made before its rules existed).
+//
+// As in kube-proxy, not the NodePorts: such an entry is found by its destination port alone, any
+// address, so deleting "every flow to port N" would cut flows that were never the Service's (to
+// another host's port N, through this node); the endpoint-based deletion of staleFlows covers the
+// NodePort flows that were DNATed. Nor an address a living Service merely drops from a port it
+// keeps (kube-proxy's reconciler does not see those either).
+func deletedFlows(old, nw *dataplane.Part) []conntrack.StaleFlow {
+	if old == nil {
+		return nil
+	}
+	type protoPort struct {
+		proto uint8
+		port  uint16
+	}
+	kept := map[protoPort]bool{}
+	if nw != nil {
+		for _, e := range nw.Entries {
+			if !e.NodePort {
+				kept[protoPort{e.Proto, e.Port}] = true
+			}
+		}
+	}
+	var out []conntrack.StaleFlow
+	for _, e := range old.Entries {
+		if e.NodePort || !e.Addr.IsValid() || (e.Proto != dataplane.ProtoUDP && e.Proto != dataplane.ProtoSCTP) || kept[protoPort{e.Proto, e.Port}] {
+			continue
+		}
+		out = append(out, conntrack.StaleFlow{Proto: e.Proto, OrigDst: e.Addr, OrigDstPort: e.Port})
+	}
+	return out
 }
 
 // staleFlows lists the conntrack entries a Service change makes stale. Only UDP and SCTP matter: TCP

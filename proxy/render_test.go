@@ -15,6 +15,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // updateGolden rewrites the golden files: go test ./proxy -run TestRender -update
@@ -110,12 +111,12 @@ func TestRenderSpelling(t *testing.T) {
 		rule dataplane.Rule
 		want string
 	}{
-		{f4, dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchCtStateNew}}, Action: dataplane.Action{Kind: dataplane.ActJump, Chain: dataplane.ChainServices}}, "ct state new jump services"},
-		{f4, dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchCtStatusDNAT}, {Kind: dataplane.MatchHairpin, Set: dataplane.SetHairpin}}, Action: dataplane.Action{Kind: dataplane.ActMasquerade}},
+		{f4, dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchCtStateNew}}, Action: dataplane.Action{Kind: dataplane.ActJump, Chain: tablenames.ChainServices}}, "ct state new jump services"},
+		{f4, dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchCtStatusDNAT}, {Kind: dataplane.MatchHairpin, Set: SetHairpin}}, Action: dataplane.Action{Kind: dataplane.ActMasquerade}},
 			"ct status dnat ip saddr . ip daddr . meta l4proto . th dport @hairpin-connections masquerade fully-random"},
-		{f6, dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: dataplane.SetClusterIPs}, {Kind: dataplane.MatchSaddrNotInSet, Set: dataplane.SetClusterCIDRs}}, Action: dataplane.Action{Kind: dataplane.ActGoto, Chain: dataplane.ChainMarkForMasquerade}},
+		{f6, dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: SetClusterIPs}, {Kind: dataplane.MatchSaddrNotInSet, Set: SetClusterCIDRs}}, Action: dataplane.Action{Kind: dataplane.ActGoto, Chain: ChainMarkForMasquerade}},
 			"ip6 daddr @cluster-ips ip6 saddr != @cluster-cidrs goto mark-for-masquerade"},
-		{f4, dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchSaddrInSet, Set: dataplane.SetClusterCIDRs}}, Action: dataplane.Action{Kind: dataplane.ActReturn}, Comment: `say "hi"`},
+		{f4, dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchSaddrInSet, Set: SetClusterCIDRs}}, Action: dataplane.Action{Kind: dataplane.ActReturn}, Comment: `say "hi"`},
 			`ip saddr @cluster-cidrs return comment "say 'hi'"`},
 		{f4, dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchSaddrInPrefix, Prefix: netip.MustParsePrefix("10.0.0.0/8")}}, Action: dataplane.Action{Kind: dataplane.ActDrop}}, "ip saddr 10.0.0.0/8 drop"},
 		{f4, dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchFibSaddrLocal}}, Action: dataplane.Action{Kind: dataplane.ActReject}}, "fib saddr type local reject"},
@@ -125,11 +126,11 @@ func TestRenderSpelling(t *testing.T) {
 			"meta mark & 0x4000 != 0 meta mark set meta mark ^ 0x4000 meta l4proto { tcp, udp, sctp } masquerade to :1024-60999 fully-random"},
 		{f4, dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActMarkSet, Value: 0x4000}}, "meta mark set meta mark | 0x4000"},
 		{f4, dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchNumgenZero, Value: 3}}, Action: dataplane.Action{Kind: dataplane.ActGoto, Chain: dataplane.ChainReject}}, "numgen random mod 3 == 0 goto reject-chain"},
-		{f4, dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActVmapTuple, Map: dataplane.MapServiceIPs}}, "ip daddr . meta l4proto . th dport vmap @service-ips"},
-		{f4, dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActVmapProtoPort, Map: dataplane.MapServiceNodePorts}}, "meta l4proto . th dport vmap @service-nodeports"},
-		{f4, dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActDNATTupleMap, Map: dataplane.MapEndpoints, Value: 2}},
+		{f4, dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActVmapTuple, Map: tablenames.MapServiceIPs}}, "ip daddr . meta l4proto . th dport vmap @service-ips"},
+		{f4, dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActVmapProtoPort, Map: MapServiceNodePorts}}, "meta l4proto . th dport vmap @service-nodeports"},
+		{f4, dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActDNATTupleMap, Map: MapEndpoints, Value: 2}},
 			"dnat ip addr . port to ip daddr . meta l4proto . th dport . numgen random mod 2 map @endpoints"},
-		{f6, dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActDNATProtoPortMap, Map: dataplane.MapNodePortEndpoints, Value: 5}},
+		{f6, dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActDNATProtoPortMap, Map: MapNodePortEndpoints, Value: 5}},
 			"dnat ip6 addr . port to meta l4proto . th dport . numgen random mod 5 map @nodeport-endpoints"},
 	}
 	for _, tc := range cases {
@@ -179,25 +180,25 @@ func TestRenderErrors(t *testing.T) {
 		want string
 	}{
 		{"unknown match", func(f *dataplane.Flat) {
-			f.Chains[dataplane.ChainServices].Rules[0].Matches = []dataplane.Match{{Kind: 99}}
+			f.Chains[tablenames.ChainServices].Rules[0].Matches = []dataplane.Match{{Kind: 99}}
 		}, "unknown match kind 99"},
 		{"unknown action", func(f *dataplane.Flat) {
-			f.Chains[dataplane.ChainServices].Rules[0].Action = dataplane.Action{Kind: 99}
+			f.Chains[tablenames.ChainServices].Rules[0].Action = dataplane.Action{Kind: 99}
 		}, "unknown action kind 99"},
-		{"unknown set kind", func(f *dataplane.Flat) { f.Sets[dataplane.SetHairpin].Kind = 99 }, "unknown set kind 99"},
+		{"unknown set kind", func(f *dataplane.Flat) { f.Sets[SetHairpin].Kind = 99 }, "unknown set kind 99"},
 		{"missing chain", func(f *dataplane.Flat) {
-			f.Chains[dataplane.ChainServices].Rules[0].Action = dataplane.Action{Kind: dataplane.ActGoto, Chain: "gone"}
+			f.Chains[tablenames.ChainServices].Rules[0].Action = dataplane.Action{Kind: dataplane.ActGoto, Chain: "gone"}
 		}, `missing chain "gone"`},
 		{"missing set", func(f *dataplane.Flat) {
-			delete(f.Sets, dataplane.SetClusterCIDRs)
-			delete(f.Elements, dataplane.SetClusterCIDRs)
+			delete(f.Sets, SetClusterCIDRs)
+			delete(f.Elements, SetClusterCIDRs)
 		}, `missing set "cluster-cidrs"`},
 		{"element of the wrong family", func(f *dataplane.Flat) {
-			f.Elements[dataplane.SetClusterIPs] = append(f.Elements[dataplane.SetClusterIPs], dataplane.Element{Set: dataplane.SetClusterIPs, Addr: trNodeIP6})
+			f.Elements[SetClusterIPs] = append(f.Elements[SetClusterIPs], dataplane.Element{Set: SetClusterIPs, Addr: trNodeIP6})
 		}, "does not belong in a table of family ip"},
 		{"element of an undeclared set", func(f *dataplane.Flat) { f.Elements["nope"] = []dataplane.Element{{Set: "nope"}} }, `undeclared set "nope"`},
 		{"vmap element without verdict", func(f *dataplane.Flat) {
-			f.Elements[dataplane.MapServiceIPs] = append(f.Elements[dataplane.MapServiceIPs], dataplane.Element{Set: dataplane.MapServiceIPs, Addr: trNodeIP4, Proto: dataplane.ProtoTCP, Port: 1})
+			f.Elements[tablenames.MapServiceIPs] = append(f.Elements[tablenames.MapServiceIPs], dataplane.Element{Set: tablenames.MapServiceIPs, Addr: trNodeIP4, Proto: dataplane.ProtoTCP, Port: 1})
 		}, "unknown verdict kind 0"},
 	}
 	for _, tc := range cases {

@@ -3,10 +3,11 @@ package proxy
 import (
 	"context"
 	"fmt"
-	corev1 "k8s.io/api/core/v1"
+	"net"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
@@ -25,6 +26,8 @@ type Runtime struct {
 	hc        *healthcheck.ServiceHealthServer
 	ctClean   dataplane.ConntrackCleanup
 	conflicts *conflictLog
+	// nodeName is this node's, for its eligibility on /healthz (NodeEligible).
+	nodeName string
 	// stopHealthz closes the /healthz server if it started.
 	stopHealthz func()
 }
@@ -56,7 +59,7 @@ type ServiceEventer interface {
 func NewRuntime(o RuntimeOptions) *Runtime {
 	log, cfg := o.Log, o.Config
 	r := &Runtime{log: log, proxier: NewProxier(log.Named("dataplane"), o.Dataplane, o.Programmer),
-		conflicts: &conflictLog{log: log, events: o.Events}, stopHealthz: func() {}}
+		conflicts: &conflictLog{log: log, events: o.Events}, nodeName: cfg.NodeName, stopHealthz: func() {}}
 	r.proxier.SetTableReader(o.Programmer)
 	// QueuedUpdate when a snapshot arrives, Updated when one is programmed, so a node whose syncs
 	// keep failing (or never run) turns unhealthy after staleAfter; /readyz stays 503 until the
@@ -79,6 +82,10 @@ func NewRuntime(o RuntimeOptions) *Runtime {
 	r.ctClean = dataplane.ConntrackCleanup{Cleaner: ct, Log: log}
 	return r
 }
+
+// HealthzAddr is the address /healthz, /livez and /readyz listen on (nil if that server did not
+// start).
+func (r *Runtime) HealthzAddr() net.Addr { return r.healthz.Addr() }
 
 // Close stops the health servers.
 func (r *Runtime) Close() {
@@ -140,6 +147,7 @@ func (r *Runtime) Run(ctx context.Context, source func(context.Context, func(*cl
 	go func() {
 		srcErr <- source(ctx, func(st *cluster.State) {
 			r.healthz.QueuedUpdate()
+			r.healthz.SetNodeEligible(NodeEligible(st, r.nodeName))
 			runner.Submit(st)
 		})
 		stopRunner() // the source ended: so does the node
@@ -153,6 +161,18 @@ func (r *Runtime) Run(ctx context.Context, source func(context.Context, func(*cl
 		return fmt.Errorf("manifest source: %w", err)
 	}
 	return nil
+}
+
+// NodeEligible says whether /healthz may answer 200 for node name given snapshot st, as kube-proxy
+// decides it: not while its Node is being deleted or tainted ToBeDeletedByClusterAutoscaler
+// (cluster.Node.ToBeDeleted), nor once it is gone (kube-proxy's nil Node: the snapshot knows Nodes,
+// not this one). A snapshot that knows no Node at all (the file source without Nodes) leaves it
+// eligible: nothing says it is going away.
+func NodeEligible(st *cluster.State, name string) bool {
+	if n, ok := st.Nodes[name]; ok && n != nil {
+		return !n.ToBeDeleted
+	}
+	return len(st.Nodes) == 0
 }
 
 // TxChanges counts what a sync changed (elements and chains added, changed or removed), for logs

@@ -5,6 +5,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // baseChain describes one chain attached to a hook: fixed structure as data.
@@ -19,14 +20,14 @@ type baseChain struct {
 // runs just before DNAT; rejecting traffic to Services without endpoints runs after DNAT in
 // input/forward/output, where reject is allowed and where a packet that was DNATed no longer matches.
 var baseChains = []baseChain{
-	{dataplane.ChainFilterPreroutingPreDNAT, dataplane.FilterType, dataplane.HookPrerouting, dataplane.PriorityDstNAT - 10},
-	{dataplane.ChainFilterOutputPreDNAT, dataplane.FilterType, dataplane.HookOutput, dataplane.PriorityDstNAT - 10},
-	{dataplane.ChainFilterInput, dataplane.FilterType, dataplane.HookInput, dataplane.PriorityFilter},
-	{dataplane.ChainFilterForward, dataplane.FilterType, dataplane.HookForward, dataplane.PriorityFilter},
-	{dataplane.ChainFilterOutput, dataplane.FilterType, dataplane.HookOutput, dataplane.PriorityFilter},
-	{dataplane.ChainNATPrerouting, dataplane.NATType, dataplane.HookPrerouting, dataplane.PriorityDstNAT},
-	{dataplane.ChainNATOutput, dataplane.NATType, dataplane.HookOutput, dataplane.PriorityDstNAT},
-	{dataplane.ChainNATPostrouting, dataplane.NATType, dataplane.HookPostrouting, dataplane.PrioritySrcNAT},
+	{tablenames.ChainFilterPreroutingPreDNAT, dataplane.FilterType, dataplane.HookPrerouting, dataplane.PriorityDstNAT - 10},
+	{tablenames.ChainFilterOutputPreDNAT, dataplane.FilterType, dataplane.HookOutput, dataplane.PriorityDstNAT - 10},
+	{tablenames.ChainFilterInput, dataplane.FilterType, dataplane.HookInput, dataplane.PriorityFilter},
+	{tablenames.ChainFilterForward, dataplane.FilterType, dataplane.HookForward, dataplane.PriorityFilter},
+	{tablenames.ChainFilterOutput, dataplane.FilterType, dataplane.HookOutput, dataplane.PriorityFilter},
+	{tablenames.ChainNATPrerouting, dataplane.NATType, dataplane.HookPrerouting, dataplane.PriorityDstNAT},
+	{tablenames.ChainNATOutput, dataplane.NATType, dataplane.HookOutput, dataplane.PriorityDstNAT},
+	{tablenames.ChainNATPostrouting, dataplane.NATType, dataplane.HookPostrouting, dataplane.PrioritySrcNAT},
 }
 
 // jumpRule is a rule in a base chain that jumps to a regular chain.
@@ -36,35 +37,43 @@ type jumpRule struct {
 }
 
 var jumpRules = []jumpRule{
-	{dataplane.ChainFilterPreroutingPreDNAT, dataplane.ChainFirewallCheck, true},
-	{dataplane.ChainFilterOutputPreDNAT, dataplane.ChainFirewallCheck, true},
-	{dataplane.ChainFilterInput, dataplane.ChainNodePortEndpointsCheck, true},
-	{dataplane.ChainFilterInput, dataplane.ChainServiceEndpointsCheck, true},
-	{dataplane.ChainFilterForward, dataplane.ChainServiceEndpointsCheck, true},
-	{dataplane.ChainFilterForward, dataplane.ChainClusterIPsCheck, true},
-	{dataplane.ChainFilterOutput, dataplane.ChainServiceEndpointsCheck, true},
-	{dataplane.ChainFilterOutput, dataplane.ChainClusterIPsCheck, true},
-	{dataplane.ChainNATPrerouting, dataplane.ChainServices, false},
-	{dataplane.ChainNATOutput, dataplane.ChainServices, false},
-	{dataplane.ChainNATPostrouting, dataplane.ChainMasquerading, false},
+	{tablenames.ChainFilterPreroutingPreDNAT, tablenames.ChainFirewallCheck, true},
+	{tablenames.ChainFilterOutputPreDNAT, tablenames.ChainFirewallCheck, true},
+	{tablenames.ChainFilterInput, ChainNodePortEndpointsCheck, true},
+	{tablenames.ChainFilterInput, ChainServiceEndpointsCheck, true},
+	{tablenames.ChainFilterForward, ChainServiceEndpointsCheck, true},
+	{tablenames.ChainFilterForward, ChainClusterIPsCheck, true},
+	{tablenames.ChainFilterOutput, ChainServiceEndpointsCheck, true},
+	{tablenames.ChainFilterOutput, ChainClusterIPsCheck, true},
+	{tablenames.ChainNATPrerouting, tablenames.ChainServices, false},
+	{tablenames.ChainNATOutput, tablenames.ChainServices, false},
+	{tablenames.ChainNATPostrouting, tablenames.ChainMasquerading, false},
 }
+
+// sharableSets are the sets in which two Services may legitimately hold the same element (a pod IP
+// and port in the hairpin set, a ClusterIP in two Services' ClusterIP set): the diff counts their
+// elements' holders (dataplane.DiffOptions.Sharable); every other element has exactly one owner.
+var (
+	sharableSets = []string{SetHairpin, SetClusterIPs}
+	sharableSet  = dataplane.SharableSets(sharableSets)
+)
 
 // fixedSets lists the sets every table has.
 var fixedSets = []dataplane.Set{
-	{Name: dataplane.SetClusterIPs, Kind: dataplane.KindAddr, Comment: "active ClusterIPs"},
-	{Name: dataplane.SetNodePortIPs, Kind: dataplane.KindAddr, Comment: "addresses that accept NodePort traffic"},
-	{Name: dataplane.SetClusterCIDRs, Kind: dataplane.KindPrefix, Comment: "pod CIDRs: traffic from here is pod traffic"},
-	{Name: dataplane.SetServiceCIDRs, Kind: dataplane.KindPrefix, Comment: "service CIDRs"},
-	{Name: dataplane.MapServiceIPs, Kind: dataplane.KindTupleVmap, Comment: "ClusterIP, ExternalIP and LoadBalancer IP traffic"},
-	{Name: dataplane.MapServiceNodePorts, Kind: dataplane.KindProtoPortVmap, Comment: "NodePort traffic"},
-	{Name: dataplane.MapNoEndpointServices, Kind: dataplane.KindTupleVmap, Comment: "drop or reject traffic to Services with no endpoints"},
-	{Name: dataplane.MapNoEndpointNodePorts, Kind: dataplane.KindProtoPortVmap, Comment: "drop or reject traffic to NodePorts with no endpoints"},
-	{Name: dataplane.MapFirewallIPs, Kind: dataplane.KindTupleVmap, Comment: "LoadBalancer IPs subject to loadBalancerSourceRanges"},
-	{Name: dataplane.SetHairpin, Kind: dataplane.KindHairpin, Comment: "pod to itself through a Service"},
-	{Name: dataplane.MapEndpoints, Kind: dataplane.KindTupleEndpoints, Comment: "entry . endpoint index -> endpoint"},
-	{Name: dataplane.MapEndpointsCluster, Kind: dataplane.KindTupleEndpoints, Comment: "eTP=Local entry . index -> cluster-wide endpoint"},
-	{Name: dataplane.MapNodePortEndpoints, Kind: dataplane.KindProtoPortEndpoints, Comment: "NodePort . endpoint index -> endpoint"},
-	{Name: dataplane.MapNodePortEndpointsCluster, Kind: dataplane.KindProtoPortEndpoints, Comment: "eTP=Local NodePort . index -> cluster-wide endpoint"},
+	{Name: SetClusterIPs, Kind: dataplane.KindAddr, Comment: "active ClusterIPs"},
+	{Name: SetNodePortIPs, Kind: dataplane.KindAddr, Comment: "addresses that accept NodePort traffic"},
+	{Name: SetClusterCIDRs, Kind: dataplane.KindPrefix, Comment: "pod CIDRs: traffic from here is pod traffic"},
+	{Name: SetServiceCIDRs, Kind: dataplane.KindPrefix, Comment: "service CIDRs"},
+	{Name: tablenames.MapServiceIPs, Kind: dataplane.KindTupleVmap, Comment: "ClusterIP, ExternalIP and LoadBalancer IP traffic"},
+	{Name: MapServiceNodePorts, Kind: dataplane.KindProtoPortVmap, Comment: "NodePort traffic"},
+	{Name: MapNoEndpointServices, Kind: dataplane.KindTupleVmap, Comment: "drop or reject traffic to Services with no endpoints"},
+	{Name: MapNoEndpointNodePorts, Kind: dataplane.KindProtoPortVmap, Comment: "drop or reject traffic to NodePorts with no endpoints"},
+	{Name: tablenames.MapFirewallIPs, Kind: dataplane.KindTupleVmap, Comment: "LoadBalancer IPs subject to loadBalancerSourceRanges"},
+	{Name: SetHairpin, Kind: dataplane.KindHairpin, Comment: "pod to itself through a Service"},
+	{Name: MapEndpoints, Kind: dataplane.KindTupleEndpoints, Comment: "entry . endpoint index -> endpoint"},
+	{Name: MapEndpointsCluster, Kind: dataplane.KindTupleEndpoints, Comment: "eTP=Local entry . index -> cluster-wide endpoint"},
+	{Name: MapNodePortEndpoints, Kind: dataplane.KindProtoPortEndpoints, Comment: "NodePort . endpoint index -> endpoint"},
+	{Name: MapNodePortEndpointsCluster, Kind: dataplane.KindProtoPortEndpoints, Comment: "eTP=Local NodePort . index -> cluster-wide endpoint"},
 }
 
 // BaseConfig is what the fixed part of a table depends on.
@@ -99,47 +108,47 @@ func BuildBase(c BaseConfig) *dataplane.Part {
 	var servicesRules []dataplane.Rule
 	if c.MasqueradeAll {
 		servicesRules = append(servicesRules, dataplane.Rule{
-			Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: dataplane.SetClusterIPs}},
-			Action:  dataplane.Action{Kind: dataplane.ActJump, Chain: dataplane.ChainMarkForMasquerade},
+			Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: SetClusterIPs}},
+			Action:  dataplane.Action{Kind: dataplane.ActJump, Chain: ChainMarkForMasquerade},
 			Comment: "masquerade all ClusterIP traffic",
 		})
 	} else if len(c.ClusterCIDRs) > 0 {
 		servicesRules = append(servicesRules, dataplane.Rule{
-			Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: dataplane.SetClusterIPs}, {Kind: dataplane.MatchSaddrNotInSet, Set: dataplane.SetClusterCIDRs}},
-			Action:  dataplane.Action{Kind: dataplane.ActJump, Chain: dataplane.ChainMarkForMasquerade},
+			Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: SetClusterIPs}, {Kind: dataplane.MatchSaddrNotInSet, Set: SetClusterCIDRs}},
+			Action:  dataplane.Action{Kind: dataplane.ActJump, Chain: ChainMarkForMasquerade},
 			Comment: "masquerade ClusterIP traffic from outside the cluster",
 		})
 	}
 	servicesRules = append(servicesRules,
-		dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActVmapTuple, Map: dataplane.MapServiceIPs}},
-		dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: dataplane.SetNodePortIPs}}, Action: dataplane.Action{Kind: dataplane.ActVmapProtoPort, Map: dataplane.MapServiceNodePorts}},
+		dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActVmapTuple, Map: tablenames.MapServiceIPs}},
+		dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: SetNodePortIPs}}, Action: dataplane.Action{Kind: dataplane.ActVmapProtoPort, Map: MapServiceNodePorts}},
 	)
-	regular(dataplane.ChainServices, "Service dispatch", servicesRules...)
-	regular(dataplane.ChainMasquerading, "source NAT where a Service needs it",
+	regular(tablenames.ChainServices, "Service dispatch", servicesRules...)
+	regular(tablenames.ChainMasquerading, "source NAT where a Service needs it",
 		dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchMarkAny, Value: mark}}, Action: dataplane.Action{Kind: dataplane.ActMasqClearMark, Value: mark}},
-		dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchCtStatusDNAT}, {Kind: dataplane.MatchHairpin, Set: dataplane.SetHairpin}}, Action: dataplane.Action{Kind: dataplane.ActMasquerade}, Comment: "hairpin"},
+		dataplane.Rule{Matches: []dataplane.Match{{Kind: dataplane.MatchCtStatusDNAT}, {Kind: dataplane.MatchHairpin, Set: SetHairpin}}, Action: dataplane.Action{Kind: dataplane.ActMasquerade}, Comment: "hairpin"},
 	)
-	regular(dataplane.ChainMarkForMasquerade, "", dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActMarkSet, Value: mark}})
-	regular(dataplane.ChainServiceEndpointsCheck, "", dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActVmapTuple, Map: dataplane.MapNoEndpointServices}})
-	regular(dataplane.ChainNodePortEndpointsCheck, "", dataplane.Rule{
-		Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: dataplane.SetNodePortIPs}},
-		Action:  dataplane.Action{Kind: dataplane.ActVmapProtoPort, Map: dataplane.MapNoEndpointNodePorts},
+	regular(ChainMarkForMasquerade, "", dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActMarkSet, Value: mark}})
+	regular(ChainServiceEndpointsCheck, "", dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActVmapTuple, Map: MapNoEndpointServices}})
+	regular(ChainNodePortEndpointsCheck, "", dataplane.Rule{
+		Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: SetNodePortIPs}},
+		Action:  dataplane.Action{Kind: dataplane.ActVmapProtoPort, Map: MapNoEndpointNodePorts},
 	})
 	regular(dataplane.ChainReject, "helper for the no-endpoint maps", dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActReject}})
 	cipRules := []dataplane.Rule{{
-		Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: dataplane.SetClusterIPs}},
+		Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: SetClusterIPs}},
 		Action:  dataplane.Action{Kind: dataplane.ActReject},
 		Comment: "reject traffic to undefined ports of ClusterIPs",
 	}}
 	if len(c.ServiceCIDRs) > 0 {
 		cipRules = append(cipRules, dataplane.Rule{
-			Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: dataplane.SetServiceCIDRs}},
+			Matches: []dataplane.Match{{Kind: dataplane.MatchDaddrInSet, Set: SetServiceCIDRs}},
 			Action:  dataplane.Action{Kind: dataplane.ActDrop},
 			Comment: "drop traffic to unallocated ClusterIPs",
 		})
 	}
-	regular(dataplane.ChainClusterIPsCheck, "", cipRules...)
-	regular(dataplane.ChainFirewallCheck, "", dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActVmapTuple, Map: dataplane.MapFirewallIPs}})
+	regular(ChainClusterIPsCheck, "", cipRules...)
+	regular(tablenames.ChainFirewallCheck, "", dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActVmapTuple, Map: tablenames.MapFirewallIPs}})
 
 	for _, j := range jumpRules {
 		r := dataplane.Rule{Action: dataplane.Action{Kind: dataplane.ActJump, Chain: j.to}}
@@ -154,17 +163,17 @@ func BuildBase(c BaseConfig) *dataplane.Part {
 	}
 	for _, pfx := range c.ClusterCIDRs {
 		if familyOfPrefix(pfx) == c.Family {
-			p.Elements = append(p.Elements, dataplane.Element{Set: dataplane.SetClusterCIDRs, Prefix: pfx.Masked()})
+			p.Elements = append(p.Elements, dataplane.Element{Set: SetClusterCIDRs, Prefix: pfx.Masked()})
 		}
 	}
 	for _, pfx := range c.ServiceCIDRs {
 		if familyOfPrefix(pfx) == c.Family {
-			p.Elements = append(p.Elements, dataplane.Element{Set: dataplane.SetServiceCIDRs, Prefix: pfx.Masked()})
+			p.Elements = append(p.Elements, dataplane.Element{Set: SetServiceCIDRs, Prefix: pfx.Masked()})
 		}
 	}
 	for _, ip := range c.NodePortIPs {
 		if cluster.FamilyOf(ip) == c.Family && !ip.IsLoopback() {
-			p.Elements = append(p.Elements, dataplane.Element{Set: dataplane.SetNodePortIPs, Addr: ip.Unmap()})
+			p.Elements = append(p.Elements, dataplane.Element{Set: SetNodePortIPs, Addr: ip.Unmap()})
 		}
 	}
 	return p
@@ -172,21 +181,21 @@ func BuildBase(c BaseConfig) *dataplane.Part {
 
 // SharedChain builds the shared chain called name, or returns nil if name is not a shared chain.
 func SharedChain(name string) *dataplane.Chain {
-	c, ok := dataplane.ParseChainName(name)
+	c, ok := ParseChainName(name)
 	if !ok {
 		return nil
 	}
 	switch c.Role {
-	case dataplane.ChainRoleMasqPick:
+	case ChainRoleMasqPick:
 		return &dataplane.Chain{Name: name, Rules: []dataplane.Rule{
-			{Action: dataplane.Action{Kind: dataplane.ActJump, Chain: dataplane.ChainMarkForMasquerade}},
-			{Action: dataplane.Action{Kind: dataplane.ActGoto, Chain: dataplane.PickOfTwin(name)}},
+			{Action: dataplane.Action{Kind: dataplane.ActJump, Chain: ChainMarkForMasquerade}},
+			{Action: dataplane.Action{Kind: dataplane.ActGoto, Chain: PickOfTwin(name)}},
 		}}
-	case dataplane.ChainRolePick:
+	case ChainRolePick:
 	default:
 		return nil
 	}
-	tuple := c.Map == dataplane.MapEndpoints || c.Map == dataplane.MapEndpointsCluster
+	tuple := c.Map == MapEndpoints || c.Map == MapEndpointsCluster
 	// The random, source-hash and maglev pickers, for IP entries (tuple) and NodePorts.
 	kinds := map[cluster.LBAlgorithm][2]dataplane.ActionKind{
 		cluster.LBRandom:     {dataplane.ActDNATProtoPortMap, dataplane.ActDNATTupleMap},
@@ -202,8 +211,8 @@ func SharedChain(name string) *dataplane.Chain {
 
 // SharedUses lists the shared chains that using chain name implies (a masq-pick chain uses its pick).
 func SharedUses(name string) []string {
-	if dataplane.IsMasqPickChain(name) {
-		return []string{name, dataplane.PickOfTwin(name)}
+	if IsMasqPickChain(name) {
+		return []string{name, PickOfTwin(name)}
 	}
 	return []string{name}
 }

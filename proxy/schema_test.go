@@ -39,8 +39,8 @@ func longestNames(svcs []trService) []trService {
 func TestChainNamesNftAcceptsLongest(t *testing.T) {
 	key := cluster.ServiceKey{Namespace: strings.Repeat("n", 63), Name: "s" + strings.Repeat("e", 62)}
 	longest := 0
-	for r := dataplane.ChainRoleFirewall; r <= dataplane.ChainRoleRoundRobin; r++ {
-		name := dataplane.ChainName{Role: r, Service: key, Proto: dataplane.ProtoSCTP, Port: 65535, Policy: dataplane.PolicyCluster}.String()
+	for r := ChainRoleFirewall; r <= ChainRoleRoundRobin; r++ {
+		name := ChainName{Role: r, Service: key, Proto: dataplane.ProtoSCTP, Port: 65535, Policy: PolicyCluster}.String()
 		longest = max(longest, len(name))
 		if len(name) > maxChainNameLen {
 			t.Errorf("%s: %q is %d bytes, more than the kernel's %d", r, name, len(name), maxChainNameLen)
@@ -50,11 +50,11 @@ func TestChainNamesNftAcceptsLongest(t *testing.T) {
 
 	nftCheckOrSkip(t)
 	svcs := longestNames(trFixture())
-	roles := map[dataplane.ChainRole]bool{}
+	roles := map[ChainRole]bool{}
 	for _, fam := range []cluster.Family{cluster.IPv4, cluster.IPv6} {
 		f := trFlat(t, fam, false, svcs)
 		for _, name := range f.ChainOrder {
-			if c, ok := dataplane.ParseChainName(name); ok {
+			if c, ok := ParseChainName(name); ok {
 				roles[c.Role] = true
 			} else {
 				t.Errorf("%s: chain %q does not parse", rdFamilyName(fam), name)
@@ -62,7 +62,7 @@ func TestChainNamesNftAcceptsLongest(t *testing.T) {
 		}
 		nftCheck(t, "longest-names/"+rdFamilyName(fam), dataplane.RenderString(f))
 	}
-	for _, r := range []dataplane.ChainRole{dataplane.ChainRoleFirewall, dataplane.ChainRoleExternalLocalIP, dataplane.ChainRoleExternalLocalNodePort, dataplane.ChainRoleAffinity} {
+	for _, r := range []ChainRole{ChainRoleFirewall, ChainRoleExternalLocalIP, ChainRoleExternalLocalNodePort, ChainRoleAffinity} {
 		if !roles[r] {
 			t.Errorf("the fixture has no chain of role %s", r)
 		}

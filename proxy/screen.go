@@ -22,6 +22,12 @@ type AddressScreen struct {
 	NodeAddrs map[netip.Addr]bool
 }
 
+// ExternalIPsOffReason is the refusal of every spec.externalIPs address on a node whose
+// externalIPs.allowedCIDRs is empty, the default: Kubernetes deprecated externalIPs (KEP-5707), and
+// future conformance expects a service proxy not to support them unless told to, as the API
+// server's DenyServiceExternalIPs admission refuses them all.
+const ExternalIPsOffReason = "externalIPs are off on this node (deprecated, KEP-5707): vipgate programs them only inside the NodeConfig's externalIPs.allowedCIDRs, which is empty"
+
 // refuse says why address a may not be an entry ("" if it may); external is true for
 // spec.externalIPs, false for a LoadBalancer IP.
 func (s *AddressScreen) refuse(a netip.Addr, external bool) string {
@@ -32,7 +38,10 @@ func (s *AddressScreen) refuse(a netip.Addr, external bool) string {
 		// The sources reject these objects already; kept here so that no path can program one.
 		return "a special address (" + class + ") is never a Service entry"
 	}
-	if external && len(s.Policy.AllowedCIDRs) > 0 && !slices.ContainsFunc(s.Policy.AllowedCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }) {
+	if external && !slices.ContainsFunc(s.Policy.AllowedCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }) {
+		if len(s.Policy.AllowedCIDRs) == 0 {
+			return ExternalIPsOffReason
+		}
 		return fmt.Sprintf("outside externalIPs.allowedCIDRs %v", s.Policy.AllowedCIDRs)
 	}
 	if !s.Policy.AllowNodeIPs && s.NodeAddrs[a] {

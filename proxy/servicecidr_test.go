@@ -23,7 +23,7 @@ func TestSyncFollowsServiceCIDRs(t *testing.T) {
 	cidrsOf := func() []netip.Prefix {
 		var out []netip.Prefix
 		for _, e := range p.fams[cluster.IPv4].rs.Base.Elements {
-			if e.Set == dataplane.SetServiceCIDRs {
+			if e.Set == SetServiceCIDRs {
 				out = append(out, e.Prefix)
 			}
 		}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
 // The fixture: one node ("node1", zone-a) of a dual-stack cluster, and a set of Services covering every
@@ -428,29 +429,29 @@ func TestTraceErrors(t *testing.T) {
 		want string
 	}{
 		{"unknown match kind", func(f *dataplane.Flat) {
-			c := f.Chains[dataplane.ChainServices]
+			c := f.Chains[tablenames.ChainServices]
 			c.Rules = append([]dataplane.Rule{{Matches: []dataplane.Match{{Kind: 200}}, Action: dataplane.Action{Kind: dataplane.ActDrop}}}, c.Rules...)
 		}, "unknown match kind 200"},
 		{"unknown action kind", func(f *dataplane.Flat) {
-			c := f.Chains[dataplane.ChainServices]
+			c := f.Chains[tablenames.ChainServices]
 			c.Rules = append([]dataplane.Rule{{Action: dataplane.Action{Kind: 200}}}, c.Rules...)
 		}, "unknown action kind 200"},
-		{"missing set", func(f *dataplane.Flat) { delete(f.Sets, dataplane.SetClusterCIDRs) }, `missing set "cluster-cidrs"`},
-		{"set of the wrong kind", func(f *dataplane.Flat) { f.Sets[dataplane.MapServiceIPs].Kind = dataplane.KindAddr }, `set "service-ips" has kind`},
+		{"missing set", func(f *dataplane.Flat) { delete(f.Sets, SetClusterCIDRs) }, `missing set "cluster-cidrs"`},
+		{"set of the wrong kind", func(f *dataplane.Flat) { f.Sets[tablenames.MapServiceIPs].Kind = dataplane.KindAddr }, `set "service-ips" has kind`},
 		{"missing chain", func(f *dataplane.Flat) {
-			c := f.Chains[dataplane.ChainServices]
+			c := f.Chains[tablenames.ChainServices]
 			c.Rules = append([]dataplane.Rule{{Action: dataplane.Action{Kind: dataplane.ActJump, Chain: "nowhere"}}}, c.Rules...)
 		}, `missing chain "nowhere"`},
 		{"dnat in a filter chain", func(f *dataplane.Flat) {
-			c := f.Chains[dataplane.ChainFilterPreroutingPreDNAT]
-			c.Rules = append([]dataplane.Rule{{Action: dataplane.Action{Kind: dataplane.ActJump, Chain: dataplane.ChainServices}}}, c.Rules...)
+			c := f.Chains[tablenames.ChainFilterPreroutingPreDNAT]
+			c.Rules = append([]dataplane.Rule{{Action: dataplane.Action{Kind: dataplane.ActJump, Chain: tablenames.ChainServices}}}, c.Rules...)
 		}, "the kernel only allows it in nat chains"},
 		{"jump loop", func(f *dataplane.Flat) {
-			c := f.Chains[dataplane.ChainServices]
-			c.Rules = append([]dataplane.Rule{{Action: dataplane.Action{Kind: dataplane.ActJump, Chain: dataplane.ChainServices}}}, c.Rules...)
+			c := f.Chains[tablenames.ChainServices]
+			c.Rules = append([]dataplane.Rule{{Action: dataplane.Action{Kind: dataplane.ActJump, Chain: tablenames.ChainServices}}}, c.Rules...)
 		}, "nested jumps"},
 		{"unknown verdict", func(f *dataplane.Flat) {
-			els := f.Elements[dataplane.MapServiceIPs]
+			els := f.Elements[tablenames.MapServiceIPs]
 			for i := range els {
 				els[i].Verdict = 9
 			}
@@ -482,13 +483,13 @@ func TestTraceErrors(t *testing.T) {
 // kernel's lookup fails and the packet falls through. The tracer must show those branches.
 func TestTraceMissingEndpointIndex(t *testing.T) {
 	f := trFlat(t, cluster.IPv4, false, trFixture())
-	els := f.Elements[dataplane.MapEndpoints][:0:0]
-	for _, e := range f.Elements[dataplane.MapEndpoints] {
+	els := f.Elements[MapEndpoints][:0:0]
+	for _, e := range f.Elements[MapEndpoints] {
 		if !(e.Addr == netip.MustParseAddr("10.96.0.10") && e.Port == 80 && e.Index == 1) {
 			els = append(els, e)
 		}
 	}
-	f.Elements[dataplane.MapEndpoints] = els
+	f.Elements[MapEndpoints] = els
 	res := dataplane.Trace(f, trHost, dataplane.Packet{Src: netip.MustParseAddr(podHere), Dst: netip.MustParseAddr("10.96.0.10"), Proto: dataplane.ProtoTCP, Port: 80})
 	if diff := cmp.Diff("10.244.1.10:8080, REJECT", res.String()); diff != "" {
 		t.Errorf("(-want +got):\n%s\n%s", diff, res.Explain())
@@ -549,7 +550,7 @@ func TestTraceAffinitySteps(t *testing.T) {
 	if aff == nil {
 		t.Fatal("no chain with an affinity DNAT")
 	}
-	c := *f.Chains[dataplane.ChainFilterPreroutingPreDNAT]
+	c := *f.Chains[tablenames.ChainFilterPreroutingPreDNAT]
 	c.Rules = append([]dataplane.Rule{{Action: dataplane.Action{Kind: dataplane.ActJump, Chain: aff.Name}}}, c.Rules...)
 	f.Chains[c.Name] = &c
 	res = dataplane.Trace(f, trHost, dataplane.Packet{Src: netip.MustParseAddr(podHere), Dst: netip.MustParseAddr("10.96.0.19"), Proto: dataplane.ProtoTCP, Port: 80})

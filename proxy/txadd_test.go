@@ -34,7 +34,7 @@ func TestFullSyncAddedElements(t *testing.T) {
 		}
 		// The same parts diffed the way incremental syncs do (elements listed, counted in a map).
 		eagerTx := &dataplane.Tx{}
-		eager := dataplane.NewDiff(eagerTx, dataplane.DiffOptions{})
+		eager := dataplane.NewDiff(eagerTx, dataplane.DiffOptions{Sharable: sharableSets})
 		for _, part := range tx.AddedParts() {
 			eager.Part(nil, part)
 		}

@@ -52,7 +52,8 @@ func (o ObjectRef) String() string { return o.Kind + " " + o.Namespace + "/" + o
 //
 // An advertisement with serviceSelectors (MetalLB v0.16) covers only the Services they select.
 // Prefixes are the IP with the advertisement's aggregationLength(V6) (default /32, /128);
-// advertisements of the same prefix are merged (highest localPref, union of communities and peers).
+// advertisements of the same prefix are merged (highest localPref and asPathPrepend, union of
+// communities and peers).
 // BGPPeer fields vipgate does not implement are reported as Problems (the peer is used without them,
 // or not at all when they replace its address or AS number), never silently ignored.
 func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecision, []Problem) {
@@ -207,6 +208,9 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 						byPrefix[pfx] = a
 					}
 					a.LocalPref = max(a.LocalPref, ad.Spec.LocalPref)
+					// asPathPrepend (MetalLB v0.16.2): as localPref, the highest of the
+					// advertisements of the prefix (MetalLB refuses overlapping ones that differ).
+					a.ASPathPrepend = max(a.ASPathPrepend, ad.Spec.AsPathPrepend)
 					for _, c := range ad.Spec.Communities {
 						v := c
 						if alias, ok := communities[c]; ok {
@@ -223,6 +227,9 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 					}
 					d.Owner = in.Self
 					d.Reason = "advertised by BGP"
+					if n := ad.Spec.AsPathPrepend; n > 0 {
+						d.Reason += fmt.Sprintf(" (BGPAdvertisement %s: AS path prepended %d times towards eBGP peers)", ad.Name, n)
+					}
 				}
 				decisions = append(decisions, d)
 			}

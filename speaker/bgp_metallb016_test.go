@@ -123,6 +123,8 @@ func TestBGPPeerV016Fields(t *testing.T) {
 		peer("v015", func(*metallbv1beta2.BGPPeerSpec) {}),
 		peer("local-asn", func(s *metallbv1beta2.BGPPeerSpec) { s.LocalASN = 65010; s.Address = "192.0.2.2" }),
 		peer("dual", func(s *metallbv1beta2.BGPPeerSpec) {
+			// disableMP is deprecated in v0.16.2 (in favour of dualStackAddressFamily), still read.
+			//lint:ignore SA1019 a user's object may still set it
 			s.Address, s.DualStackAddressFamily, s.Interface, s.DisableMP = "192.0.2.3", true, "eth1", true
 		}),
 		peer("unnumbered", func(s *metallbv1beta2.BGPPeerSpec) { s.Address, s.Interface = "", "eth1" }),

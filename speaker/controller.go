@@ -64,9 +64,9 @@ type Membership interface {
 	// View is the membership over all of this node's segments (Total alone is read: the "no
 	// other speakers known" warning).
 	View() View
-	// SegmentViews are the views of this node's segments by L2Segment.Key (the segment's digest,
-	// which the membership also puts on the wire: see segmentKey).
-	SegmentViews() map[uint64]View
+	// SegmentViews are the views of this node's segments by L2Segment.Key (SegmentKey of the
+	// segment's members).
+	SegmentViews() map[string]View
 }
 
 // View is what the speaker reads of one evaluation of the membership.
@@ -263,7 +263,7 @@ func (c *Controller) Recompute() {
 		return
 	}
 	var view View
-	var segViews map[uint64]View
+	var segViews map[string]View
 	if m := c.opts.Members; m != nil {
 		view = m.View()
 		segViews = m.SegmentViews()
@@ -522,8 +522,13 @@ func (c *Controller) VIPs() []VIPStatus {
 	defer c.mu.Unlock()
 	out := make([]VIPStatus, 0, len(c.decisions)+len(c.bgpDecisions))
 	for _, d := range c.decisions {
+		reason := d.Reason
+		if d.Preference != "" {
+			// preferredNodeSelectors: how the owner was chosen (MetalLB v0.16.2).
+			reason = strings.TrimPrefix(reason+"; "+d.Preference, "; ")
+		}
 		out = append(out, VIPStatus{IP: d.IP, Service: d.Service, Mode: "l2", Announcer: d.Owner,
-			Announced: d.Owner == c.opts.Self && len(d.Interfaces) > 0, Reason: d.Reason})
+			Announced: d.Owner == c.opts.Self && len(d.Interfaces) > 0, Reason: reason})
 	}
 	var peers []string
 	if c.bgp != nil {

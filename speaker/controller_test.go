@@ -186,13 +186,13 @@ func (m *fakeMembers) View() View {
 	return m.view(slices.Compact(all))
 }
 
-func (m *fakeMembers) SegmentViews() map[uint64]View {
+func (m *fakeMembers) SegmentViews() map[string]View {
 	m.mu.Lock()
 	segs := slices.Clone(m.segs)
 	m.mu.Unlock()
-	out := map[uint64]View{}
+	out := map[string]View{}
 	for _, s := range segs {
-		out[segmentKey(s)] = m.view(s)
+		out[SegmentKey(s)] = m.view(s)
 	}
 	return out
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	metallbv1beta1 "go.universe.tf/metallb/api/v1beta1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vipgate/vipgate/cluster"
 )
@@ -35,7 +36,7 @@ type L2Input struct {
 	// gets no owner here (the segment's members decide it among themselves). Without: Live, one
 	// membership for every IP.
 	Segments     []L2Segment
-	SegmentViews map[uint64]View
+	SegmentViews map[string]View
 	// Owners, if set, keeps the owners between calls so that a membership change does not hash
 	// every candidate for every IP again (OwnerCache); the owners are the same with or without it.
 	Owners *OwnerCache
@@ -53,7 +54,7 @@ type Link struct {
 }
 
 // ExcludedNames are the interface names MetalLB's speaker leaves out of "all interfaces" by default
-// (v0.16.1: the metallb-excludel2 ConfigMap of its manifests, announcedInterfacesToExclude),
+// (v0.16.2, unchanged since v0.16.1: the metallb-excludel2 ConfigMap of its manifests, announcedInterfacesToExclude),
 // followed by vipgate's additions: other CNIs' host-side devices, never a node's uplink. Where a
 // MetalLB user edited that ConfigMap, the L2Advertisement names the interfaces instead.
 var ExcludedNames = []*regexp.Regexp{
@@ -100,6 +101,10 @@ type VIPDecision struct {
 	// unsolicited NA): the named ones, and for an advertisement naming none the preferred ones —
 	// those whose subnet holds the IP, else every interface it is answered on.
 	Announce []string
+	// Preference says how the L2Advertisements' preferredNodeSelectors (MetalLB v0.16.2) weighed
+	// in the owner ("" when none has any): the owner's score, or that no preferred node is a
+	// candidate and the hash chose among the others. Shown in /status; never a problem.
+	Preference string
 	// Reason explains why the IP is not announced, or not from every interface asked for
 	// ("" when all is well). Problem says the reason is a configuration error worth a warning,
 	// not a normal state such as "no ready endpoint".
@@ -123,6 +128,11 @@ const ExcludeFromLBLabel = "node.kubernetes.io/exclude-from-external-load-balanc
 //   - The owner is the candidate with the lowest sha256(node "#" IP) (rendezvous hashing): every
 //     member computes the same owner from the same inputs, IPs spread evenly over the candidates,
 //     and when one goes away only its IPs move.
+//   - preferredNodeSelectors (MetalLB v0.16.2) come first: a candidate's score is the sum of the
+//     weights of the preferences that match it, over the advertisements of the IP that make it
+//     eligible; the candidates with the highest score are ordered by the hash, the others never
+//     win while one of them is a candidate. When no preferred node is a candidate (all dead, or
+//     none eligible), the hash orders every candidate, as without preferences.
 //
 // An IP that several Services share (allow-shared-ip) gets one owner: the candidates of all of them.
 func DecideL2(in L2Input) (owned map[netip.Addr][]string, decisions []VIPDecision) {
@@ -291,15 +301,10 @@ func DecideL2(in L2Input) (owned map[netip.Addr][]string, decisions []VIPDecisio
 			emit()
 			continue
 		}
-		if !anyLocal && narrowed {
-			d.Owner = rendezvousOwner(cands, ip)
-		} else if !anyLocal {
-			// The pool's candidates as they are: the cache keeps their owners between calls.
-			if pc.owners == nil {
-				pc.owners = owners.set(pc.key, pc.cands)
-			}
-			d.Owner = pc.owners.owner(ip, owners.gen)
-		} else {
+		// preferredNodeSelectors (MetalLB v0.16.2): the candidates with the highest summed weight
+		// come first, the hash orders the rest; none preferred, the hash alone (the cache).
+		final := cands
+		if anyLocal {
 			if len(us) > 1 {
 				// Shared with an eTP=Cluster Service: every candidate of the pool.
 				for _, u := range us {
@@ -309,6 +314,23 @@ func DecideL2(in L2Input) (owned map[netip.Addr][]string, decisions []VIPDecisio
 					}
 				}
 			}
+			final = candidates
+		}
+		scores, prefs := preferredScores(svcAds, st, final)
+		if prefs {
+			d.Preference = preferenceNote(scores, final)
+		}
+		if scores != nil {
+			d.Owner = rendezvousOwner(topScored(final, scores), ip)
+		} else if !anyLocal && narrowed {
+			d.Owner = rendezvousOwner(cands, ip)
+		} else if !anyLocal {
+			// The pool's candidates as they are: the cache keeps their owners between calls.
+			if pc.owners == nil {
+				pc.owners = owners.set(pc.key, pc.cands)
+			}
+			d.Owner = pc.owners.owner(ip, owners.gen)
+		} else {
 			d.Owner = rendezvousOwner(candidates, ip)
 		}
 		switch {
@@ -327,6 +349,77 @@ func DecideL2(in L2Input) (owned map[netip.Addr][]string, decisions []VIPDecisio
 		emit()
 	}
 	return owned, decisions
+}
+
+// preferredScores is MetalLB v0.16.2's preference score of each candidate (its config
+// preferredNodeScores summed over the Service's advertisements by the speaker's
+// preferredScoresFor): for every advertisement whose nodeSelectors make the candidate eligible,
+// the weights of its preferredNodeSelectors whose preference matches the candidate's labels (an
+// empty preference matches every node). scores is nil when no candidate scores above zero; prefs
+// says whether some advertisement has preferredNodeSelectors at all. A weight outside 1-100 or a
+// preference that does not parse counts for nothing (cluster refuses such an advertisement).
+func preferredScores(ads []*metallbv1beta1.L2Advertisement, st *cluster.State, cands map[string]bool) (scores map[string]int64, prefs bool) {
+	for _, ad := range ads {
+		if len(ad.Spec.PreferredNodeSelectors) == 0 {
+			continue
+		}
+		prefs = true
+		for n, ok := range cands {
+			if !ok {
+				continue
+			}
+			l := nodeLabels(st, n)
+			if !selects(ad.Spec.NodeSelectors, l) {
+				continue
+			}
+			for _, p := range ad.Spec.PreferredNodeSelectors {
+				if p.Weight < 1 || p.Weight > 100 || !selects([]metav1.LabelSelector{p.Preference}, l) {
+					continue
+				}
+				if scores == nil {
+					scores = map[string]int64{}
+				}
+				scores[n] += int64(p.Weight)
+			}
+		}
+	}
+	return scores, prefs
+}
+
+// topScored returns the candidates with the highest score.
+func topScored(cands map[string]bool, scores map[string]int64) map[string]bool {
+	var top int64
+	for n, ok := range cands {
+		if ok {
+			top = max(top, scores[n])
+		}
+	}
+	out := map[string]bool{}
+	for n, ok := range cands {
+		if ok && scores[n] == top {
+			out[n] = true
+		}
+	}
+	return out
+}
+
+// preferenceNote words VIPDecision.Preference.
+func preferenceNote(scores map[string]int64, cands map[string]bool) string {
+	live := 0
+	for _, ok := range cands {
+		if ok {
+			live++
+		}
+	}
+	if scores == nil {
+		return fmt.Sprintf("preferredNodeSelectors: no preferred node is a live eligible candidate; owner by hash among %d", live)
+	}
+	top := topScored(cands, scores)
+	var w int64
+	for n := range top {
+		w = scores[n]
+	}
+	return fmt.Sprintf("preferredNodeSelectors: owner among the %d of %d candidates with the top weight %d", len(top), live, w)
 }
 
 // rendezvousOwner returns the candidate with the lowest sha256(node "#" ip), "" if there is none:

@@ -1,9 +1,6 @@
 package speaker
 
 import (
-	"cmp"
-	"crypto/sha256"
-	"encoding/binary"
 	"slices"
 	"strings"
 
@@ -28,9 +25,10 @@ const WitnessLabel = "vipgate.io/l2-witness"
 // L2Segment is one L2 membership: the speakers that some L2Advertisement covering its pools can
 // select (nodeSelectors; not labelled ExcludeFromLBLabel), witnesses included.
 type L2Segment struct {
-	// Key identifies the segment on the wire and in Membership.SegmentViews: the digest of
-	// Members (segmentKey).
-	Key uint64
+	// Key identifies the segment in Membership.SegmentViews: its Members (SegmentKey). The
+	// membership puts its own digest of them on the wire; cmd/vipgate's adapter keys the views it
+	// gives by this.
+	Key string
 	// Members are the segment's speakers, sorted.
 	Members []string
 	// Pools are the IPAddressPools ("namespace/name", sorted) whose VIPs the segment decides.
@@ -40,7 +38,7 @@ type L2Segment struct {
 // L2Segments groups the IPAddressPools that have an L2Advertisement by the speakers that can
 // announce them. speakers are the nodes running a speaker (members with an address); a speaker
 // without a Node object has only its hostname label. A pool whose advertisements select no speaker
-// has no segment (its VIPs have no candidate). The result is sorted by Key and is the same on every
+// has no segment (its VIPs have no candidate). The result is sorted by Members and is the same on every
 // node that sees the same State and speakers.
 //
 // Cost: O(pools × speakers × advertisements) label matches, the selectors parsed once per
@@ -53,7 +51,7 @@ func L2Segments(st *cluster.State, speakers []string) []L2Segment {
 	slices.Sort(sp)
 	sp = slices.Compact(sp)
 	sels := newSelectorCache()
-	byKey := map[uint64]*L2Segment{}
+	byKey := map[string]*L2Segment{}
 	for _, pool := range st.MetalLB.IPAddressPools {
 		ads := l2AdsFor(st.MetalLB.L2Advertisements, pool)
 		if len(ads) == 0 {
@@ -68,7 +66,7 @@ func L2Segments(st *cluster.State, speakers []string) []L2Segment {
 		if len(members) == 0 {
 			continue
 		}
-		key := segmentKey(members)
+		key := SegmentKey(members)
 		g := byKey[key]
 		if g == nil {
 			g = &L2Segment{Key: key, Members: members}
@@ -81,18 +79,13 @@ func L2Segments(st *cluster.State, speakers []string) []L2Segment {
 		slices.Sort(g.Pools)
 		out = append(out, *g)
 	}
-	slices.SortFunc(out, func(a, b L2Segment) int { return cmp.Compare(a.Key, b.Key) })
+	slices.SortFunc(out, func(a, b L2Segment) int { return slices.Compare(a.Members, b.Members) })
 	return out
 }
 
-// segmentKey is a segment's digest: the first 8 bytes of sha256 over its sorted members joined by
-// newlines. The membership protocol carries the same digest in its heartbeats and keys its
-// SegmentViews by it (membership.SegmentKey, which must stay equal to this: it is on the wire, so
-// nodes of different versions agree; cmd/vipgate's tests check the two match).
-func segmentKey(sorted []string) uint64 {
-	h := sha256.Sum256([]byte(strings.Join(sorted, "\n")))
-	return binary.BigEndian.Uint64(h[:8])
-}
+// SegmentKey is a segment's key (L2Segment.Key): its sorted members joined by newlines. A member
+// name is a Node name, which holds no newline.
+func SegmentKey(sorted []string) string { return strings.Join(sorted, "\n") }
 
 // SegmentsOf lists the member lists of the segments that hold self (what Membership.SetSegments
 // takes).

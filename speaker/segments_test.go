@@ -44,8 +44,8 @@ func TestL2Segments(t *testing.T) {
 	type seg struct{ Members, Pools string }
 	var gotS []seg
 	for _, g := range got {
-		if g.Key != segmentKey(g.Members) {
-			t.Errorf("segment %v: key %x is not the digest of its members", g.Members, g.Key)
+		if g.Key != SegmentKey(g.Members) {
+			t.Errorf("segment %v: key %q is not its members'", g.Members, g.Key)
 		}
 		gotS = append(gotS, seg{strings.Join(g.Members, ","), strings.Join(g.Pools, ",")})
 	}
@@ -79,8 +79,8 @@ func TestDecideL2Segments(t *testing.T) {
 	w := segWorld().svc("in-a", false, []string{"192.0.2.10"}, "n1", "n2").svc("in-b", false, []string{"198.51.100.10"}, "n4").
 		svc("in-ab", false, []string{"203.0.113.10"}, "n1").svc("local-a", true, []string{"192.0.2.70"}, "n3", "n6")
 	segs := L2Segments(w.st, segSpeakers)
-	keyOf := func(members string) uint64 { return segmentKey(strings.Split(members, ",")) }
-	views := map[uint64]View{
+	keyOf := func(members string) string { return SegmentKey(strings.Split(members, ",")) }
+	views := map[string]View{
 		// n3 is silent in rack a; in the big segment everyone but the witness is a candidate (it is
 		// ready and heard, but never announces).
 		keyOf("n1,n2,n3,w1"):       {Candidates: map[string]bool{"n1": true, "n2": true, "w1": true}},

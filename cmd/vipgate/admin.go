@@ -24,7 +24,10 @@ import (
 // The admin endpoint of `vipgate node`, on metricsBindAddress (127.0.0.1:10249 by default, as
 // kube-proxy's metrics): /metrics for Prometheus and /status, the JSON that `vipgate status` prints.
 // /healthz and /livez stay on healthzBindAddress (healthcheck.ProxyHealthServer), where kubelet and
-// load balancers expect them.
+// load balancers expect them. On a node it also answers what kube-proxy answers on its metrics port
+// for tools and tests that look there (setProxyMode): /proxyMode, the mode as plain text
+// ("nftables": upstream e2e's ProxyMode reads it to choose its expectations), and /healthz, "ok"
+// while the process serves (kube-proxy installs the apiserver's ping check there).
 
 var (
 	nodeRegOnce sync.Once
@@ -110,8 +113,14 @@ type adminServer struct {
 	vips   vipLister
 	// warnings are more sources of Warnings (the Kubernetes source's caches not synced).
 	warnings []func() []string
-	endpoint healthcheck.Endpoint
+	// proxyMode is what /proxyMode answers ("" on a gateway: 404).
+	proxyMode string
+	endpoint  healthcheck.Endpoint
 }
+
+// NodeProxyMode is the kube-proxy mode `vipgate node` stands in for: its dataplane is nftables,
+// with kube-proxy's nftables mode's semantics.
+const NodeProxyMode = "nftables"
 
 // newAdminServer creates the admin endpoint and the dataplane metrics on reg. base holds the fields
 // that never change (node, table, source, version).
@@ -148,6 +157,8 @@ func (a *adminServer) Start() error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
 	mux.HandleFunc("/status", a.serveStatus)
+	mux.HandleFunc("/proxyMode", a.serveProxyMode)
+	mux.HandleFunc("/healthz", a.serveHealthzPing)
 	bound, err := a.endpoint.Start(a.addr.String(), mux, a.log, "admin endpoint")
 	if err != nil {
 		return fmt.Errorf("starting admin endpoint: %w", err)
@@ -216,6 +227,44 @@ func (a *adminServer) snapshot() NodeStatus {
 		st.Warnings = append(st.Warnings, w()...)
 	}
 	return st
+}
+
+// setProxyMode makes /proxyMode answer mode and /healthz "ok", as kube-proxy's metrics port does.
+func (a *adminServer) setProxyMode(mode string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.proxyMode = mode
+}
+
+func (a *adminServer) getProxyMode() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.proxyMode
+}
+
+// serveProxyMode answers the mode as kube-proxy does: plain text, no newline.
+func (a *adminServer) serveProxyMode(w http.ResponseWriter, r *http.Request) {
+	mode := a.getProxyMode()
+	if mode == "" {
+		http.NotFound(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	_, _ = fmt.Fprint(w, mode)
+}
+
+// serveHealthzPing is the apiserver library's /healthz with only its ping check, which kube-proxy
+// installs on its metrics port: "ok" while the process serves. The proxy's own health is on
+// healthzBindAddress.
+func (a *adminServer) serveHealthzPing(w http.ResponseWriter, r *http.Request) {
+	if a.getProxyMode() == "" {
+		http.NotFound(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	_, _ = fmt.Fprint(w, "ok")
 }
 
 // addWarnings makes /status list what w returns among its warnings.

@@ -105,6 +105,42 @@ func TestAdminStatusAndMetrics(t *testing.T) {
 	}
 }
 
+// TestAdminProxyMode: the node's admin endpoint answers kube-proxy's /proxyMode (plain text, no
+// newline: what upstream e2e's ProxyMode reads with curl) and the metrics port's ping /healthz; a
+// gateway's (no mode set) answers 404 to both.
+func TestAdminProxyMode(t *testing.T) {
+	a, err := newAdminServer(hclog.NewNullLogger(), netip.MustParseAddrPort("127.0.0.1:0"), prometheus.NewRegistry(), NodeStatus{Node: "node1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	get := func(path string) (int, string, string) {
+		t.Helper()
+		resp, err := http.Get("http://" + a.Addr().String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Content-Type"), string(b)
+	}
+	for _, p := range []string{"/proxyMode", "/healthz"} {
+		if code, _, _ := get(p); code != http.StatusNotFound {
+			t.Errorf("%s without a mode (a gateway): %d, want 404", p, code)
+		}
+	}
+	a.setProxyMode(NodeProxyMode)
+	for p, want := range map[string]string{"/proxyMode": "nftables", "/healthz": "ok"} {
+		code, ct, body := get(p)
+		if code != http.StatusOK || ct != "text/plain; charset=utf-8" || body != want {
+			t.Errorf("%s: %d %q %q, want 200 text/plain %q", p, code, ct, body, want)
+		}
+	}
+}
+
 func TestNodeRegistryIsNotGlobal(t *testing.T) {
 	if prometheus.Registerer(nodeRegistry()) == prometheus.DefaultRegisterer {
 		t.Fatal("nodeRegistry is the global registry")

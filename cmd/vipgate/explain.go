@@ -13,6 +13,7 @@ import (
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/explain"
+	"github.com/vipgate/vipgate/gateway"
 )
 
 // `vipgate explain`: the flags and the printing. The trace and the report are package explain's.
@@ -221,7 +222,7 @@ func writeExplain(w io.Writer, r *explain.Report) {
 			r.SrcPort, m.Slot, m.Slots, m.Map, verb, m.Backend)
 		if m.Routed {
 			// forwarding: route keeps a connection table in front of Maglev (dataplane/gateway_conntable.go).
-			fmt.Fprintf(w, "table:    for a new flow; once seen, the flow keeps its node in @%s while that node serves the VIP port (drained nodes too), whatever the slot says later\n", dataplane.MapGatewayFlows)
+			fmt.Fprintf(w, "table:    for a new flow; once seen, the flow keeps its node in @%s while that node serves the VIP port (drained nodes too), whatever the slot says later\n", gateway.MapGatewayFlows)
 		}
 	}
 	if r.DecidedBy != "" {

@@ -107,6 +107,11 @@ clusterCIDRs: ["10.244.0.0/16", "2001:db8:244::/48"]
 serviceCIDRs: ["10.96.0.0/16", "2001:db8:96::/108"]
 `
 
+// hostileExternalIPs turns externalIPs on everywhere (kube-proxy's behaviour; the default allows
+// none), so that the corpus proves the screens behind the allow-list. A case whose config sets
+// externalIPs itself replaces it.
+const hostileExternalIPs = "externalIPs: {allowedCIDRs: [\"0.0.0.0/0\", \"::/0\"]}\n"
+
 // hostileCase is one hostile object (or pair), what must be refused and why, and the addresses that
 // must not lead to the attacker.
 type hostileCase struct {
@@ -146,7 +151,7 @@ func hostileCorpus() []hostileCase {
 			hostileCase{name: fam + " externalIP on kube-dns's cluster IP", manifests: attacker("aaa-capture", fam, "ext", dns),
 				object: "Service default/aaa-capture", reason: "inside the service CIDR", probes: probe(dns, "53/udp", "53/tcp", "80/tcp")},
 			hostileCase{name: fam + " externalIP on kube-dns's cluster IP, service CIDRs allowed", manifests: attacker("aaa-capture", fam, "ext", dns),
-				config: "externalIPs: {allowClusterCIDRs: true}\n",
+				config: "externalIPs: {allowedCIDRs: [\"0.0.0.0/0\", \"::/0\"], allowClusterCIDRs: true}\n",
 				object: "Service default/aaa-capture", reason: "a cluster IP entry always wins", probes: probe(dns, "53/udp", "53/tcp")},
 			hostileCase{name: fam + " LoadBalancer IP on kube-dns's cluster IP", manifests: attacker("aaa-lb", fam, "lb", dns),
 				object: "Service default/aaa-lb", reason: "inside the service CIDR", probes: probe(dns, "53/udp", "53/tcp", "80/tcp")},
@@ -184,6 +189,14 @@ func hostileCorpus() []hostileCase {
 			pick("10.244.2.66", "2001:db8:244:2::66"), pick("10.244.2.67", "2001:db8:244:2::67"), 1)
 		out = append(out, hostileCase{name: fam + " two externalIP claims, the younger sorts first", manifests: young + old,
 			object: "Service default/aaa-young", reason: "it was created first", probes: probe(vip, "80/tcp")})
+		// KEP-5707: externalIPs are off by default, and outside the allow-list when it is set.
+		out = append(out,
+			hostileCase{name: fam + " externalIP with externalIPs off (the default)", manifests: attacker("aaa-ext", fam, "ext", vip),
+				config: "externalIPs: {}\n", object: "Service default/aaa-ext", reason: "externalIPs are off", probes: probe(vip, "80/tcp")},
+			hostileCase{name: fam + " externalIP outside externalIPs.allowedCIDRs", manifests: attacker("aaa-ext", fam, "ext", vip),
+				config: "externalIPs: {allowedCIDRs: [\"198.51.100.0/24\", \"2001:db8:aa::/64\"]}\n", object: "Service default/aaa-ext",
+				reason: "outside externalIPs.allowedCIDRs", probes: probe(vip, "80/tcp")},
+		)
 		// Issue #27: Services whose cost is a product of their fields (ports x addresses x slots)
 		// are refused as a whole, over the node's serviceLimits; the configured limit is used.
 		cip := pick("10.96.0.203", "2001:db8:96::cb")
@@ -255,7 +268,11 @@ func renderCase(t *testing.T, tc hostileCase) (rejected []cluster.Rejection, log
 		}
 	}
 	cfgPath = filepath.Join(dir, "node1.yaml")
-	if err := os.WriteFile(cfgPath, []byte(hostileNodeConfig+tc.config), 0o644); err != nil {
+	nodeConfig := hostileNodeConfig + tc.config
+	if !strings.Contains(tc.config, "externalIPs:") {
+		nodeConfig += hostileExternalIPs
+	}
+	if err := os.WriteFile(cfgPath, []byte(nodeConfig), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := cluster.LoadNodeConfig(cfgPath)

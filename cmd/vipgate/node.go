@@ -21,7 +21,8 @@ import (
 const nodeHelp = `Usage: vipgate node --config FILE (--manifests DIR | --kubeconfig FILE) [flags]
 
 Programs the network namespace it runs in so that Kubernetes Services work as with kube-proxy in
-nftables mode: ClusterIP, NodePort, LoadBalancer ingress IPs and externalIPs, traffic policies,
+nftables mode: ClusterIP, NodePort, LoadBalancer ingress IPs and externalIPs (only inside the
+config's externalIPs.allowedCIDRs: off by default, KEP-5707), traffic policies,
 session affinity, source ranges. Rules live in the nftables tables "ip vipgate" and "ip6 vipgate"
 (the config's tableName). Stopping vipgate leaves the rules in place, so traffic keeps flowing while
 it restarts; "--cleanup" removes them.
@@ -141,6 +142,8 @@ func runNode(args []string) error {
 		return err
 	}
 	defer stopAdmin()
+	// kube-proxy's /proxyMode (and ping /healthz) on the metrics port.
+	admin.setProxyMode(NodeProxyMode)
 
 	// The runtime (proxy/runtime.go): the Proxier and its sync loop, the health servers, conntrack
 	// cleanup, the log and Events of what is not programmed.

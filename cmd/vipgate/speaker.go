@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"net/netip"
 	"os"
-	"slices"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -20,6 +18,7 @@ import (
 	"github.com/vipgate/vipgate/cluster"
 	"github.com/vipgate/vipgate/cluster/mlbstatus"
 	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/keyreload"
 	"github.com/vipgate/vipgate/l2"
 	"github.com/vipgate/vipgate/membership"
 	"github.com/vipgate/vipgate/speaker"
@@ -128,7 +127,8 @@ func newSpeakerWith(ctx context.Context, o speakerOptions, log hclog.Logger) (*l
 			return nil, err
 		}
 	}
-	ann, err := l2.New(log.Named("l2"), reg, l2.Options{})
+	// speaker.gratuitousARPInterval: MetalLB v0.16.2's periodic gratuitous ARP / unsolicited NA.
+	ann, err := l2.New(log.Named("l2"), reg, l2.Options{Periodic: sc.GratuitousARPInterval})
 	if err != nil {
 		return nil, err
 	}
@@ -166,6 +166,9 @@ func newSpeakerWith(ctx context.Context, o speakerOptions, log hclog.Logger) (*l
 		// The config's 0 means "every segment gossips"; Options' 0 means the default.
 		DirectMembersLimit: membership.DirectMembersLimitOption(sc.DirectMembersLimit),
 		GossipFanout:       sc.GossipFanout,
+		// Agents that start together (docs/migration.md, step 3a) hear each other before either
+		// announces alone: the IPs never visit a node that is not their owner.
+		StartupGrace: membership.DefaultStartupGrace,
 	})
 	switch {
 	case errors.Is(err, membership.ErrNoKey):
@@ -203,7 +206,11 @@ func newSpeakerWith(ctx context.Context, o speakerOptions, log hclog.Logger) (*l
 		s.mem.OnChange(s.ctrl.Recompute)
 		go s.mem.Run(ctx)
 		if keyFile != "" {
-			go s.reloadKeys(ctx, keyFile, keys)
+			// The key file again every memberKeyReload: a rotated Secret takes effect without
+			// a restart; a broken file keeps the old keys.
+			reload := keyreload.Reloader{Path: keyFile, Period: memberKeyReload, Read: readMemberKeys, Apply: s.mem.SetKeys,
+				Log: s.log, Failed: "keeping the previous membership keys", Reloaded: "membership keys reloaded"}
+			go reload.Run(ctx, keys)
 		}
 	}
 	go s.ctrl.Run(ctx)
@@ -225,19 +232,19 @@ func (a l2Adapter) Close() error { return a.a.Close() }
 
 // speakerMembership is the membership protocol as the speaker.Controller's Membership. The speaker
 // declares what it reads (speaker.View: the candidates and the member count) and never imports
-// membership, so this is where the two meet; the segment keys are the same digest on both sides
-// (TestSegmentKeysAgree).
+// membership, so this is where the two meet: the membership's views of the segments (keyed by its
+// wire digest) go to the speaker by the speaker's key, the segment's members.
 type speakerMembership struct{ *membership.Members }
 
 var _ speaker.Membership = speakerMembership{}
 
 func (m speakerMembership) View() speaker.View { return speakerView(m.Members.View()) }
 
-func (m speakerMembership) SegmentViews() map[uint64]speaker.View {
+func (m speakerMembership) SegmentViews() map[string]speaker.View {
 	vs := m.Members.SegmentViews()
-	out := make(map[uint64]speaker.View, len(vs))
-	for k, v := range vs {
-		out[k] = speakerView(v)
+	out := make(map[string]speaker.View, len(vs))
+	for _, v := range vs {
+		out[speaker.SegmentKey(v.Members)] = speakerView(v)
 	}
 	return out
 }
@@ -335,34 +342,6 @@ func (s *l2Speaker) Stop() {
 // readable by others, keys of at least 128 bits).
 func readMemberKeys(path string) ([][]byte, error) {
 	return membership.ReadKeyFile(path)
-}
-
-// reloadKeys reads the key file again every memberKeyReload and hands changed keys to the
-// membership: a rotated Secret takes effect without a restart. A broken file keeps the old keys.
-func (s *l2Speaker) reloadKeys(ctx context.Context, path string, keys [][]byte) {
-	t := time.NewTicker(memberKeyReload)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		next, err := readMemberKeys(path)
-		if err != nil {
-			s.log.Error("keeping the previous membership keys", "err", err)
-			continue
-		}
-		if slices.EqualFunc(keys, next, bytes.Equal) {
-			continue
-		}
-		if err := s.mem.SetKeys(next); err != nil {
-			s.log.Error("keeping the previous membership keys", "err", err)
-			continue
-		}
-		keys = next
-		s.log.Info("membership keys reloaded", "keys", len(keys))
-	}
 }
 
 // hostLinks lists this host's interfaces that are up, with their prefixes and what decides whether

@@ -3,9 +3,14 @@ package main
 import (
 	"flag"
 	"fmt"
+	"maps"
+	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	metallbv1beta1 "go.universe.tf/metallb/api/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -48,18 +53,21 @@ func TestSpeakerFlags(t *testing.T) {
 	}
 }
 
-// TestSegmentKeysAgree: the speaker looks the membership's views up by its L2Segment.Key, and the
-// membership keys them by the digest its heartbeats carry (membership.SegmentKey). The two packages
-// compute it apart (neither imports the other), so here they must agree: otherwise every VIP of a
-// segment would read "this node is not in the IP's L2 segment" and lose its owner.
-func TestSegmentKeysAgree(t *testing.T) {
+// TestSpeakerFindsSegmentViews: the speaker looks the membership's views up by its L2Segment.Key
+// (the segment's members), and the membership keys them by the digest its heartbeats carry
+// (membership.SegmentKey). speakerMembership hands the speaker every view of this node's segments
+// by the speaker's key: otherwise every VIP of a segment would read "this node is not in the IP's
+// L2 segment" and lose its owner.
+func TestSpeakerFindsSegmentViews(t *testing.T) {
 	st := &cluster.State{Nodes: map[string]*cluster.Node{}, MetalLB: &cluster.MetalLBConfig{}}
 	var speakers []string
+	peers := map[string][]netip.Addr{}
 	for i := range 5 {
 		n := fmt.Sprintf("node-%d", i)
 		speakers = append(speakers, n)
-		st.Nodes[n] = &cluster.Node{Name: n, Labels: map[string]string{"rack": fmt.Sprint(i % 2)},
-			Addresses: []netip.Addr{netip.AddrFrom4([4]byte{192, 0, 2, byte(i + 1)})}}
+		addr := netip.AddrFrom4([4]byte{192, 0, 2, byte(i + 1)})
+		st.Nodes[n] = &cluster.Node{Name: n, Labels: map[string]string{"rack": fmt.Sprint(i % 2)}, Addresses: []netip.Addr{addr}}
+		peers[n] = []netip.Addr{addr}
 	}
 	for i, rack := range []string{"", "0", "1"} {
 		name := fmt.Sprintf("pool-%d", i)
@@ -77,9 +85,32 @@ func TestSegmentKeysAgree(t *testing.T) {
 	if len(segs) != 3 {
 		t.Fatalf("%d segments, want 3 (everyone, rack 0, rack 1): %+v", len(segs), segs)
 	}
+	// A free loopback port: the membership is not run, only given its segments.
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := pc.LocalAddr().(*net.UDPAddr).Port
+	pc.Close()
+	mem, err := membership.New(hclog.NewNullLogger(), "node-0", membership.Options{Port: port, Bind: netip.MustParseAddr("127.0.0.1"), Insecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	adapter := speakerMembership{mem}
+	adapter.SetSegments(peers, speaker.SegmentsOf(segs, "node-0"))
+	views := adapter.SegmentViews()
+	want := 0
 	for _, g := range segs {
-		if k := membership.SegmentKey(g.Members); k != g.Key {
-			t.Errorf("segment %v: the speaker's key %016x, the membership's %016x", g.Members, g.Key, k)
+		if !slices.Contains(g.Members, "node-0") {
+			continue
 		}
+		want++
+		if _, ok := views[g.Key]; !ok {
+			t.Errorf("segment %v: no view by the speaker's key (views: %q)", g.Members, slices.Collect(maps.Keys(views)))
+		}
+	}
+	if len(views) != want {
+		t.Errorf("%d views, want %d (node-0's segments)", len(views), want)
 	}
 }

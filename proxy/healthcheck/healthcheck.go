@@ -8,14 +8,18 @@
 //     default), which kubelet probes and LBs use as a node-level check, and /readyz, vipgate's own,
 //     for the readiness probe.
 //
-// /healthz, /livez and the health checks copy kube-proxy's response bytes and status semantics,
-// because existing LB health checks and monitoring are written against them.
+// /healthz, /livez and the health checks copy kube-proxy's (v1.36) response bytes and status
+// semantics, because existing LB health checks and monitoring are written against them: the JSON
+// body (ProxyHealth: lastUpdated, currentTime, nodeEligible on /healthz, healthy, status per family),
+// 503 when a change waits longer than staleAfter, and on /healthz also while the node is being
+// deleted or tainted ToBeDeletedByClusterAutoscaler (SetNodeEligible).
 //
 // It is a leaf of the node's proxy: it imports cluster (for ServiceKey) and nothing else of vipgate, so
 // that it can be tested and reused without the ruleset code (see dataplane/imports_test.go).
 package healthcheck
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -355,46 +359,91 @@ func (h *ProxyHealthServer) health() (healthy bool, lastUpdated, now time.Time) 
 	return healthy, h.lastUpdated, now
 }
 
-func (h *ProxyHealthServer) serveHealthz(w http.ResponseWriter, _ *http.Request) {
+// ProxyHealth is the body of /healthz, /livez and /readyz: kube-proxy's (v1.36
+// pkg/proxy/healthcheck ProxyHealth) field for field, encoded as kube-proxy encodes it
+// (encoding/json, times in RFC 3339 with nanoseconds, no trailing newline), so that monitoring
+// written against kube-proxy parses it unchanged. Synced is vipgate's, on /readyz only.
+type ProxyHealth struct {
+	// LastUpdated is the last successful sync, or the current time when healthy (kube-proxy's
+	// compatibility rule: older releases reported every sync loop run, so "recent" means healthy).
+	LastUpdated time.Time `json:"lastUpdated"`
+	CurrentTime time.Time `json:"currentTime"`
+	// NodeEligible is set on /healthz only: false while the node is being deleted or tainted
+	// ToBeDeletedByClusterAutoscaler.
+	NodeEligible *bool `json:"nodeEligible,omitempty"`
+	Healthy      bool  `json:"healthy"`
+	// Status is the health per IP family ("IPv4", "IPv6"), present once a sync was programmed.
+	Status map[string]ProxierHealth `json:"status,omitempty"`
+	// Synced is /readyz's: whether a sync was ever programmed.
+	Synced *bool `json:"synced,omitempty"`
+}
+
+// ProxierHealth is one IP family's health in ProxyHealth.Status (kube-proxy's ProxierHealth).
+type ProxierHealth struct {
+	LastUpdated time.Time `json:"lastUpdated"`
+	Healthy     bool      `json:"healthy"`
+}
+
+// proxyFamilies are the families ProxyHealth.Status reports: the node's Proxier programs the ip
+// and the ip6 table in every sync, so both are updated together (kube-proxy keeps one time per
+// family because it runs one proxier per family).
+var proxyFamilies = []string{"IPv4", "IPv6"}
+
+// Health returns the proxy's health as /livez reports it (no node eligibility, lastUpdated the real
+// last sync).
+func (h *ProxyHealthServer) Health() ProxyHealth {
 	healthy, lastUpdated, now := h.health()
+	doc := ProxyHealth{LastUpdated: lastUpdated, CurrentTime: now, Healthy: healthy}
+	if !lastUpdated.IsZero() {
+		doc.Status = make(map[string]ProxierHealth, len(proxyFamilies))
+		for _, f := range proxyFamilies {
+			doc.Status[f] = ProxierHealth{LastUpdated: lastUpdated, Healthy: healthy}
+		}
+	}
+	return doc
+}
+
+// NodeEligible reports what SetNodeEligible last said (true until it is called).
+func (h *ProxyHealthServer) NodeEligible() bool {
 	h.mu.RLock()
-	eligible := h.nodeEligible
-	h.mu.RUnlock()
-	healthy = healthy && eligible
-	lastUpdated = hzWriteStatus(w, healthy, lastUpdated, now)
-	_, _ = fmt.Fprintf(w, `{"lastUpdated": %q,"currentTime": %q, "nodeEligible": %v}`,
-		hzTime(lastUpdated), hzTime(now), eligible)
+	defer h.mu.RUnlock()
+	return h.nodeEligible
+}
+
+func (h *ProxyHealthServer) serveHealthz(w http.ResponseWriter, _ *http.Request) {
+	doc := h.Health()
+	eligible := h.NodeEligible()
+	doc.NodeEligible = &eligible
+	hzWrite(w, doc, doc.Healthy && eligible)
 }
 
 func (h *ProxyHealthServer) serveLivez(w http.ResponseWriter, _ *http.Request) {
-	healthy, lastUpdated, now := h.health()
-	lastUpdated = hzWriteStatus(w, healthy, lastUpdated, now)
-	_, _ = fmt.Fprintf(w, `{"lastUpdated": %q,"currentTime": %q}`, hzTime(lastUpdated), hzTime(now))
+	doc := h.Health()
+	hzWrite(w, doc, doc.Healthy)
 }
 
 func (h *ProxyHealthServer) serveReadyz(w http.ResponseWriter, _ *http.Request) {
-	healthy, lastUpdated, now := h.health()
-	synced := !lastUpdated.IsZero()
-	lastUpdated = hzWriteStatus(w, healthy && synced, lastUpdated, now)
-	_, _ = fmt.Fprintf(w, `{"lastUpdated": %q,"currentTime": %q, "synced": %v}`, hzTime(lastUpdated), hzTime(now), synced)
+	doc := h.Health()
+	synced := !doc.LastUpdated.IsZero()
+	doc.Synced = &synced
+	hzWrite(w, doc, doc.Healthy && synced)
 }
 
-// hzWriteStatus writes the headers and status and returns the lastUpdated to report: when healthy,
-// kube-proxy reports the current time, because older releases did and monitoring relies on "recent".
-func hzWriteStatus(w http.ResponseWriter, healthy bool, lastUpdated, now time.Time) time.Time {
+// hzWrite writes doc with kube-proxy's headers, 200 when ok and 503 otherwise. When ok, lastUpdated
+// is the current time, as kube-proxy reports it (older releases did, and monitoring relies on
+// "recent"); the per-family times stay the real ones.
+func hzWrite(w http.ResponseWriter, doc ProxyHealth, ok bool) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	if !healthy {
+	if !ok {
 		w.WriteHeader(http.StatusServiceUnavailable)
-		return lastUpdated
+	} else {
+		w.WriteHeader(http.StatusOK)
+		doc.LastUpdated = doc.CurrentTime
 	}
-	w.WriteHeader(http.StatusOK)
-	return now
+	out, _ := json.Marshal(doc)
+	_, _ = w.Write(out)
 }
-
-// hzTime formats t as kube-proxy does (time.Time's String), without the monotonic clock reading that
-// kube-proxy leaks into its output.
-func hzTime(t time.Time) string { return t.Round(0).String() }
 
 // Limits of every HTTP server vipgate runs (healthCheckNodePort servers on the node IPs, /healthz,
 // the admin endpoint). The health-check servers answer anyone on the LAN; without limits a client

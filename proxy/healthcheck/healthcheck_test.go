@@ -449,13 +449,63 @@ func TestProxyHealthServer(t *testing.T) {
 		t.Errorf("IsHealthy = false at the end")
 	}
 
-	// The unhealthy body reports the real last update; the healthy one the current time, as kube-proxy.
+	// The bodies, byte for byte as kube-proxy v1.36 writes them (encoding/json of its ProxyHealth):
+	// unhealthy reports the real last update, healthy the current time; /healthz adds nodeEligible,
+	// /livez ignores it; each family's status carries the real last update.
+	h.SetNodeEligible(false)
 	h.QueuedUpdate()
 	clock.Advance(time.Minute)
-	body := hcMustGet(t, http.MethodGet, base+"/livez").Body
-	wantBody := `{"lastUpdated": "2026-01-02 04:05:36 +0000 UTC","currentTime": "2026-01-02 04:06:36 +0000 UTC"}`
-	if diff := cmp.Diff(wantBody, body); diff != "" {
-		t.Errorf("livez body (-want +got):\n%s", diff)
+	bodies := map[string]hcResponse{}
+	for _, p := range []string{"/healthz", "/livez", "/readyz"} {
+		bodies[p] = hcMustGet(t, http.MethodGet, base+p)
+	}
+	fam := `"status":{"IPv4":{"lastUpdated":"2026-01-02T04:05:36Z","healthy":false},"IPv6":{"lastUpdated":"2026-01-02T04:05:36Z","healthy":false}}`
+	want := map[string]hcResponse{
+		"/healthz": {Status: 503, Body: `{"lastUpdated":"2026-01-02T04:05:36Z","currentTime":"2026-01-02T04:06:36Z","nodeEligible":false,"healthy":false,` + fam + `}`},
+		"/livez":   {Status: 503, Body: `{"lastUpdated":"2026-01-02T04:05:36Z","currentTime":"2026-01-02T04:06:36Z","healthy":false,` + fam + `}`},
+		"/readyz":  {Status: 503, Body: `{"lastUpdated":"2026-01-02T04:05:36Z","currentTime":"2026-01-02T04:06:36Z","healthy":false,` + fam + `,"synced":true}`},
+	}
+	for p, w := range want {
+		if got := bodies[p]; got.Status != w.Status || got.Body != w.Body {
+			t.Errorf("%s: %d %s\nwant %d %s", p, got.Status, got.Body, w.Status, w.Body)
+		}
+	}
+	h.Updated()
+	clock.Advance(time.Second)
+	// Healthy but the node still not eligible: /healthz alone fails, says why, and (a 503) reports
+	// the real last update, as kube-proxy; /livez answers 200 with the current time.
+	hz := hcMustGet(t, http.MethodGet, base+"/healthz")
+	wantHz := `{"lastUpdated":"2026-01-02T04:06:36Z","currentTime":"2026-01-02T04:06:37Z","nodeEligible":false,"healthy":true,` +
+		`"status":{"IPv4":{"lastUpdated":"2026-01-02T04:06:36Z","healthy":true},"IPv6":{"lastUpdated":"2026-01-02T04:06:36Z","healthy":true}}}`
+	if hz.Status != 503 || hz.Body != wantHz {
+		t.Errorf("/healthz of a healthy proxy on a node being deleted: %d %s\nwant 503 %s", hz.Status, hz.Body, wantHz)
+	}
+	if lz := hcMustGet(t, http.MethodGet, base+"/livez"); lz.Status != 200 || strings.Contains(lz.Body, "nodeEligible") ||
+		!strings.HasPrefix(lz.Body, `{"lastUpdated":"2026-01-02T04:06:37Z",`) {
+		t.Errorf("/livez of a healthy proxy on a node being deleted: %d %s", lz.Status, lz.Body)
+	}
+}
+
+// TestProxyHealthStartingBody: before the first sync the body has no per-family status (kube-proxy
+// reports only the families that synced) and /readyz says synced false.
+func TestProxyHealthStartingBody(t *testing.T) {
+	logger, _ := hcTestLogger(t)
+	clock := &hcFakeClock{now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	h := NewProxyHealthServer(logger, "127.0.0.1:0", 30*time.Second)
+	h.now = clock.Now
+	if err := h.Start(); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	base := "http://" + h.Addr().String()
+	for p, w := range map[string]hcResponse{
+		"/healthz": {Status: 200, Body: `{"lastUpdated":"2026-01-02T03:04:05Z","currentTime":"2026-01-02T03:04:05Z","nodeEligible":true,"healthy":true}`},
+		"/livez":   {Status: 200, Body: `{"lastUpdated":"2026-01-02T03:04:05Z","currentTime":"2026-01-02T03:04:05Z","healthy":true}`},
+		"/readyz":  {Status: 503, Body: `{"lastUpdated":"0001-01-01T00:00:00Z","currentTime":"2026-01-02T03:04:05Z","healthy":true,"synced":false}`},
+	} {
+		if got := hcMustGet(t, http.MethodGet, base+p); got.Status != w.Status || got.Body != w.Body {
+			t.Errorf("%s: %d %s\nwant %d %s", p, got.Status, got.Body, w.Status, w.Body)
+		}
 	}
 }
 

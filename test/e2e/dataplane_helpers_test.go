@@ -52,7 +52,9 @@ serviceCIDRs: [%s, %q]
 masqueradeAll: false
 healthzBindAddress: "127.0.0.1:10256"
 logLevel: debug
-`, n.Name, n.IPv4, n.IPv6, lab.ClusterCIDRv4, lab.ClusterCIDRv6, lab.ServiceCIDRv4, lab.ServiceCIDRv6)
+`, n.Name, n.IPv4, n.IPv6, lab.ClusterCIDRv4, lab.ClusterCIDRv6, lab.ServiceCIDRv4, lab.ServiceCIDRv6) +
+		// spec.externalIPs are off by default (KEP-5707); the lab's VIP ranges allow them.
+		ndExternalIPsLab
 	if zone != "" {
 		s += "nodeZone: " + zone + "\n"
 	}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -90,11 +91,24 @@ func TestDataplane(t *testing.T) {
 		for _, node := range []string{"node1", "node2"} {
 			dpEventually(t, dpSettleTimeout, node+" /readyz", func() string {
 				code, body, err := d.httpGet(node, "http://127.0.0.1:10256/readyz")
-				if err != nil || code != 200 || !strings.Contains(body, `"synced": true`) {
+				if err != nil || code != 200 || !strings.Contains(body, `"synced":true`) {
 					return fmt.Sprintf("GET /readyz: %d %q %v, want 200 and synced", code, body, err)
 				}
 				return ""
 			})
+			// kube-proxy's HTTP surface: /healthz with its v1.36 JSON fields on the healthz port,
+			// /proxyMode on the metrics port (what upstream e2e reads to know the mode).
+			code, body, err := d.httpGet(node, "http://127.0.0.1:10256/healthz")
+			var hz map[string]any
+			if err == nil {
+				err = json.Unmarshal([]byte(body), &hz)
+			}
+			if err != nil || code != 200 || hz["nodeEligible"] != true || hz["healthy"] != true || hz["lastUpdated"] == nil || hz["currentTime"] == nil {
+				t.Errorf("%s GET /healthz: %d %q %v, want 200 with kube-proxy's fields", node, code, body, err)
+			}
+			if code, body, err := d.httpGet(node, "http://127.0.0.1:10249/proxyMode"); err != nil || code != 200 || body != "nftables" {
+				t.Errorf("%s GET :10249/proxyMode: %d %q %v, want 200 \"nftables\"", node, code, body, err)
+			}
 		}
 	})
 

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/gateway"
 	"github.com/vipgate/vipgate/test/lab"
 )
@@ -134,8 +133,8 @@ func testGatewayConnTable(t *testing.T, forwarding string) {
 			if err != nil || !strings.Contains(out, "fwd ip to") {
 				t.Fatalf("%s: no fast path table (err %v):\n%s", g.Name, err, out)
 			}
-			fastList, _ := l.Exec(g.Name, "nft", "list", "map", "netdev", "vipgate-fwd4", dataplane.MapGatewayFlows)
-			slow, _ := l.Exec(g.Name, "nft", "list", "map", "ip", "vipgate", dataplane.MapGatewayFlows)
+			fastList, _ := l.Exec(g.Name, "nft", "list", "map", "netdev", "vipgate-fwd4", gateway.MapGatewayFlows)
+			slow, _ := l.Exec(g.Name, "nft", "list", "map", "ip", "vipgate", gateway.MapGatewayFlows)
 			flows += strings.Count(fastList, " expires ")
 			if n := strings.Count(slow, " expires "); n > 0 {
 				t.Errorf("%s: %d flows went through the IP stack's table, not the fast path:\n%s", g.Name, n, slow)
@@ -148,9 +147,9 @@ func testGatewayConnTable(t *testing.T, forwarding string) {
 	}
 
 	// The Maglev map of the mode: a node is a backend for new flows while it is in there.
-	maglevMap := dataplane.MapGatewayBackends
+	maglevMap := gateway.MapGatewayBackends
 	if forwarding == "route" {
-		maglevMap = dataplane.MapGatewayRoutes
+		maglevMap = gateway.MapGatewayRoutes
 	}
 	waitMaglev := func(alive []*lab.Node, n *lab.Node, present bool) {
 		t.Helper()
@@ -211,18 +210,18 @@ func testGatewayConnTable(t *testing.T, forwarding string) {
 		for _, g := range gws {
 			// The kernel's gateway-routes is keyed by a mark (vipgate's netlink types), so nft wants
 			// the slot in the packet mark first.
-			gwSh(t, l, g.Name, "nft", "insert", "rule", "ip", "vipgate", dataplane.ChainGatewayRoute,
+			gwSh(t, l, g.Name, "nft", "insert", "rule", "ip", "vipgate", gateway.ChainGatewayRoute,
 				"meta", "mark", "set", "jhash", "ip", "saddr", ".", "th", "sport", ".", "ip", "daddr", ".", "th", "dport", "mod", "1021", "seed", "0x76697067",
-				"dup", "to", "ip", "daddr", ".", "meta", "l4proto", ".", "th", "dport", ".", "meta", "mark", "map", "@"+dataplane.MapGatewayRoutes, "drop",
+				"dup", "to", "ip", "daddr", ".", "meta", "l4proto", ".", "th", "dport", ".", "meta", "mark", "map", "@"+gateway.MapGatewayRoutes, "drop",
 				"comment", `"stateless"`)
-			out, err := l.Exec(g.Name, "nft", "-a", "list", "chain", "ip", "vipgate", dataplane.ChainGatewayRoute)
+			out, err := l.Exec(g.Name, "nft", "-a", "list", "chain", "ip", "vipgate", gateway.ChainGatewayRoute)
 			m := regexp.MustCompile(`"stateless" # handle (\d+)`).FindStringSubmatch(out)
 			if err != nil || m == nil {
 				t.Fatalf("%s: finding the stateless rule: %v\n%s", g.Name, err, out)
 			}
 			name, handle := g.Name, m[1]
 			undo = append(undo, func() {
-				gwSh(t, l, name, "nft", "delete", "rule", "ip", "vipgate", dataplane.ChainGatewayRoute, "handle", handle)
+				gwSh(t, l, name, "nft", "delete", "rule", "ip", "vipgate", gateway.ChainGatewayRoute, "handle", handle)
 			})
 		}
 		return func() {

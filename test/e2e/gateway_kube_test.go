@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/vipgate/vipgate/dataplane"
+	"github.com/vipgate/vipgate/gateway"
 	"github.com/vipgate/vipgate/test/apiserver"
 	"github.com/vipgate/vipgate/test/lab"
 )
@@ -289,8 +289,8 @@ healthCheckInterval: 250ms
 	if fast {
 		// The packets write the connection table of the table that forwarded them: the netdev ones.
 		for _, tb := range []struct{ family, fast, ip string }{{"IPv4", "vipgate-fwd4", "ip"}, {"IPv6", "vipgate-fwd6", "ip6"}} {
-			fastFlows, _ := l.Exec("gw1", "nft", "list", "map", "netdev", tb.fast, dataplane.MapGatewayFlows)
-			ipFlows, _ := l.Exec("gw1", "nft", "list", "map", tb.ip, "vipgate", dataplane.MapGatewayFlows)
+			fastFlows, _ := l.Exec("gw1", "nft", "list", "map", "netdev", tb.fast, gateway.MapGatewayFlows)
+			ipFlows, _ := l.Exec("gw1", "nft", "list", "map", tb.ip, "vipgate", gateway.MapGatewayFlows)
 			if !strings.Contains(fastFlows, " expires ") || strings.Contains(ipFlows, " expires ") {
 				t.Errorf("%s: the flows are not in the fast path's connection table:\nnetdev:\n%s\n%s:\n%s", tb.family, fastFlows, tb.ip, ipFlows)
 			}

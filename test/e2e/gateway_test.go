@@ -14,6 +14,7 @@ import (
 
 	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/maglev"
+	"github.com/vipgate/vipgate/gateway"
 	"github.com/vipgate/vipgate/test/lab"
 )
 
@@ -315,7 +316,7 @@ func gwWaitBackend(t *testing.T, l *lab.Lab, vip string, node netip.Addr, presen
 	start := time.Now()
 	needle := node.String() + " . "
 	for {
-		out, err := l.Exec(lab.RoleLANClient, "nft", "list", "map", "ip", "vipgate", dataplane.MapGatewayBackends)
+		out, err := l.Exec(lab.RoleLANClient, "nft", "list", "map", "ip", "vipgate", gateway.MapGatewayBackends)
 		if err == nil {
 			found := false
 			for _, line := range strings.Split(out, ",") {

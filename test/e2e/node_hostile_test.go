@@ -14,8 +14,9 @@ import (
 )
 
 // TestNodeHostileInput is issue 15's acceptance test on live nodes: a corpus of hostile objects (both
-// families) in the manifest directory of two `vipgate node`s — node1 with the default externalIPs
-// policy, node2 allowing the cluster's ranges so that its conflict resolution, not the policy, has to
+// families) in the manifest directory of two `vipgate node`s — node1 with externalIPs allowed
+// anywhere (kube-proxy's behaviour; they are off by default) but otherwise the default policy, node2
+// allowing the cluster's ranges too so that its conflict resolution, not the policy, has to
 // keep kube-dns's entries — and then hostile files. Real packets show that the victim keeps working
 // and no special address answers; /status shows each hostile object refused alone, with its reason;
 // and after each hostile file the node still applies a normal change.
@@ -28,9 +29,9 @@ func TestNodeHostileInput(t *testing.T) {
 	dir, manifests, _ := ndStartNodes(t, l, bin, func(n *lab.Node) string {
 		body := ndNodeConfig(n, "zone-a")
 		if n.Name == "node2" {
-			body += "externalIPs: {allowClusterCIDRs: true}\n"
+			return body + "externalIPs: {allowedCIDRs: [\"0.0.0.0/0\", \"::/0\"], allowClusterCIDRs: true}\n"
 		}
-		return body
+		return body + ndExternalIPsAny
 	})
 	a1, a2, b1 := l.Pod("a1"), l.Pod("a2"), l.Pod("b1")
 	node1, node2 := l.Node("node1"), l.Node("node2")

@@ -33,7 +33,8 @@ func TestNodeDataplane(t *testing.T) {
 		if n.Name == "node1" {
 			zone = "zone-a"
 		}
-		return ndNodeConfig(n, zone)
+		// The lbc Service's externalIP 203.0.113.20: externalIPs are off by default (KEP-5707).
+		return ndNodeConfig(n, zone) + ndExternalIPsLab
 	})
 	a1, a2, b1 := l.Pod("a1"), l.Pod("a2"), l.Pod("b1")
 	node1 := l.Node("node1")
@@ -268,6 +269,13 @@ func TestNodeDataplane(t *testing.T) {
 		}
 	})
 }
+
+// ndExternalIPsLab turns spec.externalIPs on within the lab's VIP ranges (they are off by default,
+// KEP-5707); append it to ndNodeConfig's config.
+const ndExternalIPsLab = "externalIPs: {allowedCIDRs: [\"203.0.113.0/24\", \"2001:db8:ff::/64\"]}\n"
+
+// ndExternalIPsAny turns spec.externalIPs on everywhere, kube-proxy's behaviour.
+const ndExternalIPsAny = "externalIPs: {allowedCIDRs: [\"0.0.0.0/0\", \"::/0\"]}\n"
 
 func ndNodeConfig(n *lab.Node, zone string) string {
 	ips := fmt.Sprintf("%q", n.IPv4)

@@ -1,4 +1,4 @@
-package dataplane
+package proxy
 
 import (
 	"math/rand/v2"
@@ -6,12 +6,11 @@ import (
 	"testing"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/maglev"
 )
 
-// maxChainNameLen is the longest chain name the kernel takes: NFT_CHAIN_MAXNAMELEN is 256 bytes
-// with the terminating NUL.
-const maxChainNameLen = 255
+// (maxChainNameLen: schema_test.go.)
 
 // TestChainNamePrefixesPrefixFree: no chain-name prefix begins another, the property that makes a
 // name's role its prefix whatever namespace follows it (the old ext-ip- began with ext-).
@@ -80,7 +79,7 @@ func rnDNSLabel(rng *rand.Rand, max int, letterFirst bool) string {
 func TestChainNameRoundTrip(t *testing.T) {
 	seed := uint64(20261124)
 	rng := rand.New(rand.NewPCG(seed, seed))
-	protos := []uint8{ProtoTCP, ProtoUDP, ProtoSCTP}
+	protos := []uint8{dataplane.ProtoTCP, dataplane.ProtoUDP, dataplane.ProtoSCTP}
 	built := 0
 	seen := map[string]ChainName{}
 	check := func(c ChainName) {
@@ -132,15 +131,15 @@ func TestChainNameRoundTrip(t *testing.T) {
 			}
 		}
 	}
-	for _, name := range baseChainOrder {
-		check(ChainName{Role: ChainRoleFixed, Fixed: name})
+	for _, c := range baseChains {
+		check(ChainName{Role: ChainRoleFixed, Fixed: c.name})
 	}
 	t.Logf("seed %d: %d names built, %d distinct, all parse back", seed, built, len(seen))
 
 	// The case that was ambiguous: namespace "ip-web" (an ext- chain) against namespace "web" (a
 	// local-ip- chain) of a Service of the same name and port.
-	a := ChainName{Role: ChainRoleExternal, Service: cluster.ServiceKey{Namespace: "ip-web", Name: "lb"}, Proto: ProtoTCP, Port: 80}
-	b := ChainName{Role: ChainRoleExternalLocalIP, Service: cluster.ServiceKey{Namespace: "web", Name: "lb"}, Proto: ProtoTCP, Port: 80}
+	a := ChainName{Role: ChainRoleExternal, Service: cluster.ServiceKey{Namespace: "ip-web", Name: "lb"}, Proto: dataplane.ProtoTCP, Port: 80}
+	b := ChainName{Role: ChainRoleExternalLocalIP, Service: cluster.ServiceKey{Namespace: "web", Name: "lb"}, Proto: dataplane.ProtoTCP, Port: 80}
 	if a.String() == b.String() {
 		t.Errorf("%+v and %+v are both %q", a, b, a.String())
 	}

@@ -1,46 +1,35 @@
-package dataplane
+package proxy
 
 import (
-	"fmt"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/vipgate/vipgate/cluster"
+	"github.com/vipgate/vipgate/dataplane"
 	"github.com/vipgate/vipgate/dataplane/maglev"
+	"github.com/vipgate/vipgate/tablenames"
 )
 
-// Names of the fixed chains and sets. They follow kube-proxy's nftables mode where the job is the same,
-// so an operator who knows `nft list table ip kube-proxy` can read `nft list table ip vipgate`.
+// The node's names: the fixed chains and sets of its table besides those it shares with the
+// gateway's (tablenames: base chains, services, masquerading, firewall-check, service-ips,
+// firewall-ips), and the names of its per-Service and shared chains. They follow kube-proxy's
+// nftables mode where the job is the same. The engine names none of them (it is told what it needs
+// as options: DiffOptions.Sharable, ExplainRole, DecodeOptions); ChainReject, the chain a verdict
+// map's reject goes to, is the engine's (dataplane.ChainReject).
 const (
-	ChainFilterPreroutingPreDNAT = "filter-prerouting-pre-dnat"
-	ChainFilterOutputPreDNAT     = "filter-output-pre-dnat"
-	ChainFilterInput             = "filter-input"
-	ChainFilterForward           = "filter-forward"
-	ChainFilterOutput            = "filter-output"
-	ChainNATPrerouting           = "nat-prerouting"
-	ChainNATOutput               = "nat-output"
-	ChainNATPostrouting          = "nat-postrouting"
-
-	ChainServices               = "services"
-	ChainMasquerading           = "masquerading"
 	ChainMarkForMasquerade      = "mark-for-masquerade"
 	ChainServiceEndpointsCheck  = "service-endpoints-check"
 	ChainNodePortEndpointsCheck = "nodeport-endpoints-check"
-	ChainReject                 = "reject-chain"
 	ChainClusterIPsCheck        = "cluster-ips-check"
-	ChainFirewallCheck          = "firewall-check"
 
 	SetClusterIPs          = "cluster-ips"
 	SetNodePortIPs         = "nodeport-ips"
 	SetClusterCIDRs        = "cluster-cidrs"
 	SetServiceCIDRs        = "service-cidrs"
-	MapServiceIPs          = "service-ips"
 	MapServiceNodePorts    = "service-nodeports"
 	MapNoEndpointServices  = "no-endpoint-services"
 	MapNoEndpointNodePorts = "no-endpoint-nodeports"
-	MapFirewallIPs         = "firewall-ips"
 	SetHairpin             = "hairpin-connections"
 	// The endpoint maps: (entry, endpoint index) -> endpoint. "endpoints" holds the endpoint set of the
 	// entry's own traffic policy; "endpoints-cluster" the cluster-wide set that pod and host traffic to an
@@ -51,12 +40,21 @@ const (
 	MapNodePortEndpointsCluster = "nodeport-endpoints-cluster"
 )
 
-func familyOfPrefix(p netip.Prefix) cluster.Family { return cluster.FamilyOf(p.Addr()) }
+// Comments of the per-Service rules, as the rules carry them (the netlink edge writes them into the
+// rule's userdata; RestoreComments puts them back on tables written before that). The fw- chain's
+// is shared with the gateway (tablenames.CommentNotInSourceRanges).
+const (
+	CommentMasquerade        = "masquerade"
+	CommentShortCircuitPods  = "short-circuit pod traffic"
+	CommentMasqueradeLocal   = "masquerade local traffic"
+	CommentShortCircuitLocal = "short-circuit local traffic"
+)
 
 // Chain names. Besides the fixed chains above, a table holds chains of two sorts, and their names
 // say what they are: the chains of one Service port (named after it: <prefix><ns>/<name>/<proto>/<port>,
-// see servicePortName), and the shared endpoint pickers. The names are built and parsed here only;
-// build.go, decode.go and the explain command read them through ChainName and ParseChainName.
+// see tablenames.ServicePortName), and the shared endpoint pickers. The names are built and parsed
+// here only; build.go, pickers.go, comments.go and explain.go read them through ChainName and
+// ParseChainName.
 
 // ChainRole says what a chain of vipgate's table is for.
 type ChainRole uint8
@@ -106,7 +104,7 @@ func (r ChainRole) PerServicePort() bool {
 // ext-ip- and ext-np- once, which an ext- chain of namespace "ip-…" or "np-…" could not be told
 // from; a table that still has them is adopted by deleting them (adopt.go, TestAdoptLegacyChainNames).
 const (
-	prefixFirewall      = "fw-"
+	prefixFirewall      = tablenames.PrefixFirewall
 	prefixExternal      = "ext-"
 	prefixExternalIP    = "local-ip-"
 	prefixExternalNP    = "local-np-"
@@ -148,7 +146,7 @@ func (c ChainName) String() string {
 	case c.Role == ChainRoleFixed:
 		return c.Fixed
 	case c.Role.PerServicePort():
-		return PerPortChain(c.Role, ServicePortName(c.Service, c.Proto, c.Port), c.Policy)
+		return PerPortChain(c.Role, tablenames.ServicePortName(c.Service, c.Proto, c.Port), c.Policy)
 	case c.Role == ChainRolePick:
 		return PickChainFor(c.Algorithm, c.Map, c.Size)
 	case c.Role == ChainRoleMasqPick:
@@ -158,9 +156,7 @@ func (c ChainName) String() string {
 }
 
 // ServicePort spells the Service port of a per-Service chain for people: "ns/name port 80/tcp".
-func (c ChainName) ServicePort() string {
-	return fmt.Sprintf("%s port %d/%s", c.Service, c.Port, ProtoName(c.Proto))
-}
+func (c ChainName) ServicePort() string { return tablenames.ServicePort(c.Service, c.Proto, c.Port) }
 
 // PerPortChain names the chain of role r of the Service port whose servicePortName is port (policy:
 // for affinity and round-robin chains).
@@ -185,11 +181,11 @@ func PerPortChain(r ChainRole, port, policy string) string {
 // isFixedChain says whether name is one of BuildBase's chains.
 func isFixedChain(name string) bool {
 	switch name {
-	case ChainServices, ChainMasquerading, ChainMarkForMasquerade, ChainServiceEndpointsCheck,
-		ChainNodePortEndpointsCheck, ChainReject, ChainClusterIPsCheck, ChainFirewallCheck:
+	case tablenames.ChainServices, tablenames.ChainMasquerading, ChainMarkForMasquerade, ChainServiceEndpointsCheck,
+		ChainNodePortEndpointsCheck, dataplane.ChainReject, ChainClusterIPsCheck, tablenames.ChainFirewallCheck:
 		return true
 	}
-	return slices.Contains(baseChainOrder, name)
+	return slices.ContainsFunc(baseChains, func(c baseChain) bool { return c.name == name })
 }
 
 // ParseChainName takes a chain name of vipgate's node table apart. ok is false for a name vipgate's
@@ -224,7 +220,7 @@ func ParseChainName(name string) (ChainName, bool) {
 				return ChainName{}, false
 			}
 		}
-		if c.Service, c.Proto, c.Port, ok = parseServicePortName(rest); ok {
+		if c.Service, c.Proto, c.Port, ok = tablenames.ParseServicePortName(rest); ok {
 			return c, true
 		}
 	}
@@ -266,34 +262,6 @@ func parsePicker(rest string) (ChainName, bool) {
 	return ChainName{}, false
 }
 
-// parseServicePortName is the inverse of servicePortName.
-func parseServicePortName(s string) (cluster.ServiceKey, uint8, uint16, bool) {
-	parts := strings.Split(s, "/")
-	if len(parts) != 4 || parts[0] == "" || parts[1] == "" {
-		return cluster.ServiceKey{}, 0, 0, false
-	}
-	var proto uint8
-	switch parts[2] {
-	case "tcp":
-		proto = ProtoTCP
-	case "udp":
-		proto = ProtoUDP
-	case "sctp":
-		proto = ProtoSCTP
-	default:
-		p, err := strconv.ParseUint(parts[2], 10, 8)
-		if err != nil {
-			return cluster.ServiceKey{}, 0, 0, false
-		}
-		proto = uint8(p)
-	}
-	port, err := strconv.ParseUint(parts[3], 10, 16)
-	if err != nil || port == 0 {
-		return cluster.ServiceKey{}, 0, 0, false
-	}
-	return cluster.ServiceKey{Namespace: parts[0], Name: parts[1]}, proto, uint16(port), true
-}
-
 // Shared endpoint-picking chains. One chain per (endpoint map, endpoint count) holds the only rule that
 // binds the endpoint map: `dnat to <entry> . numgen random mod N map @map`. Services with the same
 // endpoint count share it, so the number of rules bound to a big map stays at the number of distinct
@@ -325,31 +293,3 @@ func IsPickChain(name string) bool     { return strings.HasPrefix(name, prefixPi
 func MasqTwin(pick string) string      { return prefixMasqPick + strings.TrimPrefix(pick, prefixPick) }
 func PickOfTwin(masq string) string    { return prefixPick + strings.TrimPrefix(masq, prefixMasqPick) }
 func IsMasqPickChain(name string) bool { return strings.HasPrefix(name, prefixMasqPick) }
-
-// chainSafe makes s usable as a field of servicePortName: an nft identifier holds letters, digits and
-// / - _ . only, and / separates the fields. cluster admits only DNS labels as namespaces and names,
-// which pass unchanged.
-func chainSafe(s string) string {
-	return strings.Map(func(r rune) rune {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
-			return r
-		}
-		return '.'
-	}, s)
-}
-
-// ServicePortName is the readable base of a Service port's own chains: ns/name/proto/port.
-func ServicePortName(key cluster.ServiceKey, proto uint8, port uint16) string {
-	return fmt.Sprintf("%s/%s/%s/%d", chainSafe(key.Namespace), chainSafe(key.Name), ProtoName(proto), port)
-}
-
-// Comments of the per-Service rules, as the rules carry them (netlink.go writes them into the rule's
-// userdata; decode.go reads them back, and puts these back on tables written before that).
-const (
-	CommentNotInSourceRanges = "not in loadBalancerSourceRanges"
-	CommentMasquerade        = "masquerade"
-	CommentShortCircuitPods  = "short-circuit pod traffic"
-	CommentMasqueradeLocal   = "masquerade local traffic"
-	CommentShortCircuitLocal = "short-circuit local traffic"
-)
