@@ -197,13 +197,14 @@ image-multiarch:
 
 # test-images: the images the test cluster loads instead of pulling, into bin/images/ (the list is
 # TestImages in deploy/image/images.go): pause (static build of Kubernetes' pause.c), agnhost (plus
-# busybox, curl, OpenBSD nc and dig from Debian), busybox, kube-proxy (with Debian's nft) and
-# CoreDNS (test/coredns). The binaries come from test/cluster/cluster.mk's rules. Needs root the first time to install
+# busybox, curl, OpenBSD nc and dig from Debian), busybox, kube-proxy (with Debian's nft and
+# iptables), CoreDNS (test/coredns), MetalLB's controller and speaker (test/metallb) and Flannel
+# (test/flannel: flanneld and the flannel CNI plugin, for CNI=flannel). The binaries come from test/cluster/cluster.mk's rules. Needs root the first time to install
 # the Debian packages below.
-TEST_IMAGES_PKGS := gcc libc6-dev busybox-static curl wget dash netcat-openbsd bind9-dnsutils
+TEST_IMAGES_PKGS := gcc libc6-dev busybox-static curl wget dash netcat-openbsd bind9-dnsutils iptables
 KUBERNETES_DIR    = $(shell cd test/tools && $(GO) list -m -f '{{.Dir}}' k8s.io/kubernetes)
 
-test-images: $(BIN)/agnhost $(BIN)/coredns $(BIN)/kube-proxy $(BIN)/traefik build
+test-images: $(BIN)/agnhost $(BIN)/coredns $(BIN)/kube-proxy $(BIN)/traefik $(BIN)/flanneld $(BIN)/flannel-cni $(BIN)/metallb-controller $(BIN)/metallb-speaker build
 	@mkdir -p $(BIN)/images
 	@missing=""; for p in $(TEST_IMAGES_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

@@ -115,16 +115,65 @@ func TestImages(bin string) []Spec {
 		},
 		{
 			// The real kube-proxy for the conformance comparison (bin/kube-proxy from test/tools),
-			// with Debian's nft, which its nftables mode runs, and a shell.
+			// with Debian's nft, which its nftables mode runs, Debian's iptables (the nf_tables
+			// variant, Debian's default alternative: iptables, iptables-save, iptables-restore and the
+			// ip6tables ones as links to xtables-nft-multi, with the match and target extensions it
+			// loads at run time), which its iptables mode runs, and a shell.
 			Name:       "registry.k8s.io/kube-proxy:" + version,
 			Entrypoint: []string{"/usr/local/bin/kube-proxy"},
 			Env:        []string{defaultPath},
-			Contents: append([]Content{
+			Contents: append(append([]Content{
 				{Src: filepath.Join(bin, "kube-proxy"), Dst: "/usr/local/bin/kube-proxy", Mode: 0o755},
 				{Src: filepath.Join(bin, "kube-proxy"), Libs: true},
 				{Src: "/usr/sbin/nft", Dst: "/usr/sbin/nft", Mode: 0o755},
 				{Src: "/usr/sbin/nft", Libs: true},
-			}, shell...),
+				// iptables-legacy's lock file lives in /run; the nf_tables variant takes none.
+				{Dst: "/run", Dir: true, Mode: 0o755},
+			}, iptablesNFT()...), shell...),
+		},
+		{
+			// MetalLB's controller (bin/metallb-controller, built by test/metallb from the module
+			// go.universe.tf/metallb v0.16.2). Upstream's image: distroless/static with /controller as
+			// the entrypoint; its manifest runs it as 65534. Manifest: test/cluster/manifests/metallb-native.yaml.
+			Name:       "quay.io/metallb/controller:v0.16.2",
+			Entrypoint: []string{"/controller"},
+			Contents: []Content{
+				{Src: filepath.Join(bin, "metallb-controller"), Dst: "/controller", Mode: 0o755},
+				{Dst: "/etc/passwd", Data: passwd, Mode: 0o644},
+				{Dst: "/etc/group", Data: group, Mode: 0o644},
+				{Dst: "/tmp", Dir: true, Mode: 0o777 | fs.ModeSticky},
+			},
+		},
+		{
+			// MetalLB's speaker (bin/metallb-speaker, the same module), native BGP mode: upstream's
+			// image also carries FRR mode's helpers (frr-metrics, cp-tool, frr-reloader.sh), which
+			// metallb-native.yaml never runs.
+			Name:       "quay.io/metallb/speaker:v0.16.2",
+			Entrypoint: []string{"/speaker"},
+			Contents: []Content{
+				{Src: filepath.Join(bin, "metallb-speaker"), Dst: "/speaker", Mode: 0o755},
+				{Dst: "/etc/passwd", Data: passwd, Mode: 0o644},
+				{Dst: "/etc/group", Data: group, Mode: 0o644},
+				{Dst: "/tmp", Dir: true, Mode: 0o777 | fs.ModeSticky},
+			},
+		},
+		{
+			// Flannel, the CNI of the test cluster's CNI=flannel runs (test/cluster/flannel.go,
+			// manifests/flannel.yaml): flanneld from its Go module (test/flannel, bin/flanneld) at
+			// upstream's /opt/bin/flanneld, with Debian's nft (its nftables mode runs it) and
+			// iptables (it cleans up its iptables rules at start), plus the flannel CNI plugin at
+			// /flannel (bin/flannel-cni, test/flannel/cni), which upstream ships as a second image
+			// (flannel-cni-plugin); the shell's cp installs it on the node.
+			Name:       "ghcr.io/flannel-io/flannel:v0.28.11",
+			Entrypoint: []string{"/opt/bin/flanneld"},
+			Env:        []string{defaultPath},
+			Contents: append(append([]Content{
+				{Src: filepath.Join(bin, "flanneld"), Dst: "/opt/bin/flanneld", Mode: 0o755},
+				{Src: filepath.Join(bin, "flannel-cni"), Dst: "/flannel", Mode: 0o755},
+				{Src: "/usr/sbin/nft", Dst: "/usr/sbin/nft", Mode: 0o755},
+				{Src: "/usr/sbin/nft", Libs: true},
+				{Dst: "/run", Dir: true, Mode: 0o755},
+			}, iptablesNFT()...), shell...),
 		},
 		{
 			// The cluster DNS, built from Go modules by test/coredns (bin/coredns).
@@ -159,6 +208,30 @@ func TestImages(bin string) []Spec {
 			},
 		},
 	}
+}
+
+// iptablesNFT is Debian's iptables package as kube-proxy's iptables mode needs it: xtables-nft-multi
+// with its libraries, the commands kube-proxy runs as links to it, and every extension in the
+// host's xtables directory (libxt_comment, _conntrack, _mark, _statistic, _recent, _addrtype,
+// libipt_MASQUERADE, _DNAT, _REJECT, ...), which it dlopens from the same path.
+func iptablesNFT() []Content {
+	const multi = "/usr/sbin/xtables-nft-multi"
+	cs := []Content{
+		{Src: multi, Dst: multi, Mode: 0o755},
+		{Src: multi, Libs: true},
+	}
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		for _, cmd := range []string{"", "-save", "-restore"} {
+			cs = append(cs, Content{Dst: "/usr/sbin/" + fam + cmd, Link: "xtables-nft-multi"},
+				Content{Dst: "/usr/sbin/" + fam + "-nft" + cmd, Link: "xtables-nft-multi"})
+		}
+	}
+	exts, _ := filepath.Glob("/usr/lib/*-linux-gnu/xtables/*.so")
+	for _, e := range exts {
+		// A few need more libraries than xtables-nft-multi itself (libnetfilter_conntrack, libm).
+		cs = append(cs, Content{Src: e, Dst: e, Mode: 0o644}, Content{Src: e, Libs: true})
+	}
+	return cs
 }
 
 // KubeVersionEnv selects the Kubernetes version the test images are for: kube-proxy's tag and the

@@ -37,18 +37,28 @@ const VipgateNamespace = "vipgate-system"
 var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 func (c *Cluster) installAddons(ctx context.Context) error {
+	if c.Spec.CNI == CNIFlannel {
+		if err := c.installFlannel(ctx); err != nil {
+			return err
+		}
+	}
 	if err := c.applyManifest(ctx, "coredns.yaml", nil); err != nil {
 		return err
 	}
 	switch c.Spec.Proxy {
 	case ProxyKubeProxy:
 		// The manifest names v1.36.3's image; a cluster of another version runs its own kube-proxy.
-		repl := map[string]string{"APISERVER_URL": APIServerURL()}
+		repl := map[string]string{"APISERVER_URL": APIServerURL(), "KUBE_PROXY_MODE": c.Spec.KubeProxyMode}
 		if sv, err := c.Client.Discovery().ServerVersion(); err == nil && sv.GitVersion != "" {
 			repl["registry.k8s.io/kube-proxy:v1.36.3"] = "registry.k8s.io/kube-proxy:" + sv.GitVersion
 		}
 		if err := c.applyManifest(ctx, "kube-proxy.yaml", repl); err != nil {
 			return err
+		}
+		if c.Spec.MetalLB != "" {
+			if err := c.InstallMetalLB(ctx, c.Spec.MetalLB); err != nil {
+				return err
+			}
 		}
 	case ProxyVipgate:
 		if err := c.installMetalLBCRDs(ctx); err != nil {
@@ -127,7 +137,11 @@ func established(crd *unstructured.Unstructured) bool {
 }
 
 // ChartValues are the values the cluster installs vipgate's chart with: the API server's real
-// address (nothing programs the kubernetes Service before vipgate runs), the lab's CIDRs.
+// address (nothing programs the kubernetes Service before vipgate runs), the lab's CIDRs, and
+// externalIPs allowed anywhere: vipgate refuses them by default (KEP-5707), but the upstream
+// [sig-network] Services specs (conformance) expect kube-proxy's behaviour ("should be possible to
+// connect to a service via ExternalIP..." uses 203.0.113.250), so the cluster opts in to every
+// address and the suite keeps seeing kube-proxy's behaviour.
 func ChartValues() string {
 	return fmt.Sprintf(`apiServer:
   host: %s
@@ -136,6 +150,8 @@ node:
   config:
     clusterCIDRs: [%s]
     serviceCIDRs: [%s]
+    externalIPs:
+      allowedCIDRs: ["0.0.0.0/0", "::/0"]
     logFormat: text
 controller:
   replicas: 1

@@ -53,6 +53,14 @@ type Spec struct {
 	Spare int
 	// Proxy is the service proxy: ProxyVipgate (default), ProxyKubeProxy or ProxyNone.
 	Proxy string
+	// KubeProxyMode is kube-proxy's mode with ProxyKubeProxy: KubeProxyNFTables (default, "") or
+	// KubeProxyIPTables.
+	KubeProxyMode string
+	// MetalLB installs the real MetalLB (metallb.go; ProxyKubeProxy only): "" none, MetalLBL2 or
+	// MetalLBBGP (the lab router's BIRD peers with MetalLB's speakers; Cluster.BIRD is set).
+	MetalLB string
+	// CNI is the pod network: CNIBridge (default, "") or CNIFlannel (flannel.go).
+	CNI string
 	// BinDir holds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl,
 	// helmrender and the image tarballs (vipgate-image.tar, images/*.tar). Default: the module's bin/.
 	BinDir string
@@ -84,7 +92,8 @@ type Cluster struct {
 	REST    *rest.Config
 	// Nodes are the worker nodes in order.
 	Nodes []*Node
-	// BIRD is the router's BGP daemon (nil with ProxyNone or ProxyKubeProxy).
+	// BIRD is the router's BGP daemon (nil with ProxyNone, and with ProxyKubeProxy unless
+	// Spec.MetalLB is MetalLBBGP).
 	BIRD *lab.Proc
 	// Gateways are the gateway hosts (Spec.Gateways), in order.
 	Gateways []*Gateway
@@ -137,6 +146,12 @@ func Up(ctx context.Context, spec Spec) (*Cluster, error) {
 	for i := range nodes {
 		nodes[i] = lab.NodeSpec{Name: fmt.Sprintf("node%d", i+1)}
 	}
+	if err := checkProxySpec(&spec); err != nil {
+		return nil, err
+	}
+	if err := checkCNISpec(&spec); err != nil {
+		return nil, err
+	}
 	if spec.Gateways.Count > 0 && spec.Proxy != ProxyVipgate {
 		return nil, errors.New("testcluster: gateways need vipgate as the service proxy (its MetalLB objects)")
 	}
@@ -158,6 +173,9 @@ func Up(ctx context.Context, spec Spec) (*Cluster, error) {
 
 func (c *Cluster) up(ctx context.Context) error {
 	start := time.Now()
+	if err := c.routerHashesL4(); err != nil {
+		return err
+	}
 	if err := c.startControlPlane(ctx); err != nil {
 		return err
 	}
@@ -175,7 +193,7 @@ func (c *Cluster) up(ctx context.Context) error {
 	if err := c.startGateways(ctx); err != nil {
 		return err
 	}
-	c.logf("cluster ready: %d nodes, proxy %s (%.1f s)", len(c.Nodes), c.Spec.Proxy, time.Since(start).Seconds())
+	c.logf("cluster ready: %d nodes, proxy %s, CNI %s (%.1f s)", len(c.Nodes), c.Spec.Proxy, c.Spec.CNI, time.Since(start).Seconds())
 	return nil
 }
 
@@ -264,7 +282,7 @@ func (c *Cluster) waitSystemReady(ctx context.Context) error {
 				return fmt.Errorf("node %s not ready", n.Name)
 			}
 		}
-		for _, ns := range []string{"kube-system", "vipgate-system"} {
+		for _, ns := range []string{"kube-system", "vipgate-system", FlannelNamespace} {
 			pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 			if err != nil {
 				return err

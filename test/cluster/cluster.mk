@@ -22,6 +22,12 @@ K8S_IMAGES     := k8s-images
 VGCLUSTER_BIN  := --bin $(CURDIR)/$(K8S_BIN)
 CONFORMANCE_OUT ?= docs/conformance-$(K8S_VERSION).md
 endif
+# CNI=flannel: the pod network is Flannel (VXLAN) instead of the lab's bridge (test/cluster/flannel.go),
+# for `make cluster` and `make conformance` (whose table then goes to docs/conformance-flannel.md).
+CNI ?=
+ifeq ($(CNI),flannel)
+CONFORMANCE_OUT ?= docs/conformance-flannel.md
+endif
 CONFORMANCE_OUT ?= docs/conformance.md
 K8S_BINS    := $(addprefix $(K8S_BIN)/,$(K8S_CMDS) agnhost e2e.test)
 CLUSTER_APT := containerd runc containernetworking-plugins busybox-static curl gcc libc6-dev util-linux
@@ -29,7 +35,7 @@ CLUSTER_APT := containerd runc containernetworking-plugins busybox-static curl g
 # has no LoadBalancer IPs). `make test` runs a subset, testcluster.CIFocus.
 CONFORMANCE_FOCUS ?= \[sig-network\] (Services|LoadBalancers)
 
-.PHONY: k8s k8s-images cluster-deps cluster cluster-down conformance test-cluster-gateways
+.PHONY: k8s k8s-images cluster-deps cluster cluster-down conformance test-cluster-gateways test-cluster-metallb test-cluster-migration
 
 # k8s builds every Kubernetes binary the cluster and the tests use, in one go build (about 4 minutes
 # on a cold cache, 2 more for e2e.test). Each is rebuilt only when missing.
@@ -50,7 +56,7 @@ $(BIN)/coredns:
 # k8s-images: the images of bin/k8s-<version>/ (test-images writes the default version's): links to
 # bin/'s other files (helmrender, CoreDNS, vipgate's image, ...), pause from that version's pause.c,
 # then TestImages with its kube-proxy, agnhost and busybox tags.
-k8s-images: $(K8S_BIN)/agnhost $(K8S_BIN)/kube-proxy $(BIN)/coredns $(BIN)/helmrender
+k8s-images: $(K8S_BIN)/agnhost $(K8S_BIN)/kube-proxy $(BIN)/coredns $(BIN)/helmrender $(BIN)/flanneld $(BIN)/flannel-cni $(BIN)/metallb-controller $(BIN)/metallb-speaker
 	@mkdir -p $(K8S_BIN)/images
 	@missing=""; for p in $(TEST_IMAGES_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -62,6 +68,22 @@ k8s-images: $(K8S_BIN)/agnhost $(K8S_BIN)/kube-proxy $(BIN)/coredns $(BIN)/helmr
 	gcc -static -O2 -o $(K8S_BIN)/pause \
 		$$(cd $(K8S_TOOLS) && $(GO) list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
 	TEST_IMAGES_K8S_VERSION=$(K8S_VERSION) $(IMAGE_TOOL) test-images --bin $(K8S_BIN) --out $(K8S_BIN)/images
+
+# The real MetalLB's controller and speaker (test/metallb pins v0.16.2), for PROXY=kube-proxy METALLB=...
+$(BIN)/metallb-controller $(BIN)/metallb-speaker &:
+	@mkdir -p $(BIN)
+	cd test/metallb && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(CURDIR)/$(BIN)/metallb-controller go.universe.tf/metallb/controller
+	cd test/metallb && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(CURDIR)/$(BIN)/metallb-speaker go.universe.tf/metallb/speaker
+
+# Flannel's flanneld and its CNI plugin, for CNI=flannel (test/flannel pins flannel v0.28.11,
+# test/flannel/cni the plugin of containernetworking/plugins v0.9.1).
+$(BIN)/flanneld:
+	cd test/flannel && CGO_ENABLED=0 $(GO) build -trimpath \
+		-ldflags '-s -w -X github.com/flannel-io/flannel/pkg/version.Version=v0.28.11' -o $(CURDIR)/$@ ./flanneld
+
+$(BIN)/flannel-cni:
+	cd test/flannel/cni && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(CURDIR)/$@ \
+		github.com/containernetworking/plugins/plugins/meta/flannel
 
 # Traefik, the Ingress controller of the cluster's Ingress test (test/ingress pins it).
 $(BIN)/traefik:
@@ -90,10 +112,13 @@ cluster-deps: deps cluster-apt k8s $(BIN)/coredns $(BIN)/helmrender $(BIN)/vgclu
 # cluster: a real cluster (2 nodes, vipgate from its chart as the only service proxy, BIRD as the
 # router) left running in the background; `make cluster-down` removes it. GATEWAYS=2 puts two gateway
 # hosts in front (test/cluster/gateways.go; GATEWAY_FORWARDING=nodePort|direct|route), vipgate
-# installed from bin/vipgate_*_<arch>.deb (`make deb`) when there is one.
+# installed from bin/vipgate_*_<arch>.deb (`make deb`) when there is one. PROXY=kube-proxy runs the
+# real kube-proxy (KUBE_PROXY_MODE=nftables, the default, or iptables) and, with METALLB=l2 or bgp,
+# the real MetalLB v0.16.2 (test/cluster/metallb.go).
 cluster: cluster-deps
 	$(BIN)/vgcluster up --nodes $(or $(NODES),2) --proxy $(or $(PROXY),vipgate) $(VGCLUSTER_BIN) \
-		--gateways $(or $(GATEWAYS),0) --gateway-forwarding $(or $(GATEWAY_FORWARDING),nodePort)
+		--gateways $(or $(GATEWAYS),0) --gateway-forwarding $(or $(GATEWAY_FORWARDING),nodePort) \
+		--kube-proxy-mode=$(KUBE_PROXY_MODE) --metallb=$(METALLB) --cni=$(CNI)
 
 cluster-down: $(BIN)/vgcluster
 	$(BIN)/vgcluster down
@@ -102,7 +127,7 @@ cluster-down: $(BIN)/vgcluster
 # (nftables mode), each in a fresh cluster built the same way; the comparison table goes to
 # docs/conformance.md.
 conformance: cluster-deps $(K8S_BIN)/e2e.test
-	$(GO) run ./test/cluster/vgcluster conformance --focus '$(CONFORMANCE_FOCUS)' --out $(CONFORMANCE_OUT) $(VGCLUSTER_BIN)
+	$(GO) run ./test/cluster/vgcluster conformance --focus '$(CONFORMANCE_FOCUS)' --out $(CONFORMANCE_OUT) $(VGCLUSTER_BIN) --cni=$(CNI)
 
 # test-cluster-gateways: TestGatewaysInFront in every forwarding mode, and the SNAT pair with conntrack
 # sync, with the long disruptions (1,000 held connections through a gateway package upgrade, a node
@@ -110,3 +135,17 @@ conformance: cluster-deps $(K8S_BIN)/e2e.test
 GATEWAY_MODES ?= route,nodePort+sync,nodePort,direct
 test-cluster-gateways: cluster-deps
 	$(TEST_ENV) VIPGATE_CLUSTER_TESTS=1 VIPGATE_GATEWAY_MODES=$(GATEWAY_MODES) VIPGATE_GATEWAY_DISRUPTIONS=1 $(GO) test -count=1 -timeout 80m -v -run TestGatewaysInFront ./test/cluster/
+
+# test-cluster-migration: TestMigration, docs/migration.md followed on a live cluster under load, on
+# every path (kube-proxy nftables alone; iptables and nftables with MetalLB L2 and BGP), each in a
+# cluster of its own; MIGRATION_PATHS=name,... picks some. make test runs kube-proxy-nftables only.
+MIGRATION_PATHS ?= all
+test-cluster-migration: cluster-deps
+	$(TEST_ENV) VIPGATE_CLUSTER_TESTS=1 VIPGATE_MIGRATION_PATHS=$(MIGRATION_PATHS) $(GO) test -count=1 -timeout 150m -v -run TestMigration ./test/cluster/
+
+# test-cluster-metallb: the real kube-proxy (iptables and nftables mode) with the real MetalLB v0.16.2
+# (l2 and native BGP), a cluster per combination (TestKubeProxyMetalLB, ~6 minutes);
+# METALLB_COMBOS=iptables/bgp picks some. make test leaves it out.
+test-cluster-metallb: cluster-deps
+	$(TEST_ENV) VIPGATE_CLUSTER_TESTS=1 VIPGATE_CLUSTER_SLOW=1 VIPGATE_METALLB_COMBOS=$(METALLB_COMBOS) \
+		$(GO) test -count=1 -timeout 30m -v -run 'TestKubeProxyMetalLB$$' ./test/cluster/

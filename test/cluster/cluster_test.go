@@ -46,7 +46,7 @@ func shared(t *testing.T) *Cluster {
 	sharedOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		sharedCluster, sharedErr = Up(ctx, Spec{Nodes: 2, Logf: logf})
+		sharedCluster, sharedErr = Up(ctx, Spec{Nodes: 2, CNI: specCNI(), Logf: logf})
 	})
 	if sharedErr != nil {
 		t.Fatalf("cluster: %v", sharedErr)

@@ -112,6 +112,9 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		"--service-account-key-file", c.pki.ServiceAccountKey,
 		"--service-account-signing-key-file", c.pki.ServiceAccountKey,
 		"--kubelet-preferred-address-types", "InternalIP",
+		// Webhooks (real MetalLB's, metallb.go) are called at their Service's endpoints, on the
+		// pod network CPNS routes: nothing proxies cluster IPs in CPNS, which is on no node.
+		"--enable-aggregator-routing=true",
 		"--profiling=false",
 		"--v=1",
 	); err != nil {

@@ -72,6 +72,9 @@ func ownClusterSpec(t *testing.T, spec Spec) *Cluster {
 	defer cancel()
 	start := time.Now()
 	spec.Logf, spec.BinDir = logf, os.Getenv(EnvBinDir)
+	if spec.CNI == "" {
+		spec.CNI = specCNI()
+	}
 	c, err := Up(ctx, spec)
 	if err != nil {
 		t.Fatalf("cluster: %v", err)
@@ -93,6 +96,9 @@ func ownClusterSpec(t *testing.T, spec Spec) *Cluster {
 
 // dumpBGP logs BIRD's protocols and log tail and the BGP/BFD lines of every vipgate node pod.
 func dumpBGP(t *testing.T, c *Cluster) {
+	if c.BIRD == nil {
+		return // no router BGP (kube-proxy without MetalLB, or MetalLB in l2 mode)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	out, _ := c.Birdc("show", "protocols")

@@ -20,7 +20,10 @@
 // stand-ins, so the machine's values never change. A node runs containerd (Debian's 1.6, its own
 // root, state and socket, runc with cgroupfs) and the kubelet (cgroup root /<prefix>nodeN in every
 // cgroup v1 hierarchy). Pods get their addresses from the bridge and host-local CNI plugins on the
-// lab's cbr0; the lab routes every node's pod CIDR via that node.
+// lab's cbr0; the lab routes every node's pod CIDR via that node. With Spec.CNI CNIFlannel
+// (`make cluster CNI=flannel`, flannel.go) the nodes lose cbr0 and those routes instead, and
+// Flannel's own DaemonSet (VXLAN backend, nftables mode) connects the pods: flannel.1 in each node's
+// network namespace, routes to the other nodes' pod CIDRs over it, pods on cni0 with MTU 1450.
 //
 // No kube-proxy: Services are vipgate's work, installed from its own Helm chart with the image
 // `make image` built (Spec.Proxy selects kube-proxy instead, for the comparison runs). LoadBalancer

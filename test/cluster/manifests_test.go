@@ -64,7 +64,7 @@ func TestManifestsDecode(t *testing.T) {
 	}
 }
 
-// TestKubeProxyManifest checks the settings E2E-NOTES.md relies on: nftables mode and no conntrack
+// TestKubeProxyManifest checks the settings E2E-NOTES.md relies on: the mode placeholder and no conntrack
 // sysctl writes (every field that defaults to a write is set explicitly to "leave it").
 func TestKubeProxyManifest(t *testing.T) {
 	objs := readManifest(t, filepath.Join("manifests", "kube-proxy.yaml"))
@@ -83,7 +83,8 @@ func TestKubeProxyManifest(t *testing.T) {
 	if err := yaml.UnmarshalStrict([]byte(conf), &kpc); err != nil {
 		t.Fatalf("config.conf: %v", err)
 	}
-	if kpc["kind"] != "KubeProxyConfiguration" || kpc["mode"] != "nftables" || kpc["clusterCIDR"] != "10.244.0.0/16" {
+	// The harness fills in the mode (Spec.KubeProxyMode: nftables or iptables).
+	if kpc["kind"] != "KubeProxyConfiguration" || kpc["mode"] != "KUBE_PROXY_MODE" || kpc["clusterCIDR"] != "10.244.0.0/16" {
 		t.Errorf("config.conf: wrong kind, mode or clusterCIDR: %v", kpc)
 	}
 	ct, _ := kpc["conntrack"].(map[string]any)

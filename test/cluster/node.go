@@ -45,6 +45,11 @@ func (c *Cluster) startNodes(ctx context.Context) error {
 	if err := lab.IPBatch(c.CPNS, routes); err != nil {
 		return err
 	}
+	if c.Spec.CNI == CNIFlannel {
+		if err := c.prepareFlannelHosts(); err != nil {
+			return err
+		}
+	}
 	for _, ln := range c.kubeLabNodes()[:c.Spec.Nodes] {
 		if _, err := c.startNode(ln); err != nil {
 			return err
@@ -147,12 +152,17 @@ func (c *Cluster) writeNodeFiles(n *Node, tars []string) (string, error) {
 	for _, m := range cgroups {
 		cgroupLines = append(cgroupLines, fmt.Sprintf("mkdir -p %s && mount -t cgroup -o %s cgroup %s", m.dir, m.opts, m.dir))
 	}
+	cniBin, cniConf, cniSetup, bridgeConf := c.nodeCNI(n)
 	data := map[string]any{
+		"CNIBinDir":   cniBin,
+		"CNIConfDir":  cniConf,
+		"CNISetup":    cniSetup,
 		"Cgroups":     cgroupLines,
 		"CgroupFS":    cgroupV1,
 		"Name":        n.Name,
 		"Dir":         n.Dir,
 		"NodeIP":      n.Lab.IPv4.String(),
+		"Zone":        NodeZone(n.Lab.Index),
 		"PodCIDR":     n.Lab.PodCIDRv4.String(),
 		"PodGateway":  lab.PodGatewayv4(n.Lab.Index).String(),
 		"RangeStart":  lab.PodIPv4(n.Lab.Index, 1).String(),
@@ -172,6 +182,9 @@ func (c *Cluster) writeNodeFiles(n *Node, tars []string) (string, error) {
 		"kubelet.yaml":                      kubeletConfig,
 		"resolv.conf":                       "nameserver {{.Router}}\n",
 		"node.sh":                           nodeScript,
+	}
+	if !bridgeConf {
+		delete(files, "cni/net.d/10-vipgate-lab.conflist")
 	}
 	for name, text := range files {
 		var buf bytes.Buffer
@@ -222,8 +235,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "{{.Dir}}/cni/net.d"
+    bin_dir = "{{.CNIBinDir}}"
+    conf_dir = "{{.CNIConfDir}}"
 `
 
 const cniConfig = `{
@@ -301,6 +314,7 @@ mount -t tmpfs -o mode=0755 cgroup "{{.CgroupFS}}"
 {{range .Cgroups}}{{.}}
 {{end}}hostname {{.Name}}
 {{range .Sysctls}}if [ -e /proc/sys/{{.}} ]; then f=$D/sysctl/$(echo {{.}} | tr / .); cat /proc/sys/{{.}} > $f; mount --bind $f /proc/sys/{{.}}; fi
+{{end}}{{range .CNISetup}}{{.}}
 {{end}}
 containerd --config $D/containerd.toml >> $D/containerd.log 2>&1 &
 n=0
@@ -311,7 +325,8 @@ done
 {{range .Images}}ctr --address {{$.ContainerdS}} -n k8s.io images import {{.}} > /dev/null
 {{end}}echo "images imported"
 exec {{.Kubelet}} --config $D/kubelet.yaml --kubeconfig $D/kubeconfig --root-dir $D/kubelet \
-  --cert-dir $D/kubelet-pki --hostname-override {{.Name}} --node-ip {{.NodeIP}} --v=1 >> $D/kubelet.log 2>&1
+  --cert-dir $D/kubelet-pki --hostname-override {{.Name}} --node-ip {{.NodeIP}} \
+  --node-labels topology.kubernetes.io/zone={{.Zone}} --v=1 >> $D/kubelet.log 2>&1
 `
 
 // cgroupHierarchies lists the mounted cgroup v1 hierarchies (cpu, memory, name=systemd, ...).

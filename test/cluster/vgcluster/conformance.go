@@ -25,6 +25,7 @@ func conformance(args []string) error {
 	skip := fs.String("skip", `\[Disruptive\]`, "ginkgo skip (Disruptive: the API server here is not a pod, and the kube-proxy restart test restarts kube-proxy's pods)")
 	proxies := fs.String("proxies", "vipgate,kube-proxy", "proxies to compare, in order")
 	nodes := fs.Int("nodes", 3, "worker nodes (one Services test needs 3)")
+	cni := fs.String("cni", "", "pod network of every cluster: bridge (default) or flannel")
 	bin := fs.String("bin", "", "directory of the binaries and images (default: the module's bin/)")
 	out := fs.String("out", "", "markdown file for the comparison table (default: stdout only)")
 	var from multiFlag
@@ -74,7 +75,7 @@ func conformance(args []string) error {
 		if proxy == testcluster.ProxyKubeProxy {
 			f = *kpFocus
 		}
-		res, err := runOne(ctx, testcluster.Spec{Nodes: *nodes, Proxy: proxy, BinDir: *bin, WorkDir: filepath.Join(work, "cluster"), Logf: logf},
+		res, err := runOne(ctx, testcluster.Spec{Nodes: *nodes, Proxy: proxy, CNI: *cni, BinDir: *bin, WorkDir: filepath.Join(work, "cluster"), Logf: logf},
 			f, *skip, work)
 		if err != nil {
 			return fmt.Errorf("%s: %w", proxy, err)
@@ -93,10 +94,14 @@ func conformance(args []string) error {
 	}
 	fmt.Println(table)
 	if *out != "" {
-		header := fmt.Sprintf("# Upstream e2e: `%s`\n\nMeasured %s with `make conformance` (Kubernetes %s, e2e.test of the same version, %d nodes; a fresh cluster per proxy, built the same way; skipped: `%s`).\n\n"+
+		cniNote := ""
+		if *cni != "" && *cni != testcluster.CNIBridge {
+			cniNote = fmt.Sprintf(", pod network %s (`make conformance CNI=%s`)", *cni, *cni)
+		}
+		header := fmt.Sprintf("# Upstream e2e: `%s`\n\nMeasured %s with `make conformance` (Kubernetes %s, e2e.test of the same version, %d nodes%s; a fresh cluster per proxy, built the same way; skipped: `%s`).\n\n"+
 			"- kube-proxy ran `%s`: on its own it allocates and announces no LoadBalancer IPs, so the LoadBalancers tests cannot pass with it and show \"-\".\n"+
 			"- \"skipped\" is the suite's own skip (e.g. a test that needs more nodes or a cloud provider).\n\n",
-			*focus, time.Now().UTC().Format("2006-01-02"), k8sVersion(), *nodes, *skip, *kpFocus)
+			*focus, time.Now().UTC().Format("2006-01-02"), k8sVersion(), *nodes, cniNote, *skip, *kpFocus)
 		if err := os.WriteFile(*out, []byte(header+table+"\n"), 0o644); err != nil {
 			return err
 		}

@@ -2,6 +2,8 @@
 // `make cluster-down`).
 //
 //	vgcluster up [--dir DIR] [--nodes 2] [--proxy vipgate|kube-proxy|none] [--gateways N [--gateway-forwarding MODE]] [--foreground]
+//	             [--kube-proxy-mode nftables|iptables] [--metallb l2|bgp]   (kube-proxy only: its mode, the real MetalLB)
+//	             [--cni bridge|flannel]   (the pod network; flannel: VXLAN, test/cluster/flannel.go)
 //	vgcluster down [--dir DIR]
 //	vgcluster kubectl [--dir DIR] -- ARGS...   (kubectl inside the control plane's namespace)
 //	vgcluster exec [--dir DIR] ROLE -- CMD...  (a command in a lab namespace: client, router, node1, ...)
@@ -87,6 +89,9 @@ func up(args []string) error {
 	foreground := fs.Bool("foreground", false, "run the supervisor in this process")
 	gateways := fs.Int("gateways", 0, "gateway hosts gw1..gwN in front of the cluster (vipgate gateway from bin/vipgate_*.deb)")
 	gwForwarding := fs.String("gateway-forwarding", "nodePort", "the gateways' forwarding: nodePort, direct or route")
+	kpMode := fs.String("kube-proxy-mode", "", "kube-proxy's mode with --proxy kube-proxy: nftables (default) or iptables")
+	metalLB := fs.String("metallb", "", "with --proxy kube-proxy: the real MetalLB in mode l2 or bgp (default: none)")
+	cni := fs.String("cni", "", "pod network: bridge (default) or flannel (VXLAN)")
 	_ = fs.Parse(args)
 	abs, err := filepath.Abs(*dir)
 	if err != nil {
@@ -115,6 +120,7 @@ func up(args []string) error {
 	c, err := testcluster.Up(ctx, testcluster.Spec{
 		Nodes: *nodes, Proxy: *proxy, BinDir: *bin, WorkDir: filepath.Join(*dir, "work"),
 		Values: *values, Logf: logf, Gateways: testcluster.GatewaySpec{Count: *gateways, Forwarding: *gwForwarding},
+		KubeProxyMode: *kpMode, MetalLB: *metalLB, CNI: *cni,
 	})
 	if err != nil {
 		_ = os.WriteFile(filepath.Join(*dir, "failed"), []byte(err.Error()+"\n"), 0o644)
