@@ -240,7 +240,7 @@ func (m *Members) gossipTickLocked(now time.Time) {
 func (m *Members) computeGossipLocked(g *segment) View {
 	c := g.gossip.core
 	v := View{Candidates: make(map[string]bool, len(g.view.Candidates)+1), Total: len(g.sorted), Heard: c.nLive}
-	settled := v.Heard == v.Total || m.settled
+	settled := m.settledLocked(g, v)
 	other := ""
 	if len(g.sorted) == 2 {
 		other = g.sorted[1-g.selfIdx]

@@ -41,9 +41,10 @@ import (
 //     receiver already has, or (after the receiver restarted) does not echo its current run.
 //     Rejected datagrams are counted and never evaluated (members_wire.go, checkLocked).
 //   - A member is *ready* (may announce) only while it has desired state to act on, hears a strict
-//     majority of the segment's members, itself included, and either hears every member or has been
-//     running for Options.StartupGrace (at least DeadAfter; vipgate's agents: 5 s), so that at
-//     start-up it first hears everyone instead of believing it is alone. Its heartbeats carry that
+//     majority of the segment's members, itself included, and hears every member, or has been running
+//     for Options.StartupGrace (at least DeadAfter; vipgate's agents: 5 s), or for DeadAfter after it
+//     heard every member at least once, so that at start-up it first hears everyone instead of
+//     believing it is alone, while a member lost after that is a failure handled at once. Its heartbeats carry that
 //     flag, and a member sends one at once when the flag changes, so its peers hand over or take back
 //     its VIPs within a network round trip instead of a timeout.
 //   - Heartbeats also carry the ready members the sender hears (a bitmap over the sorted member
@@ -102,8 +103,9 @@ type Members struct {
 	counter uint64
 	// since is when the member list first became non-empty (start-up grace, see ready).
 	since time.Time
-	// settled is set once the start-up grace is over.
-	settled bool
+	// settled is set once the start-up grace is over; pastDeadAfter once DeadAfter has passed
+	// since, which settles a segment whose members were all heard at least once (heardAll).
+	settled, pastDeadAfter bool
 	// lastTick is when Run last evaluated on its ticker; graceUntil holds expiry back after this
 	// process itself stalled (see stalled).
 	lastTick, graceUntil time.Time
@@ -152,6 +154,8 @@ type segment struct {
 	heardBy []int32
 	alive   int
 	dirty   bool
+	// heardAll: every member was heard at least once (see settledLocked).
+	heardAll bool
 	// The last evaluated view, and the bitmap of the ready members we vouch for (what our
 	// heartbeats for this segment carry).
 	view  View
@@ -224,7 +228,9 @@ type Options struct {
 	// segment waits before it may announce without them (0 or less than DeadAfter: DeadAfter). It
 	// keeps agents that start a few seconds apart (a migration, a cluster's cold start) from taking
 	// each other's VIPs for the moment between their starts; a member that hears everyone is settled
-	// at once. vipgate's node agent and gateway use DefaultStartupGrace.
+	// at once, and one that heard everyone once is settled after DeadAfter (a member lost then is a
+	// failure: the others take its VIPs at once). vipgate's node agent and gateway use
+	// DefaultStartupGrace.
 	StartupGrace time.Duration
 }
 
@@ -990,10 +996,29 @@ func (m *Members) expireLocked(now time.Time) {
 		}
 	}
 	m.gossipTickLocked(now)
-	if !m.settled && !m.since.IsZero() && now.Sub(m.since) >= max(m.opts.StartupGrace, m.opts.DeadAfter) {
-		m.settled = true
-		m.markAllLocked()
+	if !m.settled && !m.since.IsZero() {
+		age := now.Sub(m.since)
+		if !m.pastDeadAfter && age >= m.opts.DeadAfter {
+			m.pastDeadAfter = true
+			m.markAllLocked()
+		}
+		if age >= max(m.opts.StartupGrace, m.opts.DeadAfter) {
+			m.settled = true
+			m.markAllLocked()
+		}
 	}
+}
+
+// settledLocked says whether segment g is past the start-up grace given its view v: it hears every
+// member now; or the grace is over; or every member was heard at least once and DeadAfter has
+// passed (a member lost after the segment was whole is a failure, not a late start). With
+// StartupGrace at most DeadAfter this is the old rule: whole, or DeadAfter passed.
+func (m *Members) settledLocked(g *segment, v View) bool {
+	if v.Heard == v.Total {
+		g.heardAll = true
+		return true
+	}
+	return m.settled || (g.heardAll && m.pastDeadAfter)
 }
 
 // markAllLocked marks every segment for evaluation (something global changed: willing, settled).
@@ -1080,7 +1105,7 @@ func (m *Members) computeLocked(g *segment) View {
 		return m.computeGossipLocked(g)
 	}
 	v := View{Candidates: make(map[string]bool, len(g.view.Candidates)+1), Total: len(g.sorted), Heard: 1 + g.alive}
-	settled := v.Heard == v.Total || m.settled
+	settled := m.settledLocked(g, v)
 	other := ""
 	if len(g.sorted) == 2 {
 		other = g.sorted[1-g.selfIdx]

@@ -359,4 +359,22 @@ func TestStartupGrace(t *testing.T) {
 	if d := time.Duration(ready) * 25 * time.Millisecond; d < grace {
 		t.Fatalf("n1 and n2 were ready without n3 after %v, before the start-up grace (%v)", d, grace)
 	}
+
+	// A member lost after everyone was heard is a failure, not a late start: once DeadAfter has
+	// passed, the others stay ready without it, within the grace.
+	f := newWireLab(t, Options{StartupGrace: grace}, "n1", "n2", "n3")
+	if f.untilStable(40, 20, f.allHearAll) < 0 {
+		t.Fatal("the members never heard each other")
+	}
+	f.cut = func(from, to string) bool { return from == "n3" || to == "n3" }
+	for i := range 30 {
+		f.step()
+		if !f.hears("n1", "n2") || !f.hears("n2", "n1") {
+			t.Fatalf("n1 and n2 stopped being ready %v after n3 was lost (%v after the start)",
+				time.Duration(i+1)*25*time.Millisecond, time.Duration(f.steps)*25*time.Millisecond)
+		}
+	}
+	if f.hears("n1", "n3") {
+		t.Fatal("n3 still a candidate 750 ms after it was lost")
+	}
 }
