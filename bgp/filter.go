@@ -151,7 +151,17 @@ func (s *Speaker) installFilter(ctx context.Context, p PeerConfig, want map[neti
 // removeFilter deletes a peer's policy and sets. It carries on past errors, so it also cleans up
 // after a partial install (where some objects were never created).
 func (s *Speaker) removeFilter(ctx context.Context, peer string) {
-	name := filterName(peer)
+	err := s.removeExportPolicy(ctx, filterName(peer), api.DefinedType_DEFINED_TYPE_PREFIX, api.DefinedType_DEFINED_TYPE_NEIGHBOR)
+	delete(s.filters, peer)
+	if err != nil {
+		// Usually an object that was never created; nothing to undo.
+		s.log.Debug("removing export filter", "peer", peer, "err", err)
+	}
+}
+
+// removeExportPolicy deletes the global export policy name, its assignment and its defined sets
+// of the given types (all named name), carrying on past errors; it returns the first.
+func (s *Speaker) removeExportPolicy(ctx context.Context, name string, sets ...api.DefinedType) error {
 	var firstErr error
 	note := func(err error) {
 		if err != nil && firstErr == nil {
@@ -164,15 +174,11 @@ func (s *Speaker) removeFilter(ctx context.Context, peer string) {
 		Policies:  []*api.Policy{{Name: name}},
 	}}))
 	note(s.srv.DeletePolicy(ctx, &api.DeletePolicyRequest{Policy: &api.Policy{Name: name}, All: true}))
-	note(s.srv.DeleteDefinedSet(ctx, &api.DeleteDefinedSetRequest{
-		DefinedSet: &api.DefinedSet{DefinedType: api.DefinedType_DEFINED_TYPE_PREFIX, Name: name}, All: true}))
-	note(s.srv.DeleteDefinedSet(ctx, &api.DeleteDefinedSetRequest{
-		DefinedSet: &api.DefinedSet{DefinedType: api.DefinedType_DEFINED_TYPE_NEIGHBOR, Name: name}, All: true}))
-	delete(s.filters, peer)
-	if firstErr != nil {
-		// Usually an object that was never created; nothing to undo.
-		s.log.Debug("removing export filter", "peer", peer, "err", firstErr)
+	for _, t := range sets {
+		note(s.srv.DeleteDefinedSet(ctx, &api.DeleteDefinedSetRequest{
+			DefinedSet: &api.DefinedSet{DefinedType: t, Name: name}, All: true}))
 	}
+	return firstErr
 }
 
 func prefixSet(name string, pfxs []netip.Prefix) *api.DefinedSet {

@@ -156,22 +156,9 @@ func (s *Speaker) installPrepend(ctx context.Context, k prependKey, pfxs map[net
 // created).
 func (s *Speaker) removePrepend(ctx context.Context, k prependKey) {
 	name := k.name()
-	var firstErr error
-	note := func(err error) {
-		if err != nil && firstErr == nil {
-			firstErr = err
-		}
-	}
-	note(s.srv.DeletePolicyAssignment(ctx, &api.DeletePolicyAssignmentRequest{Assignment: &api.PolicyAssignment{
-		Name:      "global",
-		Direction: api.PolicyDirection_POLICY_DIRECTION_EXPORT,
-		Policies:  []*api.Policy{{Name: name}},
-	}}))
-	note(s.srv.DeletePolicy(ctx, &api.DeletePolicyRequest{Policy: &api.Policy{Name: name}, All: true}))
-	note(s.srv.DeleteDefinedSet(ctx, &api.DeleteDefinedSetRequest{
-		DefinedSet: &api.DefinedSet{DefinedType: api.DefinedType_DEFINED_TYPE_PREFIX, Name: name}, All: true}))
+	err := s.removeExportPolicy(ctx, name, api.DefinedType_DEFINED_TYPE_PREFIX)
 	delete(s.prepends, k)
-	if firstErr != nil {
-		s.log.Debug("removing AS path prepend policy", "policy", name, "err", firstErr)
+	if err != nil {
+		s.log.Debug("removing AS path prepend policy", "policy", name, "err", err)
 	}
 }
