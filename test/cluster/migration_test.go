@@ -22,6 +22,7 @@ import (
 	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/vipgate/vipgate/test/apiserver"
 	"github.com/vipgate/vipgate/test/lab"
@@ -40,6 +41,8 @@ import (
 //
 // make test runs the shortest path (kube-proxy in nftables mode, no MetalLB); make
 // test-cluster-migration runs every path (VIPGATE_MIGRATION_PATHS=all, or a comma-separated list).
+// The path kube-proxy-iptables-metallb-l2-rollback migrates and then goes the way back
+// (docs/migration.md, "Roll back to kube-proxy and MetalLB"), measured the same way.
 
 // EnvMigrationPaths selects TestMigration's paths: "" the CI one, "all", or names of migrationPaths.
 const EnvMigrationPaths = "VIPGATE_MIGRATION_PATHS"
@@ -51,6 +54,9 @@ type migrationPath struct {
 	// docs/migration.md, "Only kube-proxy, no MetalLB").
 	spec Spec
 	ci   bool
+	// rollback: after the migration, the way back to kube-proxy and MetalLB (docs/migration.md,
+	// "Roll back to kube-proxy and MetalLB"); L2 paths only.
+	rollback bool
 }
 
 var migrationPaths = []migrationPath{
@@ -59,6 +65,7 @@ var migrationPaths = []migrationPath{
 	{name: "kube-proxy-nftables-metallb-bgp", spec: Spec{Nodes: 2, Proxy: ProxyKubeProxy, MetalLB: MetalLBBGP}},
 	{name: "kube-proxy-nftables-metallb-l2", spec: Spec{Nodes: 2, Proxy: ProxyKubeProxy, MetalLB: MetalLBL2}},
 	{name: "kube-proxy-iptables-metallb-bgp", spec: Spec{Nodes: 2, Proxy: ProxyKubeProxy, KubeProxyMode: KubeProxyIPTables, MetalLB: MetalLBBGP}},
+	{name: "kube-proxy-iptables-metallb-l2-rollback", spec: Spec{Nodes: 2, Proxy: ProxyKubeProxy, KubeProxyMode: KubeProxyIPTables, MetalLB: MetalLBL2}, rollback: true},
 }
 
 // The agent label of docs/migration.md, and its step 3 patch of kube-proxy's and MetalLB's speaker's
@@ -258,6 +265,200 @@ spec:
 	m.rows = append(m.rows, migrationRow{step: "whole migration (held from before step 1)", held: res, gap: m.windows(time.Time{}, time.Now().Add(-1100*time.Millisecond))})
 	m.checkLeftovers(p.spec.KubeProxyMode)
 	m.report(p)
+	if p.rollback {
+		m.rollback(p)
+	}
+}
+
+// rollback is docs/migration.md's "Roll back to kube-proxy and MetalLB" (L2), from where the
+// migration left the cluster: vipgate on every (labelled) node, MetalLB's and kube-proxy's
+// DaemonSets deleted. Measured as the migration is, in its own table.
+func (m *migration) rollback(p migrationPath) {
+	t, ctx, c := m.t, m.ctx, m.c
+	if p.spec.MetalLB != MetalLBL2 {
+		t.Fatalf("the way back is written for MetalLB's L2 mode, path %s has %q", p.name, p.spec.MetalLB)
+	}
+	m.rows = nil
+	t.Logf("=== the way back (load %s)", loadAvg())
+	whole := m.startHolds("whole way back")
+	m.step("R before (vipgate, 10 s)", func() { time.Sleep(10 * time.Second) })
+	m.step("R1 vipgate's controller out, MetalLB's controller in; kube-proxy's DaemonSet and MetalLB's speaker back, kept off labelled nodes", func() {
+		kubectl(t, ctx, c, "-n", VipgateNamespace, "scale", "deployment", "vipgate-controller", "--replicas=0")
+		kubectl(t, ctx, c, "-n", VipgateNamespace, "rollout", "status", "deployment/vipgate-controller", "--timeout=2m")
+		kp := m.manifest("kube-proxy.yaml", map[string]string{"APISERVER_URL": APIServerURL(), "KUBE_PROXY_MODE": p.spec.KubeProxyMode})
+		if sv, err := c.Client.Discovery().ServerVersion(); err == nil && sv.GitVersion != "" {
+			kp = strings.ReplaceAll(kp, "registry.k8s.io/kube-proxy:v1.36.3", "registry.k8s.io/kube-proxy:"+sv.GitVersion)
+		}
+		if _, err := c.Kubectl(ctx, withMigrationAffinity(t, kp), "apply", "-f", "-"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Kubectl(ctx, withMigrationAffinity(t, m.manifest("metallb-native.yaml", nil)), "apply", "--server-side", "--force-conflicts", "-f", "-"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.waitDeployment(ctx, MetalLBNamespace, "controller", 3*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		for _, sel := range []string{"k8s-app=kube-proxy", "app=metallb,component=speaker"} {
+			if pods := m.pods("", sel); len(pods) != 0 {
+				t.Errorf("%s pods on labelled nodes: %v", sel, pods)
+			}
+		}
+	})
+	// The node that answers for the L2 IP now (vipgate's owner: the same one MetalLB's speakers
+	// choose among the same nodes).
+	m.arp.mu.Lock()
+	owner := m.arp.last
+	m.arp.mu.Unlock()
+	var others []string
+	for _, n := range c.Nodes {
+		if n.Name != owner {
+			others = append(others, n.Name)
+		}
+	}
+	// waitProxies waits until no vipgate-node pod is left and kube-proxy and MetalLB's speaker are
+	// ready on want nodes.
+	waitProxies := func(want int) {
+		if err := poll(ctx, 4*time.Minute, func(ctx context.Context) error {
+			if pods := m.pods(VipgateNamespace, "app.kubernetes.io/component=node"); len(pods) != 0 {
+				return fmt.Errorf("vipgate-node pods left: %v", pods)
+			}
+			for _, ds := range []string{"kube-system/kube-proxy", MetalLBNamespace + "/speaker"} {
+				ns, name, _ := strings.Cut(ds, "/")
+				d, err := c.Client.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				if int(d.Status.NumberReady) != want {
+					return fmt.Errorf("%s: %d of %d ready%s", ds, d.Status.NumberReady, want, c.podProblems(ctx, ns, d.Spec.Selector))
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// MetalLB's speaker has no start-up grace: the first one up owns every IP until it hears the
+	// others (measured with the label removed from all nodes at once: the IP moved to the other
+	// node for 3.5 s, 100 of 100 held LoadBalancer connections reset). So its speakers start on the
+	// IP's owner first; vipgate's agents leave every node at once, as they came (a value other than
+	// "true" takes them off and keeps kube-proxy and the speaker off too).
+	m.step("R2 vipgate's agents out (all nodes: label value \"back\")", func() {
+		kubectl(t, ctx, c, "label", "nodes", "--all", "--overwrite", migrationLabel+"=back")
+		if err := poll(ctx, 2*time.Minute, func(ctx context.Context) error {
+			if pods := m.pods(VipgateNamespace, "app.kubernetes.io/component=node"); len(pods) != 0 {
+				return fmt.Errorf("vipgate-node pods left: %v", pods)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	m.step("R2 kube-proxy and MetalLB's speaker in on the IP's owner ("+owner+")", func() {
+		kubectl(t, ctx, c, "label", "node", owner, migrationLabel+"-")
+		waitProxies(1)
+	})
+	m.step("R2 kube-proxy and MetalLB's speaker in on the other nodes", func() {
+		kubectl(t, ctx, c, "label", "nodes", "--all", migrationLabel+"-")
+		start := time.Now()
+		waitProxies(len(c.Nodes))
+		t.Logf("kube-proxy and MetalLB's speaker ready on every node, no vipgate-node, %.1f s after the label went (others: %v)", time.Since(start).Seconds(), others)
+		// kube-proxy must have programmed its rules before vipgate's tables go (R3).
+		for _, n := range c.Nodes {
+			if err := poll(ctx, time.Minute, func(ctx context.Context) error {
+				out, _ := c.Lab.Exec(n.Name, "nft", "list", "ruleset")
+				if !strings.Contains(out, "KUBE-SVC-") {
+					return fmt.Errorf("%s: no KUBE-SVC- chain in nft's view yet", n.Name)
+				}
+				return nil
+			}); err != nil {
+				t.Logf("%v (kube-proxy may use legacy xtables); waiting 10 s instead", err)
+				time.Sleep(10 * time.Second)
+			}
+		}
+		for _, n := range c.Nodes {
+			tables, _ := c.Lab.Exec(n.Name, "nft", "list", "tables")
+			t.Logf("%s after vipgate's agent left: nft tables [%s]", n.Name, strings.Join(strings.Fields(strings.ReplaceAll(tables, "table ", "")), " "))
+		}
+	})
+	m.step("R3 vipgate's nftables tables removed", func() {
+		for _, n := range c.Nodes {
+			out, _ := c.Lab.Exec(n.Name, "sh", "-c", "nft delete table ip vipgate; nft delete table ip6 vipgate")
+			t.Logf("%s: nft delete table ip/ip6 vipgate: %s", n.Name, strings.TrimSpace(out))
+		}
+	})
+	m.step("R4 vipgate uninstalled; the DaemonSets' affinity removed", func() {
+		rendered, err := c.RenderChart()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Kubectl(ctx, rendered, "delete", "--ignore-not-found", "--wait=true", "--timeout=2m", "-f", "-"); err != nil {
+			t.Logf("deleting vipgate's chart objects: %v", err)
+		}
+		for _, ds := range []string{"kube-system/kube-proxy", MetalLBNamespace + "/speaker"} {
+			ns, name, _ := strings.Cut(ds, "/")
+			kubectl(t, ctx, c, "-n", ns, "patch", "ds", name, "--type=merge", "-p", `{"spec":{"template":{"spec":{"affinity":null}}}}`)
+		}
+	})
+	m.step("R after (kube-proxy and MetalLB, 10 s)", func() { time.Sleep(10 * time.Second) })
+	res := m.stopHolds(whole)
+	m.rows = append(m.rows, migrationRow{step: "whole way back (held from before R1)", held: res})
+	for _, n := range c.Nodes {
+		tables, _ := c.Lab.Exec(n.Name, "nft", "list", "tables")
+		t.Logf("%s after the way back: nft tables [%s]", n.Name, strings.Join(strings.Fields(strings.ReplaceAll(tables, "table ", "")), " "))
+		if strings.Contains(tables, "vipgate") {
+			t.Errorf("%s: vipgate's tables left: %s", n.Name, tables)
+		}
+	}
+	left, _ := c.Kubectl(ctx, "", "get", "all", "-n", VipgateNamespace, "-o", "name")
+	t.Logf("vipgate's namespace after the way back: %s", strings.Join(strings.Fields(left), " "))
+	out, _ := c.Kubectl(ctx, "", "get", "pods", "-A", "-o", "wide")
+	t.Logf("pods after the way back:\n%s", out)
+	m.report(migrationPath{name: p.name + " (the way back)"})
+}
+
+// manifest is one of the cluster's add-on manifests with repl's replacements.
+func (m *migration) manifest(name string, repl map[string]string) string {
+	b, err := manifests.ReadFile("manifests/" + name)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	text := string(b)
+	for k, v := range repl {
+		text = strings.ReplaceAll(text, k, v)
+	}
+	return text
+}
+
+// withMigrationAffinity gives every DaemonSet of a manifest step 3's patch (OnDelete, and kept off
+// nodes labelled vipgate.io/node-agent) before it is created: applied and patched after, its pods
+// would start on the labelled nodes first.
+func withMigrationAffinity(t *testing.T, manifest string) string {
+	var patch map[string]any
+	if err := json.Unmarshal([]byte(migrationPatch), &patch); err != nil {
+		t.Fatal(err)
+	}
+	pspec := patch["spec"].(map[string]any)
+	affinity := pspec["template"].(map[string]any)["spec"].(map[string]any)["affinity"]
+	var docs []string
+	for _, doc := range strings.Split(manifest, "\n---") {
+		if !strings.Contains(doc, "kind: DaemonSet") {
+			docs = append(docs, doc)
+			continue
+		}
+		var obj map[string]any
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			t.Fatal(err)
+		}
+		spec := obj["spec"].(map[string]any)
+		spec["updateStrategy"] = map[string]any{"type": "OnDelete"}
+		spec["template"].(map[string]any)["spec"].(map[string]any)["affinity"] = affinity
+		b, err := json.Marshal(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs = append(docs, "\n"+string(b)+"\n")
+	}
+	return strings.Join(docs, "\n---")
 }
 
 // setup deploys the lab server behind a LoadBalancer Service (no IP yet without MetalLB) and a
