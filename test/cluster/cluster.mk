@@ -137,8 +137,9 @@ test-cluster-gateways: cluster-deps
 	$(TEST_ENV) VIPGATE_CLUSTER_TESTS=1 VIPGATE_GATEWAY_MODES=$(GATEWAY_MODES) VIPGATE_GATEWAY_DISRUPTIONS=1 $(GO) test -count=1 -timeout 80m -v -run TestGatewaysInFront ./test/cluster/
 
 # test-cluster-migration: TestMigration, docs/migration.md followed on a live cluster under load, on
-# every path (kube-proxy nftables alone; iptables and nftables with MetalLB L2 and BGP), each in a
-# cluster of its own; MIGRATION_PATHS=name,... picks some. make test runs kube-proxy-nftables only.
+# every path (kube-proxy nftables alone; iptables and nftables with MetalLB L2 and BGP; iptables + L2
+# there and back again, kube-proxy-iptables-metallb-l2-rollback), each in a cluster of its own, ~25
+# minutes in all; MIGRATION_PATHS=name,... picks some. make test runs kube-proxy-nftables only.
 MIGRATION_PATHS ?= all
 test-cluster-migration: cluster-deps
 	$(TEST_ENV) VIPGATE_CLUSTER_TESTS=1 VIPGATE_MIGRATION_PATHS=$(MIGRATION_PATHS) $(GO) test -count=1 -timeout 150m -v -run TestMigration ./test/cluster/
