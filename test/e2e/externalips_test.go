@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -55,31 +53,7 @@ func TestExternalIPsAllowList(t *testing.T) {
 
 	bin := vipgateBinary(t)
 	policy := map[string]string{"node1": "externalIPs: {allowedCIDRs: [\"203.0.113.0/25\"]}\n", "node2": ""}
-	procs := map[string]*lab.Proc{}
-	for _, n := range l.Nodes() {
-		if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{
-			ObjectMeta: metav1.ObjectMeta{Name: n.Name},
-			Status:     corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.IPv4.String()}}},
-		}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		cfg := filepath.Join(t.TempDir(), n.Name+".yaml")
-		if err := os.WriteFile(cfg, []byte(labNodeConfig(n)+policy[n.Name]), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		p, err := l.Start(n.Name, "", append([]string{bin, "node", "--config", cfg, "--kubeconfig", srv.Kubeconfig}, memberKeyArgs(t)...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		procs[n.Name] = p
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			for name, p := range procs {
-				t.Logf("--- vipgate on %s:\n%s", name, p.Tail(30))
-			}
-		}
-	})
+	startKubeNodes(ctx, t, l, srv, bin, func(n *lab.Node) string { return policy[n.Name] })
 
 	srv1, srv2 := l.Pod("srv1"), l.Pod("srv2")
 	if _, err := c.DiscoveryV1().EndpointSlices("default").Create(ctx, &discoveryv1.EndpointSlice{

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -190,28 +188,10 @@ func TestSourceRangesSequenceThroughTheAPI(t *testing.T) {
 	defer func() { ccancel(); <-done }()
 
 	bin := vipgateBinary(t)
-	procs := map[string]*lab.Proc{}
-	for _, n := range l.Nodes() {
-		if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{
-			ObjectMeta: metav1.ObjectMeta{Name: n.Name},
-			Status:     corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.IPv4.String()}}},
-		}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		cfg := filepath.Join(t.TempDir(), n.Name+".yaml")
-		if err := os.WriteFile(cfg, []byte(labNodeConfig(n)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		p, err := l.Start(n.Name, "", append([]string{bin, "node", "--config", cfg, "--kubeconfig", srv.Kubeconfig}, memberKeyArgs(t)...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		procs[n.Name] = p
-	}
+	procs := startKubeNodes(ctx, t, l, srv, bin, nil)
 	t.Cleanup(func() {
 		if t.Failed() {
-			for name, p := range procs {
-				t.Logf("--- vipgate on %s:\n%s", name, p.Tail(30))
+			for name := range procs {
 				out, _ := l.Exec(name, "nft", "list", "table", "ip", "vipgate")
 				t.Logf("--- table ip vipgate on %s:\n%s", name, out)
 			}
