@@ -2,17 +2,13 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
-
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/vipgate/vipgate/test/lab"
 )
@@ -61,35 +57,7 @@ func agnhostRoot(t *testing.T) string {
 	if err := os.WriteFile(filepath.Join(bin, "agnhost"), []byte("#!/bin/sh\necho agnhost \"$@\"\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	var spec *Spec
-	for _, s := range TestImages(bin) {
-		if f, _ := archiveName(s.Name); f == "agnhost.tar" {
-			spec = &s
-		}
-	}
-	if spec == nil {
-		t.Fatal("no agnhost in TestImages")
-	}
-	opts := testOpts
-	opts.Platform.Arch = runtime.GOARCH
-	_, file := build(t, *spec, opts)
-
-	layout := extractArchive(t, file)
-	var index v1.IndexManifest
-	if err := json.Unmarshal(readFile(t, filepath.Join(layout, "index.json")), &index); err != nil {
-		t.Fatal(err)
-	}
-	var manifest v1.Manifest
-	d := index.Manifests[0].Digest
-	if err := json.Unmarshal(readFile(t, filepath.Join(layout, "blobs", d.Algorithm, d.Hex)), &manifest); err != nil {
-		t.Fatal(err)
-	}
-	root := t.TempDir()
-	l := manifest.Layers[0].Digest
-	if out, err := exec.Command("tar", "-xzf", filepath.Join(layout, "blobs", l.Algorithm, l.Hex), "-C", root).CombinedOutput(); err != nil {
-		t.Fatalf("unpacking the layer: %v\n%s", err, out)
-	}
-	return root
+	return unpackTestImage(t, bin, "agnhost.tar")
 }
 
 // TestAgnhostWgetTriesOnce: the image's wget (Debian's GNU wget) makes one attempt, as upstream's
