@@ -99,6 +99,7 @@ fuzz:
 
 # demo: a lab in network namespaces (two nodes running vipgate node, two running vipgate gateway, BIRD as
 # the router), a tour of the Service types and a gateway failover.
+	$(GO) test -run '^$$' -fuzz '^FuzzParseSolicitation$$' -fuzztime 100000x ./l2/
 demo: deps build
 	$(GO) run ./test/demo --vipgate $(CURDIR)/$(BIN)/vipgate --labserver $(CURDIR)/$(BIN)/labserver
 

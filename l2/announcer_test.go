@@ -59,7 +59,7 @@ func (h *fakeHost) seams() seams {
 			in, out := newFakePacketConn(), newFakeNDPConn()
 			h.ndp[ifi.Name] = append(h.ndp[ifi.Name], out)
 			h.ndpIn[ifi.Name] = append(h.ndpIn[ifi.Name], in)
-			return ndpSockets{in: in, out: out}, nil
+			return ndpSockets{frames: in, icmp: out, linkLocal: netip.MustParseAddr("fe80::1")}, nil
 		},
 	}
 }

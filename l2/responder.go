@@ -27,12 +27,10 @@ type responder interface {
 }
 
 // countOutcome records one handled packet in the metrics. Anything that
-// parsed as a question counts as a received request, whatever we did
+// parsed as a valid question counts as a received request, whatever we did
 // with it, so requests_received - replies_sent is what we ignored.
 func countOutcome(m *metrics, iface, family string, r DropReason) {
-	switch r {
-	case DropMalformed, DropNotRequest, DropOwnFrame:
-	default:
+	if r.isRequest() {
 		m.requests.WithLabelValues(iface, family).Inc()
 	}
 	if r != DropNone {
