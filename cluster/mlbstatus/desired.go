@@ -1,4 +1,4 @@
-// Package mlbstatus writes MetalLB's status resources the way MetalLB v0.16.1 does, so that a user's
+// Package mlbstatus writes MetalLB's status resources the way MetalLB v0.16.2 does (as v0.16.1), so that a user's
 // `kubectl get servicel2statuses -A`, `servicebgpstatuses`, `configurationstates` and the
 // IPAddressPool counters look as they do under MetalLB:
 //
@@ -33,7 +33,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// MetalLB's labels (internal/k8s/controllers/values.go and internal/k8s/k8s.go of v0.16.1).
+// MetalLB's labels (internal/k8s/controllers/values.go and internal/k8s/k8s.go of v0.16.2).
 const (
 	LabelAnnounceNode     = "metallb.io/node"
 	LabelServiceName      = "metallb.io/service-name"

@@ -56,7 +56,7 @@ func eventually(t *testing.T, what string, f func() error) {
 }
 
 // TestWriterAgainstAPIServer drives node and controller Writers against a real kube-apiserver with
-// MetalLB v0.16.1's CRDs: missing CRDs are tolerated, then every status resource appears with
+// MetalLB v0.16.2's CRDs: missing CRDs are tolerated, then every status resource appears with
 // MetalLB's names, labels and owner, an L2 status moves to the new owner when the old one is gone,
 // BGP peers change, problems make the ConfigurationState Invalid, and objects go with the Service.
 func TestWriterAgainstAPIServer(t *testing.T) {

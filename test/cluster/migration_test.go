@@ -162,7 +162,7 @@ func testMigration(t *testing.T, p migrationPath) {
 
 	m.step("before (nothing changed, 10 s)", func() { time.Sleep(10 * time.Second) })
 	mlb := p.spec.MetalLB
-	m.step("1 MetalLB's CRDs at v0.16.1", m.applyCRDs)
+	m.step("1 MetalLB's CRDs at v0.16.2", m.applyCRDs)
 	m.step("2 "+map[bool]string{true: "MetalLB's controller out, ", false: ""}[mlb != ""]+"vipgate installed, node agents held back", func() {
 		if mlb != "" {
 			kubectl(t, ctx, c, "-n", "metallb-system", "scale", "deployment", "controller", "--replicas=0")
@@ -660,9 +660,9 @@ func (m *migration) waitBGP(node string) {
 	m.t.Logf("router's session with %s established %.1f s later", node, time.Since(start).Seconds())
 }
 
-// applyCRDs is step 1: MetalLB v0.16.1's config/crd/bases applied server-side over whatever is
+// applyCRDs is step 1: MetalLB v0.16.2's config/crd/bases applied server-side over whatever is
 // installed. The guide fetches them from GitHub; the lab has no internet, and go.mod's MetalLB is
-// v0.16.1, whose files apiserver.MetalLBCRDs reads.
+// v0.16.2, whose files apiserver.MetalLBCRDs reads.
 func (m *migration) applyCRDs() {
 	crds, err := apiserver.MetalLBCRDs(nil)
 	if err != nil {

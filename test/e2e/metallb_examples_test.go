@@ -31,7 +31,7 @@ import (
 	"github.com/vipgate/vipgate/test/routers"
 )
 
-// MetalLB v0.16.1's own example objects, read from the module (go.mod's version) and applied to a
+// MetalLB v0.16.2's own example objects, read from the module (go.mod's version) and applied to a
 // real kube-apiserver unchanged, with vipgate's controller and `vipgate node --kubeconfig` on the
 // lab nodes instead of MetalLB. The examples come from where MetalLB's users copy them:
 //
@@ -131,7 +131,7 @@ const (
 	metallbL2Doc   = "configsamples/simple_pool_adv_l2.yaml"
 )
 
-// metallbExamplesLab is a lab with a kube-apiserver (MetalLB v0.16.1's CRDs), vipgate's controller
+// metallbExamplesLab is a lab with a kube-apiserver (MetalLB v0.16.2's CRDs), vipgate's controller
 // and `vipgate node --kubeconfig` on every node.
 type metallbExamplesLab struct {
 	t   *testing.T

@@ -29,7 +29,7 @@ func mlbGVR(resource string) schema.GroupVersionResource {
 	return schema.GroupVersionResource{Group: "metallb.io", Version: "v1beta1", Resource: resource}
 }
 
-// TestMetalLBStatusResources: vipgate writes MetalLB v0.16.1's status resources through a real
+// TestMetalLBStatusResources: vipgate writes MetalLB v0.16.2's status resources through a real
 // kube-apiserver, with three `vipgate node` processes in network namespaces and the controller:
 // ServiceL2Status (one, on the node that answers ARP for the VIP), ConfigurationState per node and
 // for the controller, IPAddressPool status counters; the ServiceL2Status moves to the new owner when
