@@ -132,6 +132,9 @@ func apiPath(r route, drain bool) (*apiutil.Path, error) {
 		}
 		attrs = append(attrs, bgp.NewPathAttributeLargeCommunities(lc))
 	}
+	if !r.linkBW.IsZero() {
+		attrs = append(attrs, bgp.NewPathAttributeExtendedCommunities([]bgp.ExtendedCommunityInterface{r.linkBW.extCommunity()}))
+	}
 	return &apiutil.Path{Family: family, Nlri: nlri, Attrs: attrs}, nil
 }
 

@@ -97,6 +97,9 @@ type Advertisement struct {
 	// top of the one BGP adds (MetalLB v0.16.2's BGPAdvertisement asPathPrepend, 0-MaxASPathPrepend;
 	// 0: none). See prepend.go.
 	ASPathPrepend uint8
+	// LinkBandwidth is sent as the BGP link bandwidth extended community, for weighted ECMP at the
+	// router (zero: none). See linkbw.go.
+	LinkBandwidth LinkBandwidth
 }
 
 // SessionState is the BGP finite state machine state of a peer.

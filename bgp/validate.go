@@ -121,6 +121,7 @@ type route struct {
 	communities []uint32 // sorted, unique
 	large       [][3]uint32
 	prepend     uint8 // Advertisement.ASPathPrepend
+	linkBW      LinkBandwidth
 	// peers is the sorted set of peer names; nil means every peer.
 	peers []string
 }
@@ -128,7 +129,7 @@ type route struct {
 // sameAttrs reports whether two routes would produce the same BGP path attributes.
 func (r route) sameAttrs(o route) bool {
 	return r.localPref == o.localPref && slices.Equal(r.communities, o.communities) && slices.Equal(r.large, o.large) &&
-		r.prepend == o.prepend
+		r.prepend == o.prepend && r.linkBW == o.linkBW
 }
 
 // equal reports whether nothing about the route changed, peers included.
@@ -163,7 +164,7 @@ func normalizeAds(ads []Advertisement) (map[netip.Prefix]route, error) {
 			continue
 		}
 		if !old.sameAttrs(r) {
-			errs = append(errs, fmt.Errorf("advertisement %s: conflicts with another advertisement of the same prefix (different localPref, communities or AS path prepend)", ad.Prefix))
+			errs = append(errs, fmt.Errorf("advertisement %s: conflicts with another advertisement of the same prefix (different localPref, communities, AS path prepend or link bandwidth)", ad.Prefix))
 			continue
 		}
 		if old.peers == nil || r.peers == nil {
@@ -187,7 +188,10 @@ func toRoute(ad Advertisement) (route, error) {
 	if ad.ASPathPrepend > MaxASPathPrepend {
 		return route{}, fmt.Errorf("AS path prepend %d: at most %d", ad.ASPathPrepend, MaxASPathPrepend)
 	}
-	r := route{prefix: pfx, localPref: ad.LocalPref, prepend: ad.ASPathPrepend}
+	if err := ad.LinkBandwidth.validate(); err != nil {
+		return route{}, err
+	}
+	r := route{prefix: pfx, localPref: ad.LocalPref, prepend: ad.ASPathPrepend, linkBW: ad.LinkBandwidth}
 	for _, c := range ad.Communities {
 		v, err := ParseCommunity(c)
 		if err != nil {
