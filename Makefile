@@ -74,15 +74,18 @@ $(BIN)/staticcheck: test/tools-lint/go.mod test/tools-lint/go.sum
 	@mkdir -p $(BIN)
 	cd test/tools-lint && $(GO) build -o $(CURDIR)/$@ honnef.co/go/tools/cmd/staticcheck
 
-# bpf rebuilds the gateway's NAT fast path program (gateway/natpath/bpf/natpath.c) into the object
-# the Go package embeds, which is committed (a build needs no clang); TestObjectUpToDate checks that
-# the committed object is this build's, byte for byte, where clang is installed (make test installs it).
+# bpf rebuilds the gateway's NAT fast path program (gateway/natpath/bpf/natpath.c) into the objects
+# the Go package embeds, which are committed (a build needs no clang): the tc program, and the same
+# source as an XDP program (-DNATPATH_XDP). TestObjectUpToDate checks that the committed objects are
+# this build's, byte for byte, where clang is installed (make test installs it).
 BPF_CLANG ?= clang-14
 BPF_STRIP ?= llvm-strip-14
 BPF_OUT ?= $(CURDIR)/gateway/natpath/natpath_bpfel.o
+BPF_XDP_OUT ?= $(CURDIR)/gateway/natpath/natpath_xdp_bpfel.o
 bpf:
 	cd gateway/natpath/bpf && $(BPF_CLANG) $(BPF_CFLAGS) -c natpath.c -o $(BPF_OUT)
-	$(BPF_STRIP) -g $(BPF_OUT)
+	cd gateway/natpath/bpf && $(BPF_CLANG) $(BPF_CFLAGS) -DNATPATH_XDP -c natpath.c -o $(BPF_XDP_OUT)
+	$(BPF_STRIP) -g $(BPF_OUT) $(BPF_XDP_OUT)
 BPF_CFLAGS = -O2 -g -target bpf -Wall -Werror -I/usr/include/$(shell gcc -dumpmachine) -fdebug-prefix-map=$(CURDIR)=.
 
 e2e: deps build apiserver

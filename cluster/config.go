@@ -1145,15 +1145,20 @@ type NATFastPath struct {
 	FlowTableSize int
 	// SNATPortMin..SNATPortMax are the ports it masquerades to (0: the default, 61000-65535).
 	SNATPortMin, SNATPortMax uint16
+	// Attach is where its program runs on each device: "auto" (the default, ""): XDP where the
+	// driver runs it natively (not veths, not under VLANs), tc elsewhere; "xdp"; "tc"
+	// (gateway/natpath's AttachMode).
+	Attach string
 }
 
 // natFastPathFile is the gateway file's natFastPath: {enabled: true, devices: [eth0],
-// flowTableSize: 262144, snatPorts: "61000-65535"}.
+// flowTableSize: 262144, snatPorts: "61000-65535", attach: auto}.
 type natFastPathFile struct {
 	Enabled       *bool    `json:"enabled"`
 	Devices       []string `json:"devices"`
 	FlowTableSize *int     `json:"flowTableSize"`
 	SNATPorts     string   `json:"snatPorts"`
+	Attach        string   `json:"attach"`
 }
 
 // DefaultNATFastPath says whether forwarding direct and nodePort use the NAT fast path when the
@@ -1170,7 +1175,7 @@ func parseNATFastPath(f *natFastPathFile, fwd Forwarding) (NATFastPath, error) {
 	if f.Enabled != nil {
 		out.Enabled = *f.Enabled
 	}
-	if !nat && (f.Enabled != nil && out.Enabled || len(f.Devices) > 0 || f.FlowTableSize != nil || f.SNATPorts != "") {
+	if !nat && (f.Enabled != nil && out.Enabled || len(f.Devices) > 0 || f.FlowTableSize != nil || f.SNATPorts != "" || f.Attach != "") {
 		return NATFastPath{}, fmt.Errorf("natFastPath: only with forwarding: %s or %s (route has routeFastPath)", ForwardNodePort, ForwardDirect)
 	}
 	out.Enabled = out.Enabled && nat
@@ -1202,6 +1207,12 @@ func parseNATFastPath(f *natFastPathFile, fwd Forwarding) (NATFastPath, error) {
 			return NATFastPath{}, fmt.Errorf("natFastPath.snatPorts: %q: leave 1,024 ports above 1023 on one side for the flows conntrack masquerades (e.g. 61000-65535)", f.SNATPorts)
 		}
 		out.SNATPortMin, out.SNATPortMax = uint16(a), uint16(b)
+	}
+	switch f.Attach {
+	case "", "auto", "xdp", "tc":
+		out.Attach = f.Attach
+	default:
+		return NATFastPath{}, fmt.Errorf("natFastPath.attach: %q: auto, xdp or tc", f.Attach)
 	}
 	return out, nil
 }

@@ -78,8 +78,8 @@ func TestGatewayConfigNATFastPath(t *testing.T) {
 		{"route, default", "forwarding: route\n", NATFastPath{}},
 		{"route, disabled", "forwarding: route\nnatFastPath: {enabled: false}\n", NATFastPath{}},
 		{"direct, disabled", direct + "natFastPath: {enabled: false}\n", NATFastPath{}},
-		{"nodePort, all of it", "natFastPath: {devices: [eth0, bond0.7], flowTableSize: 1048576, snatPorts: \"40000-49999\"}\n",
-			NATFastPath{Enabled: true, Devices: []string{"eth0", "bond0.7"}, FlowTableSize: 1 << 20, SNATPortMin: 40000, SNATPortMax: 49999}},
+		{"nodePort, all of it", "natFastPath: {devices: [eth0, bond0.7], flowTableSize: 1048576, snatPorts: \"40000-49999\", attach: xdp}\n",
+			NATFastPath{Enabled: true, Devices: []string{"eth0", "bond0.7"}, FlowTableSize: 1 << 20, SNATPortMin: 40000, SNATPortMax: 49999, Attach: "xdp"}},
 	} {
 		cfg, err := ParseGatewayConfig([]byte(base + c.yaml))
 		if err != nil {
@@ -88,7 +88,7 @@ func TestGatewayConfigNATFastPath(t *testing.T) {
 		}
 		got := cfg.NATFastPath
 		if got.Enabled != c.want.Enabled || !slices.Equal(got.Devices, c.want.Devices) || got.FlowTableSize != c.want.FlowTableSize ||
-			got.SNATPortMin != c.want.SNATPortMin || got.SNATPortMax != c.want.SNATPortMax {
+			got.SNATPortMin != c.want.SNATPortMin || got.SNATPortMax != c.want.SNATPortMax || got.Attach != c.want.Attach {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
 		}
 	}
@@ -105,6 +105,7 @@ func TestGatewayConfigNATFastPath(t *testing.T) {
 		{"natFastPath: {snatPorts: \"61000-61100\"}\n", "at least 1024 ports"},
 		{"natFastPath: {snatPorts: \"1500-65000\"}\n", "leave 1,024 ports above 1023 on one side"},
 		{"natFastPath: {enable: true}\n", "enable"},
+		{"natFastPath: {attach: xdpgeneric}\n", `natFastPath.attach: "xdpgeneric": auto, xdp or tc`},
 	} {
 		_, err := ParseGatewayConfig([]byte(base + bad.yaml))
 		if err == nil || !strings.Contains(err.Error(), bad.want) {

@@ -117,7 +117,7 @@ func (s *natPathStatus) collectors() []prometheus.Collector {
 type natPathCounters struct{ p *natpath.Path }
 
 var natPathPacketsDesc = prometheus.NewDesc("vipgate_gateway_nat_fast_path_packets_total",
-	"Packets the NAT fast path took (new, forwarded, reply; icmp: ICMP errors about its flows, translated; frag: later fragments of IPv4 UDP datagrams, following their first) or left to the IP stack (no_backend, no_route: MTU or no usable next hop, snat_full: no free masquerade port, no_syn: a TCP packet of no flow it holds that opens none, clash: a new flow whose reply tuple a live flow holds, full: the established flow table was full); neigh: forwarded through the neighbour layer; martian: dropped, from a source no client can have (loopback, multicast, the pod networks...); window: a TCP RST or FIN outside the window, forwarded without ending its flow.",
+	"Packets the NAT fast path took (new, forwarded, reply; icmp: ICMP errors about its flows, translated; frag: later fragments of IPv4 UDP datagrams, following their first) or left to the IP stack (no_backend, no_route: MTU or no usable next hop, snat_full: no free masquerade port, no_syn: a TCP packet of no flow it holds that opens none, full: the established flow table was full); clash: a new flow whose reply tuple a live flow holds, taken with another client port; neigh: forwarded through the neighbour layer; martian: dropped, from a source no client can have (loopback, multicast, the pod networks...); window: a TCP RST or FIN outside the window, forwarded without ending its flow.",
 	[]string{"what"}, nil)
 
 func (c natPathCounters) Describe(ch chan<- *prometheus.Desc) { ch <- natPathPacketsDesc }

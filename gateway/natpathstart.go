@@ -46,7 +46,8 @@ func startNATPath(cfg *cluster.GatewayConfig, o RuntimeOptions, log hclog.Logger
 	}
 	// A pod's address arriving from outside is spoofed: the pod networks are denied as sources.
 	p, err := natpath.Load(natpath.Config{FlowEntries: nf.FlowTableSize, TCPTimeout: cfg.FlowTimeout,
-		SNATPortMin: nf.SNATPortMin, SNATPortMax: nf.SNATPortMax, HashSeed: seed, DenySources: cfg.ClusterCIDRs})
+		SNATPortMin: nf.SNATPortMin, SNATPortMax: nf.SNATPortMax, HashSeed: seed, DenySources: cfg.ClusterCIDRs,
+		Attach: natpath.AttachMode(nf.Attach)})
 	if err != nil {
 		st.off = err.Error()
 		log.Warn("no NAT fast path; the family's tables forward alone (conntrack)", "err", err)
@@ -63,7 +64,7 @@ func startNATPath(cfg *cluster.GatewayConfig, o RuntimeOptions, log hclog.Logger
 		log.Warn("NAT fast path: masqueraded VIP ports are left to conntrack (the kernel gives BPF no source address before Linux 6.7)")
 		noSNAT = true
 	}
-	log.Info("NAT fast path on", "devices", strings.Join(nf.Devices, ","), "masquerade", !noSNAT)
+	log.Info("NAT fast path on", "devices", strings.Join(nf.Devices, ","), "masquerade", !noSNAT, "attach", cmp.Or(nf.Attach, "auto"))
 	return &NATPath{Path: p, Devices: nf.Devices, NoSNAT: noSNAT, SNATPortMin: nf.SNATPortMin, SNATPortMax: nf.SNATPortMax}, st, nil
 }
 

@@ -33,7 +33,9 @@ func forgetEntry(t *testing.T, r *runner, match func(Flow) bool) {
 // An unconfirmed masqueraded flow whose reply entry was evicted must not go on sending from its
 // masquerade port: the port is free for the next flow to take, whose replies would then be the
 // only ones that port's reply entry delivers, and two clients would share it.
-func TestHalfEvictedFlowGivesUpItsPort(t *testing.T) {
+func TestHalfEvictedFlowGivesUpItsPort(t *testing.T) { eachProg(t, testHalfEvictedFlowGivesUpItsPort) }
+
+func testHalfEvictedFlowGivesUpItsPort(t *testing.T) {
 	r := newRunner(t).with(t, Config{SNATPortMin: 61000, SNATPortMax: 61000})
 	ap := netip.MustParseAddrPort
 	vip := ap("203.0.113.50:81") // masqueraded
@@ -69,7 +71,9 @@ func TestHalfEvictedFlowGivesUpItsPort(t *testing.T) {
 // The masquerade port a flow gets says nothing of the flow hash (whose seed would otherwise
 // leak, some bits a connection, through any service that echoes its peer's port): the same
 // client tuple, dealt again and again with every port free, does not always get the same port.
-func TestMasqueradePortIsRandom(t *testing.T) {
+func TestMasqueradePortIsRandom(t *testing.T) { eachProg(t, testMasqueradePortIsRandom) }
+
+func testMasqueradePortIsRandom(t *testing.T) {
 	r := newRunner(t).with(t, Config{})
 	ap := netip.MustParseAddrPort
 	vip, client := ap("203.0.113.50:81"), ap("198.51.100.10:5141") // masqueraded
@@ -94,6 +98,10 @@ func TestMasqueradePortIsRandom(t *testing.T) {
 // with a range of 7,919 ports (the stride between tries) they would all be one port, and a flow
 // whose first try is taken would be refused with the range nearly empty.
 func TestMasqueradeTriesSpreadOverRange(t *testing.T) {
+	eachProg(t, testMasqueradeTriesSpreadOverRange)
+}
+
+func testMasqueradeTriesSpreadOverRange(t *testing.T) {
 	r := newRunner(t).with(t, Config{SNATPortMin: 20000, SNATPortMax: 20000 + 7919 - 1})
 	vip := netip.MustParseAddrPort("203.0.113.50:81") // masqueraded
 	before := r.counters(t)
@@ -113,6 +121,10 @@ func TestMasqueradeTriesSpreadOverRange(t *testing.T) {
 // rate of queries would fill it and send every new flow to the stack. The client's next datagram
 // after an answer confirms the flow.
 func TestSingleUDPExchangeStaysUnconfirmed(t *testing.T) {
+	eachProg(t, testSingleUDPExchangeStaysUnconfirmed)
+}
+
+func testSingleUDPExchangeStaysUnconfirmed(t *testing.T) {
 	r := newRunner(t).with(t, Config{FlowEntries: 16, NewFlowEntries: 1024})
 	ap := netip.MustParseAddrPort
 	vip, backend := ap("203.0.113.50:80"), ap("10.244.1.11:8080")

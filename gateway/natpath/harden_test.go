@@ -31,7 +31,7 @@ func (r *runner) with(t *testing.T, cfg Config) *runner {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	return &runner{ns: r.ns, path: p}
+	return r.derive(t, p)
 }
 
 func (r *runner) counters(t *testing.T) Counters {
@@ -49,7 +49,9 @@ func (r *runner) counters(t *testing.T) Counters {
 // server's datagrams keep reaching their own client. Before, the port was free as soon as the
 // client side idled out, and the next flow on it received the server's packets. Once both sides
 // are quiet, the port is free again.
-func TestPortOwnedWhileServerSends(t *testing.T) {
+func TestPortOwnedWhileServerSends(t *testing.T) { eachProg(t, testPortOwnedWhileServerSends) }
+
+func testPortOwnedWhileServerSends(t *testing.T) {
 	one := newRunner(t).with(t, Config{UDPTimeout: 2 * time.Second, SNATPortMin: 61000, SNATPortMax: 61000})
 	ap := netip.MustParseAddrPort
 	vip, backend := ap("203.0.113.50:81"), ap("192.0.2.11:30080")
@@ -86,7 +88,9 @@ func TestPortOwnedWhileServerSends(t *testing.T) {
 // and each established flow's packets still go both ways to the right place. A ninth answered
 // flow finds the established table full: it goes on unconfirmed, and new flows are left to the
 // stack for a while rather than evict anything.
-func TestEstablishedNotEvicted(t *testing.T) {
+func TestEstablishedNotEvicted(t *testing.T) { eachProg(t, testEstablishedNotEvicted) }
+
+func testEstablishedNotEvicted(t *testing.T) {
 	r := newRunner(t).with(t, Config{FlowEntries: 16, NewFlowEntries: 64})
 	ap := netip.MustParseAddrPort
 	vip, backend := ap("203.0.113.50:80"), ap("10.244.1.11:8080")
@@ -151,7 +155,9 @@ func padOpts(o []byte) []byte { return append(slices.Clone(o), make([]byte, (4-l
 // SYNs keep its backend and its entry keeps its 1 h idle timeout. Before, any RST moved the next
 // SYN to the current table's backend (breaking the connection) and cut the timeout to 2 min. The
 // real ones (in the window) still close it.
-func TestBlindRST(t *testing.T) {
+func TestBlindRST(t *testing.T) { eachProg(t, testBlindRST) }
+
+func testBlindRST(t *testing.T) {
 	r := newRunner(t)
 	ap := netip.MustParseAddrPort
 	client, vip := ap("198.51.100.10:43100"), ap("203.0.113.64:80")
@@ -224,7 +230,9 @@ func TestBlindRST(t *testing.T) {
 // packet from outside such an address. A link-local source is not dropped (the route lookup
 // leaves it to the stack: a router does not forward it), and others are taken. Before, the fast
 // path forwarded all of them to the backends.
-func TestMartians(t *testing.T) {
+func TestMartians(t *testing.T) { eachProg(t, testMartians) }
+
+func testMartians(t *testing.T) {
 	r := newRunner(t).with(t, Config{DenySources: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("2001:db8:d::/64")}})
 	vip4, vip6 := netip.AddrPortFrom(vipV4, 80), netip.AddrPortFrom(vipV6, 80)
 	before := r.counters(t)

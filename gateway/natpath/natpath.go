@@ -2,7 +2,9 @@
 // ingress BPF program (natpath.c), which takes a VIP port's packets before the IP stack, rewrites
 // them as the family's nftables table would with conntrack (Maglev's backend; masquerade where the
 // table does), and sends them to the next hop itself; replies are rewritten back the same way.
-// What it does not take, the family's table forwards as before.
+// What it does not take, the family's table forwards as before. Where the device allows, the same
+// program built as an XDP program runs in front of it, before the kernel allocates an skb
+// (Config.Attach, xdp.go), on the same maps; what XDP cannot finish it hands to the tc program.
 //
 // The package is a leaf: it knows VIP ports, Maglev tables and flows, not Services. The gateway
 // (gateway/natpath.go) gives it the VIP ports of each sync and the stale flows to end.
@@ -123,6 +125,8 @@ type Config struct {
 	TCPTimeout, UDPTimeout time.Duration
 	// SNATPortMin..SNATPortMax are the masquerade ports (0, 0: the defaults).
 	SNATPortMin, SNATPortMax uint16
+	// Attach is where the program runs on each device (xdp.go): "" is AttachAuto.
+	Attach AttachMode
 }
 
 func (c Config) withDefaults() Config {
@@ -144,6 +148,9 @@ func (c Config) withDefaults() Config {
 	if c.SNATPortMin == 0 && c.SNATPortMax == 0 {
 		c.SNATPortMin, c.SNATPortMax = DefaultSNATPortMin, DefaultSNATPortMax
 	}
+	if c.Attach == "" {
+		c.Attach = AttachAuto
+	}
 	return c
 }
 
@@ -162,7 +169,8 @@ func (c Config) Validate() error {
 	case c.SNATPortMin == 0 || c.SNATPortMin > c.SNATPortMax:
 		return fmt.Errorf("masquerade ports %d-%d: not a range of ports", c.SNATPortMin, c.SNATPortMax)
 	}
-	return nil
+	_, err := ParseAttachMode(string(c.Attach))
+	return err
 }
 
 // VIPPort is one VIP port the fast path takes.
@@ -237,6 +245,12 @@ type Path struct {
 	flows    *ebpf.Map // established
 	newFlows *ebpf.Map // unconfirmed
 	counters *ebpf.Map
+	// xdp is the XDP program (nil: the kernel refused it, xdpErr says why), on the same maps;
+	// xdpColl holds it and its own map, xdpDevs (vg_xdp_devs).
+	xdp     *ebpf.Program
+	xdpColl *ebpf.Collection
+	xdpDevs *ebpf.Map
+	xdpErr  error
 	// stop ends the sweep (Close).
 	stop chan struct{}
 	done chan struct{}
@@ -246,6 +260,12 @@ type Path struct {
 	// still attached (by interface), which Attach replaces and Detach detaches.
 	attached map[int]bool
 	old      map[int]ebpf.ProgramID
+	// xdpOn are the interfaces the XDP program runs on (in front of the tc program); xdpWhy
+	// why the others it was asked for (AttachAuto) run the tc program alone.
+	xdpOn  map[int]bool
+	xdpWhy map[int]string
+	// xdpDevSet are the interfaces with an entry in vg_xdp_devs.
+	xdpDevSet map[int]bool
 	// Adopted says the flow table is a previous run's (its flows go on).
 	Adopted bool
 	// CanMasquerade says the kernel gives the program the source address masquerade would use
@@ -285,16 +305,10 @@ func Load(cfg Config) (*Path, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	spec, err := ebpf.LoadCollectionSpecFromReader(bytes.NewReader(object))
+	spec, err := loadSpec(object, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("NAT fast path: reading the program: %w", err)
+		return nil, err
 	}
-	spec.Maps[mapFlows].MaxEntries = uint32(cfg.FlowEntries)
-	spec.Maps[mapNew].MaxEntries = uint32(cfg.NewFlowEntries)
-	spec.Maps[mapDeny].MaxEntries = maxDenySources
-	spec.Maps[mapVIPs].MaxEntries = maxVIPPorts
-	spec.Maps[mapMaglev].MaxEntries = maxVIPPorts
-	spec.Maps[mapMaglev].InnerMap = innerSpec(1)
 	old, prev, err := findPrevious(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("NAT fast path: %w", err)
@@ -318,7 +332,15 @@ func Load(cfg Config) (*Path, error) {
 		flows: coll.Maps[mapFlows], newFlows: coll.Maps[mapNew], counters: coll.Maps[mapCounters],
 		stop: make(chan struct{}), done: make(chan struct{}),
 		attached: map[int]bool{}, old: old, Adopted: prev != nil, CanMasquerade: kernelAtLeast(6, 7),
-		ports: map[VIPKey]portState{}, tables: map[string]*table{}, nextID: 1}
+		ports: map[VIPKey]portState{}, tables: map[string]*table{}, nextID: 1,
+		xdpOn: map[int]bool{}, xdpWhy: map[int]string{}, xdpDevSet: map[int]bool{}}
+	if cfg.Attach != AttachTC {
+		p.xdpErr = p.loadXDP(cfg)
+		if p.xdpErr != nil && cfg.Attach == AttachXDP {
+			coll.Close()
+			return nil, fmt.Errorf("NAT fast path: %w", p.xdpErr)
+		}
+	}
 	var c [configSize]byte
 	binary.LittleEndian.PutUint64(c[0:], uint64(cfg.TCPTimeout))
 	binary.LittleEndian.PutUint64(c[8:], uint64(cfg.UDPTimeout))
@@ -326,13 +348,14 @@ func Load(cfg Config) (*Path, error) {
 	binary.LittleEndian.PutUint32(c[24:], uint32(cfg.SNATPortMin))
 	binary.LittleEndian.PutUint32(c[28:], uint32(cfg.SNATPortMax)-uint32(cfg.SNATPortMin)+1)
 	binary.LittleEndian.PutUint32(c[32:], cfg.HashSeed)
+	binary.LittleEndian.PutUint32(c[36:], xdpMark())
 	if err := coll.Maps[mapConfig].Put(uint32(0), c[:]); err != nil {
-		coll.Close()
+		p.closeColls()
 		return nil, fmt.Errorf("NAT fast path: writing its settings: %w", err)
 	}
 	for _, pfx := range cfg.DenySources {
 		if err := coll.Maps[mapDeny].Put(denyKey(pfx), uint32(1)); err != nil {
-			coll.Close()
+			p.closeColls()
 			return nil, fmt.Errorf("NAT fast path: denying source %s: %w", pfx, err)
 		}
 	}
@@ -360,7 +383,8 @@ func (p *Path) Attach(ifindexes []int) error {
 	if p.closed {
 		return errors.New("NAT fast path: closed")
 	}
-	var errs []error
+	// The XDP program first: what it cannot finish it hands to the tc program behind it.
+	errs := []error{p.dropXDPs(ifindexes)}
 	for i := range p.attached {
 		if !slices.Contains(ifindexes, i) {
 			if err := detach(i, p.prog); err != nil {
@@ -413,6 +437,7 @@ func (p *Path) Attach(ifindexes []int) error {
 		}
 		p.attached[i] = true
 	}
+	errs = append(errs, p.attachXDPs(ifindexes))
 	return errors.Join(errs...)
 }
 
@@ -432,7 +457,8 @@ func (p *Path) Attached() []int {
 func (p *Path) Detach() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var errs []error
+	// The XDP program first: what it cannot finish it hands to the tc program behind it.
+	errs := []error{p.dropXDPs(nil)}
 	for i := range p.attached {
 		errs = append(errs, detach(i, p.prog))
 		delete(p.attached, i)
@@ -452,6 +478,10 @@ func Cleanup() (int, error) {
 		return 0, err
 	}
 	var errs []error
+	// The XDP programs first: what they cannot finish they hand to the tc program behind them.
+	for _, i := range attachedXDP() {
+		errs = append(errs, detachXDP(i))
+	}
 	for i, id := range found {
 		errs = append(errs, detachID(i, id))
 	}
@@ -1029,7 +1059,7 @@ func (p *Path) Close() error {
 	p.closed = true
 	close(p.stop)
 	<-p.done
-	p.coll.Close()
+	p.closeColls()
 	return nil
 }
 

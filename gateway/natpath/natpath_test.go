@@ -49,7 +49,7 @@ type testLab struct {
 	router              string // "" without one (newTestLabWith)
 }
 
-func newTestLab(t *testing.T) *testLab { return newTestLabWith(t, false) }
+func newTestLab(t testing.TB) *testLab { return newTestLabWith(t, false) }
 
 // newTestLabWith builds the lab; withRouter puts a router between the client and the gateway
 // whose link to the client has an MTU of 1280 (the client's own is 1500), so packets to the client
@@ -58,7 +58,7 @@ func newTestLab(t *testing.T) *testLab { return newTestLabWith(t, false) }
 //	client  eth0 198.51.100.10/24, 2001:db8:c::10/64 (default via the router)
 //	router  c0 198.51.100.1/24, 2001:db8:c::1/64, MTU 1280 | g0 203.0.113.241/30, 2001:db8:e::1/64
 //	gateway s0 203.0.113.242/30, 2001:db8:e::2/64 | n0 as without the router
-func newTestLabWith(t *testing.T, withRouter bool) *testLab {
+func newTestLabWith(t testing.TB, withRouter bool) *testLab {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (network namespaces, BPF)")
@@ -136,7 +136,7 @@ var labSeq atomic.Int32
 var in = lab.InNetns
 
 // load loads the program in the gateway's namespace and attaches it to both its devices.
-func (l *testLab) load(t *testing.T, cfg Config) *Path {
+func (l *testLab) load(t testing.TB, cfg Config) *Path {
 	t.Helper()
 	var p *Path
 	err := in(l.gw, func() error {

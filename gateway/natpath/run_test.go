@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -22,8 +23,13 @@ import (
 // The program run on crafted packets (BPF_PROG_TEST_RUN): every malformed or foreign shape is
 // left to the stack untouched, and what it takes comes out rewritten with checksums exactly as
 // valid as they came in. The runs happen in a namespace of the test's own with routes to the
-// backends (over a veth whose neighbours are not resolved: the program hands such packets to the
-// neighbour layer, TC_ACT_REDIRECT), so new flows are taken.
+// backends (over a veth whose neighbours are known), so new flows are taken; 10.244.8.0/24's next
+// hop is not resolved (the tc program hands such packets to the neighbour layer, TC_ACT_REDIRECT;
+// the XDP program hands them to the tc program).
+//
+// Each test runs against both attach points (eachProg): "tc", the tc program alone, and "xdp",
+// the XDP program with the tc program behind it, as on a device (runner.tryRun: what XDP passes
+// unmarked, the tc program runs on). The verdicts are given as the tc program's.
 
 const (
 	actPass     = 0xffffffff // TC_ACT_UNSPEC (-1): the next tc program, then the stack
@@ -44,6 +50,47 @@ var runVIPs = []VIPPort{
 type runner struct {
 	ns   string
 	path *Path
+	// xdp: the XDP program runs first, the tc program on what it passes unmarked.
+	xdp bool
+	// byTC: the last run's verdict was the tc program's (xdp: XDP handed the packet over).
+	byTC bool
+}
+
+// eachProg runs test against each attach point, as subtests "tc" and "xdp" (newRunner tells
+// them apart by name).
+func eachProg(t *testing.T, test func(t *testing.T)) {
+	t.Run("tc", test)
+	t.Run("xdp", test)
+}
+
+// isXDP says whether t is (in) eachProg's "xdp" subtest.
+func isXDP(t testing.TB) bool {
+	return strings.Contains(t.Name()+"/", "/xdp/")
+}
+
+// derive is a runner like r on path p (its XDP devices registered).
+func (r *runner) derive(t testing.TB, p *Path) *runner {
+	t.Helper()
+	if err := in(r.ns, func() error { return prepareXDP(p) }); err != nil {
+		t.Fatal(err)
+	}
+	return &runner{ns: r.ns, path: p, xdp: r.xdp}
+}
+
+// prepareXDP tells p's XDP program about the runner namespace's devices, as Attach would: lo
+// (where the test runs arrive; MAC zero) and x0, which takes XDP frames.
+func prepareXDP(p *Path) error {
+	if p.xdpDevs == nil {
+		return fmt.Errorf("no XDP program: %v", p.xdpErr)
+	}
+	x0, err := net.InterfaceByName("x0")
+	if err != nil {
+		return err
+	}
+	if err := p.xdpDevs.Put(uint32(1), xdpDevBytes(make(net.HardwareAddr, 6), false)); err != nil {
+		return err
+	}
+	return p.xdpDevs.Put(uint32(x0.Index), xdpDevBytes(x0.HardwareAddr, true))
 }
 
 var (
@@ -75,7 +122,38 @@ func newRunner(t testing.TB) *runner {
 	if runnerErr != nil {
 		t.Fatal(runnerErr)
 	}
-	return theRunner
+	if isXDP(t) {
+		// A Path of its own: the tests' flows (fixed tuples) are not the tc subtest's.
+		xdpRunnerOnce.Do(func() {
+			xdpRunnerPath, runnerErr = loadRunnerPath(theRunner.ns)
+		})
+		if runnerErr != nil {
+			t.Fatal(runnerErr)
+		}
+		return &runner{ns: theRunner.ns, path: xdpRunnerPath, xdp: true}
+	}
+	return &runner{ns: theRunner.ns, path: theRunner.path}
+}
+
+var (
+	xdpRunnerOnce sync.Once
+	xdpRunnerPath *Path
+)
+
+// loadRunnerPath loads a Path in the runner's namespace ns, given runVIPs.
+func loadRunnerPath(ns string) (*Path, error) {
+	var p *Path
+	err := in(ns, func() error {
+		var err error
+		if p, err = Load(Config{}); err != nil {
+			return err
+		}
+		if err := prepareXDP(p); err != nil {
+			return err
+		}
+		return p.Sync(runVIPs)
+	})
+	return p, err
 }
 
 func setupRunner() (*runner, error) {
@@ -90,6 +168,9 @@ func setupRunner() (*runner, error) {
 		"link set lo up",
 		"link add x0 type veth peer name x1", "link set x0 up", "link set x1 up",
 		"addr add 10.99.0.1/24 dev x0", "addr add 2001:db8:99::1/64 dev x0 nodad",
+		"neigh add 10.99.0.2 lladdr 02:00:00:00:99:02 dev x0 nud permanent",
+		"neigh add 2001:db8:99::2 lladdr 02:00:00:00:99:02 dev x0 nud permanent",
+		"route add 10.244.8.0/24 via 10.99.0.3",
 		"route add 10.244.0.0/16 via 10.99.0.2", "route add 192.0.2.0/24 via 10.99.0.2",
 		"route add 10.244.9.0/24 via 10.99.0.2 mtu 600",
 		"route add 198.51.100.0/24 via 10.99.0.2",
@@ -104,13 +185,8 @@ func setupRunner() (*runner, error) {
 		return nil, fmt.Errorf("sysctl: %v: %s", err, out)
 	}
 	r := &runner{ns: ns}
-	err := in(ns, func() error {
-		var err error
-		if r.path, err = Load(Config{}); err != nil {
-			return err
-		}
-		return r.path.Sync(runVIPs)
-	})
+	var err error
+	r.path, err = loadRunnerPath(ns)
 	return r, err
 }
 
@@ -138,6 +214,86 @@ func (r *runner) run(t testing.TB, pkt []byte) (uint32, []byte) {
 // tryRun is run, with the kernel's refusal of a frame (EINVAL: a frame its test run cannot make
 // a packet of, such as an IPv6 ethertype with less than an IPv6 header) as an error.
 func (r *runner) tryRun(pkt []byte) (uint32, []byte, error) {
+	r.byTC = !r.xdp
+	if r.xdp {
+		ret, out, err := r.runXDP(pkt)
+		if err != nil || ret != xdpPassUnmarked {
+			return ret, out, err
+		}
+		if !bytes.Equal(out, pkt) {
+			return 0, out, fmt.Errorf("the XDP program handed the tc program a changed packet:\nin  %x\nout %x", pkt, out)
+		}
+		r.byTC = true
+	}
+	return r.runTC(pkt)
+}
+
+// XDP verdicts (enum xdp_action), and runXDP's for an XDP_PASS without the mark.
+const (
+	xdpDrop         = 1
+	xdpPass         = 2
+	xdpRedirect     = 4
+	xdpPassUnmarked = 0x10000
+)
+
+// runXDP runs the XDP program once on pkt arriving on lo and returns its verdict as the tc
+// program's (marked XDP_PASS: actPass; XDP_PASS unmarked: xdpPassUnmarked) and the frame after it.
+func (r *runner) runXDP(pkt []byte) (uint32, []byte, error) {
+	return r.runXDPMeta(nil, pkt)
+}
+
+// runXDPMeta is runXDP on a frame that comes with metadata meta (as from another XDP program).
+func (r *runner) runXDPMeta(metaIn, pkt []byte) (uint32, []byte, error) {
+	out := make([]byte, len(pkt)+256)
+	// struct xdp_md: data (the metadata's length), data_end, data_meta 0, ingress_ifindex (lo:
+	// 1), rx_queue_index 0, egress_ifindex 0.
+	ctx := make([]byte, 24)
+	binary.LittleEndian.PutUint32(ctx[0:], uint32(len(metaIn)))
+	binary.LittleEndian.PutUint32(ctx[4:], uint32(len(metaIn)+len(pkt)))
+	binary.LittleEndian.PutUint32(ctx[12:], 1)
+	pkt = append(slices.Clone(metaIn), pkt...)
+	ctxOut := make([]byte, 24)
+	var ret uint32
+	var runOut []byte
+	err := in(r.ns, func() error {
+		opts := &ebpf.RunOptions{Data: pkt, DataOut: out, Context: ctx, ContextOut: ctxOut}
+		var err error
+		ret, err = r.path.xdp.Run(opts)
+		runOut = opts.DataOut
+		return err
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	// The output starts with the metadata (ctx data: its length).
+	meta := int(binary.LittleEndian.Uint32(ctxOut[0:]))
+	if meta > len(runOut) {
+		return 0, nil, fmt.Errorf("metadata of %d bytes in an output of %d", meta, len(runOut))
+	}
+	frame := runOut[meta:]
+	switch ret {
+	case xdpDrop:
+		return actShot, frame, nil
+	case xdpRedirect:
+		return actRedirect, frame, nil
+	case xdpPass:
+		if meta == 0 {
+			return xdpPassUnmarked, frame, nil
+		}
+		c, err := r.path.coll.Maps[mapConfig].LookupBytes(uint32(0))
+		if err != nil {
+			return 0, nil, err
+		}
+		if meta != 4 || !bytes.Equal(runOut[:4], c[36:40]) {
+			return 0, nil, fmt.Errorf("XDP_PASS with metadata %x, not the mark %x", runOut[:meta], c[36:40])
+		}
+		return actPass, frame, nil
+	}
+	return ret | 0x100, frame, nil // no verdict of the tc program's
+}
+
+// runTC runs the tc program once on pkt arriving on lo.
+func (r *runner) runTC(pkt []byte) (uint32, []byte, error) {
 	out := make([]byte, len(pkt)+256)
 	// struct __sk_buff up to ingress_ifindex (offset 36): lo, index 1 in a new namespace.
 	ctx := make([]byte, 40)
@@ -300,7 +456,9 @@ func checksums(f []byte) (ipOK, l4OK bool) {
 }
 
 // TestHostileShapes: what the program must leave to the stack, byte for byte.
-func TestHostileShapes(t *testing.T) {
+func TestHostileShapes(t *testing.T) { eachProg(t, testHostileShapes) }
+
+func testHostileShapes(t *testing.T) {
 	r := newRunner(t)
 	ap := netip.MustParseAddrPort
 	v4 := frame(pktSpec{src: ap("198.51.100.10:40000"), dst: ap("203.0.113.50:80"), proto: 17, payload: []byte("hi")})
@@ -364,7 +522,9 @@ func TestHostileShapes(t *testing.T) {
 // TestRewrite: what the program makes of a packet it takes, each VIP port kind: the backend's
 // address and port (the masquerade address and a port of the range for SNAT), TTL one less, and
 // checksums that verify; then the reply, rewritten back.
-func TestRewrite(t *testing.T) {
+func TestRewrite(t *testing.T) { eachProg(t, testRewrite) }
+
+func testRewrite(t *testing.T) {
 	r := newRunner(t)
 	ap := netip.MustParseAddrPort
 	for _, c := range []struct {
@@ -383,6 +543,9 @@ func TestRewrite(t *testing.T) {
 		if ret != actRedirect {
 			t.Errorf("%s -> %s: verdict %d, want taken", c.src, c.vip, ret)
 			continue
+		}
+		if r.byTC && r.xdp {
+			t.Errorf("%s -> %s: the XDP program handed it to the tc program, want it forwarded by XDP", c.src, c.vip)
 		}
 		got := readTuple(out)
 		wantSrc := c.src
@@ -404,6 +567,9 @@ func TestRewrite(t *testing.T) {
 		back := readTuple(out)
 		if ret != actRedirect || back.src != c.vip || back.dst != c.src {
 			t.Errorf("reply %s -> %s: verdict %d, out %s -> %s; want %s -> %s", c.backend, got.src, ret, back.src, back.dst, c.vip, c.src)
+		}
+		if r.byTC && r.xdp {
+			t.Errorf("reply %s -> %s: the XDP program handed it to the tc program", c.backend, got.src)
 		}
 		if ipOK, l4OK := checksums(out); !ipOK || !l4OK {
 			t.Errorf("reply %s -> %s: checksums after the rewrite: IP %v, transport %v", c.backend, got.src, ipOK, l4OK)
@@ -469,42 +635,52 @@ func FuzzPacket(f *testing.F) {
 		if len(pkt) <= 14 || len(pkt) > 1500 {
 			return // the kernel's test run takes no frame without a byte after the Ethernet header
 		}
-		r := newRunner(t)
-		ret, out, err := r.tryRun(pkt)
-		if errors.Is(err, unix.EINVAL) {
-			return // not a frame the kernel's test run makes a packet of
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch ret {
-		case actPass:
-			if !bytes.Equal(out, pkt) {
-				t.Fatalf("left to the stack but changed:\nin  %x\nout %x", pkt, out)
-			}
-		case actRedirect:
-			inIP, inL4 := checksums(pkt)
-			outIP, outL4 := checksums(out)
-			if inIP != outIP || inL4 != outL4 {
-				t.Fatalf("checksums in IP %v transport %v, out IP %v transport %v:\nin  %x\nout %x", inIP, inL4, outIP, outL4, pkt, out)
-			}
-			if a, b := ttlOf(pkt), ttlOf(out); b != a-1 {
-				t.Fatalf("TTL %d -> %d", a, b)
-			}
-		case actShot:
-			if !martianSource(pkt) || !bytes.Equal(out, pkt) {
-				t.Fatalf("dropped (changed %v), but not from a martian source:\nin %x", !bytes.Equal(out, pkt), pkt)
-			}
-		default:
-			t.Fatalf("verdict %d (the program never drops but martians: it takes a packet or leaves it)\nin %x", ret, pkt)
+		for _, xdp := range []bool{false, true} {
+			r := newRunner(t)
+			r.xdp = xdp
+			fuzzOne(t, r, pkt)
 		}
 	})
+}
+
+// fuzzOne is FuzzPacket's check of one attach point.
+func fuzzOne(t *testing.T, r *runner, pkt []byte) {
+	ret, out, err := r.tryRun(pkt)
+	if errors.Is(err, unix.EINVAL) {
+		return // not a frame the kernel's test run makes a packet of
+	}
+	if err != nil {
+		t.Fatalf("xdp %v: %v", r.xdp, err)
+	}
+	switch ret {
+	case actPass:
+		if !bytes.Equal(out, pkt) {
+			t.Fatalf("left to the stack but changed:\nin  %x\nout %x", pkt, out)
+		}
+	case actRedirect:
+		inIP, inL4 := checksums(pkt)
+		outIP, outL4 := checksums(out)
+		if inIP != outIP || inL4 != outL4 {
+			t.Fatalf("checksums in IP %v transport %v, out IP %v transport %v:\nin  %x\nout %x", inIP, inL4, outIP, outL4, pkt, out)
+		}
+		if a, b := ttlOf(pkt), ttlOf(out); b != a-1 {
+			t.Fatalf("TTL %d -> %d", a, b)
+		}
+	case actShot:
+		if !martianSource(pkt) || !bytes.Equal(out, pkt) {
+			t.Fatalf("dropped (changed %v), but not from a martian source:\nin %x", !bytes.Equal(out, pkt), pkt)
+		}
+	default:
+		t.Fatalf("verdict %d (the program never drops but martians: it takes a packet or leaves it)\nin %x", ret, pkt)
+	}
 }
 
 // TestTCPReuse: a flow keeps its backend while its connection lives (a retransmitted SYN too, and
 // after its VIP port's table changed), and a connection that reuses the tuple after a FIN or RST
 // is a new one, dealt by the current table, as conntrack does.
-func TestTCPReuse(t *testing.T) {
+func TestTCPReuse(t *testing.T) { eachProg(t, testTCPReuse) }
+
+func testTCPReuse(t *testing.T) {
 	r := newRunner(t)
 	ap := netip.MustParseAddrPort
 	client, vip := ap("198.51.100.10:43000"), ap("203.0.113.60:80")
@@ -540,7 +716,9 @@ func TestTCPReuse(t *testing.T) {
 // one-way its traffic (a client's UDP stream its server never answers); a flow that finds no free
 // port is left to the stack; once the owner idles out, the port is another flow's. One port in
 // the range and a 1 s UDP timeout make it exact.
-func TestMasqueradePorts(t *testing.T) {
+func TestMasqueradePorts(t *testing.T) { eachProg(t, testMasqueradePorts) }
+
+func testMasqueradePorts(t *testing.T) {
 	r := newRunner(t)
 	var p *Path
 	if err := in(r.ns, func() error {
@@ -553,7 +731,7 @@ func TestMasqueradePorts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	one := &runner{ns: r.ns, path: p}
+	one := r.derive(t, p)
 	ap := netip.MustParseAddrPort
 	vip := ap("203.0.113.50:81") // masqueraded, to 192.0.2.11:30080
 	a, b := ap("198.51.100.10:44000"), ap("198.51.100.20:44000")
@@ -585,9 +763,14 @@ func TestMasqueradePorts(t *testing.T) {
 	}
 }
 
-// TestReplyClash: one client port through two VIP ports to one backend would share a reply tuple;
-// the second flow is left to the stack (conntrack remaps its port), the first keeps its replies.
-func TestReplyClash(t *testing.T) {
+// TestReplyClash: one client port through two VIP ports to one backend would share a reply tuple
+// (and be one connection to the backend): the second flow keeps the client's address with another
+// port, one of the masquerade ports, as conntrack's NAT would; each flow keeps its own replies.
+// (The second flow was once left to the stack: conntrack, which never saw the first, kept the
+// port, and the backend's replies went to the first flow's client port as the first VIP's.)
+func TestReplyClash(t *testing.T) { eachProg(t, testReplyClash) }
+
+func testReplyClash(t *testing.T) {
 	r := newRunner(t)
 	ap := netip.MustParseAddrPort
 	client, backend := ap("198.51.100.30:45000"), ap("10.244.1.11:8080")
@@ -597,19 +780,64 @@ func TestReplyClash(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = in(r.ns, func() error { return r.path.Sync(runVIPs) }) })
 	before, _ := r.path.Counters()
-	if ret, _ := r.run(t, frame(pktSpec{src: client, dst: ap("203.0.113.50:80"), proto: 17})); ret != actRedirect {
-		t.Fatalf("first flow: verdict %d", ret)
+	if ret, out := r.run(t, frame(pktSpec{src: client, dst: ap("203.0.113.50:80"), proto: 17})); ret != actRedirect || readTuple(out).src != client {
+		t.Fatalf("first flow: verdict %d from %s, want the client's own tuple", ret, readTuple(out).src)
 	}
-	if ret, _ := r.run(t, frame(pktSpec{src: client, dst: ap("203.0.113.61:80"), proto: 17})); ret != actPass {
-		t.Errorf("the clashing flow: verdict %d, want passed on", ret)
+	ret, out := r.run(t, frame(pktSpec{src: client, dst: ap("203.0.113.61:80"), proto: 17}))
+	remapped := readTuple(out).src
+	if ret != actRedirect || remapped.Addr() != client.Addr() || remapped.Port() < DefaultSNATPortMin {
+		t.Fatalf("the clashing flow: verdict %d from %s, want the client's address with a masquerade port", ret, remapped)
 	}
 	after, _ := r.path.Counters()
-	if after.Clash != before.Clash+1 {
-		t.Errorf("clashes counted %d -> %d", before.Clash, after.Clash)
+	if after.Clash != before.Clash+1 || after.SNATFull != before.SNATFull {
+		t.Errorf("clashes counted %d -> %d (snat_full %d -> %d)", before.Clash, after.Clash, before.SNATFull, after.SNATFull)
 	}
-	ret, out := r.run(t, frame(pktSpec{src: backend, dst: client, proto: 17}))
-	if got := readTuple(out); ret != actRedirect || got.src != ap("203.0.113.50:80") {
-		t.Errorf("the reply: verdict %d from %s, want the first flow's VIP port", ret, got.src)
+	// The second flow's packets go on from its port; each flow's replies go to its own client port.
+	if ret, out := r.run(t, frame(pktSpec{src: client, dst: ap("203.0.113.61:80"), proto: 17})); ret != actRedirect || readTuple(out).src != remapped {
+		t.Errorf("the second flow's next packet: verdict %d from %s, want %s", ret, readTuple(out).src, remapped)
+	}
+	for _, c := range []struct {
+		to      netip.AddrPort
+		wantSrc string
+	}{{client, "203.0.113.50:80"}, {remapped, "203.0.113.61:80"}} {
+		ret, out := r.run(t, frame(pktSpec{src: backend, dst: c.to, proto: 17}))
+		if got := readTuple(out); ret != actRedirect || got.src != ap(c.wantSrc) || got.dst != client {
+			t.Errorf("a reply to %s: verdict %d, %s -> %s, want %s -> %s", c.to, ret, got.src, got.dst, c.wantSrc, client)
+		}
+	}
+}
+
+// TestStackFlowAfterClose: a client port whose connection through one of the program's VIP ports
+// closed opens a connection through a VIP port the program does not take (source-hash or source
+// ranges: the stack's, with conntrack) to the same backend; the backend's SYN-ACK is the stack's
+// (the closed flow goes with it), and so is everything after it. A SYN-ACK to an open flow is
+// still the flow's.
+func TestStackFlowAfterClose(t *testing.T) { eachProg(t, testStackFlowAfterClose) }
+
+func testStackFlowAfterClose(t *testing.T) {
+	r := newRunner(t).with(t, Config{})
+	ap := netip.MustParseAddrPort
+	client, vip, a := ap("198.51.100.10:43112"), ap("203.0.113.50:80"), ap("10.244.1.11:8080")
+	establish(t, r, client, vip, a)
+	if ret, _ := r.run(t, frame(pktSpec{src: a, dst: client, proto: 6, tcpFlags: 0x12, seq: 0x9abcdef0, ack: 0x12345679, window: 65160, options: padOpts(tcpOpts)})); ret != actRedirect {
+		t.Errorf("a SYN-ACK retransmitted to the open flow: verdict %d, want the flow's", ret)
+	}
+	// Both FINs.
+	r.run(t, frame(pktSpec{src: client, dst: vip, proto: 6, tcpFlags: 0x11, seq: 0x12345679, ack: 0x9abcdef1, window: 502}))
+	r.run(t, frame(pktSpec{src: a, dst: client, proto: 6, tcpFlags: 0x11, seq: 0x9abcdef1, ack: 0x1234567a, window: 509}))
+	if f := findFlow(t, r, client, vip); f == nil || !f.Closing {
+		t.Fatalf("after the FINs: %+v, want closing", f)
+	}
+	// The stack's connection from the same client port: its SYN never reaches the program's
+	// flows (another VIP port), its SYN-ACK does.
+	if ret, _ := r.run(t, frame(pktSpec{src: a, dst: client, proto: 6, tcpFlags: 0x12, seq: 0x11111111, ack: 0x55555556, window: 65160, options: padOpts(tcpOpts)})); ret != actPass {
+		t.Errorf("the stack's SYN-ACK: verdict %d, want passed to the stack", ret)
+	}
+	if ret, _ := r.run(t, frame(pktSpec{src: a, dst: client, proto: 6, seq: 0x11111112, ack: 0x55555556, payload: []byte("hi")})); ret != actPass {
+		t.Errorf("the stack's next reply: verdict %d, want passed to the stack", ret)
+	}
+	if f := findFlow(t, r, client, vip); f != nil {
+		t.Errorf("the closed flow's entry is still there: %+v", f)
 	}
 }
 
@@ -675,7 +903,9 @@ func icmpView(f []byte) (src, dst netip.Addr, inner tuple, ok bool) {
 // (a router on the client's side: fragmentation needed, sent to the VIP) goes to the backend,
 // quoting what the backend sent; one about a packet to the backend (from the backend itself) goes
 // to the client from the VIP, quoting what the client sent. An error about no flow is left alone.
-func TestICMPErrors(t *testing.T) {
+func TestICMPErrors(t *testing.T) { eachProg(t, testICMPErrors) }
+
+func testICMPErrors(t *testing.T) {
 	r := newRunner(t)
 	ap := netip.MustParseAddrPort
 	router4, router6 := netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("2001:db8:c::1")
@@ -697,6 +927,9 @@ func TestICMPErrors(t *testing.T) {
 		// router on the client's side could not forward it.
 		reply := frame(pktSpec{src: c.vip, dst: c.client, proto: 17, payload: make([]byte, 100)})
 		ret, out = r.run(t, icmpFrame(c.router, c.vip.Addr(), reply))
+		if r.xdp && r.byTC {
+			t.Errorf("%s, error about a reply: handed to the tc program, want translated by XDP", c.name)
+		}
 		src, dst, in, ok := icmpView(out)
 		if ret != actRedirect || src != c.router || dst != c.backend.Addr() || in.src != c.backend || in.dst != sent || !ok {
 			t.Errorf("%s, error about a reply: verdict %d, %s -> %s quoting %s -> %s, checksums %v; want %s -> %s quoting %s -> %s",
@@ -743,7 +976,9 @@ func fragments(f []byte, k int) (first, second []byte) {
 // TestFragments: the first fragment of a UDP datagram goes with its flow (a new one here) and the
 // later ones follow it, addresses rewritten; put back together, the datagram's checksum verifies
 // with its new addresses. A later fragment whose first the program did not take is left alone.
-func TestFragments(t *testing.T) {
+func TestFragments(t *testing.T) { eachProg(t, testFragments) }
+
+func testFragments(t *testing.T) {
 	r := newRunner(t)
 	ap := netip.MustParseAddrPort
 	for _, vip := range []netip.AddrPort{ap("203.0.113.50:80"), ap("203.0.113.50:81")} {
@@ -751,7 +986,11 @@ func TestFragments(t *testing.T) {
 		whole := frame(pktSpec{src: client, dst: vip, proto: 17, payload: bytes.Repeat([]byte("fragment"), 150)})
 		first, second := fragments(whole, 100)
 		ret1, out1 := r.run(t, first)
+		byTC := r.byTC
 		ret2, out2 := r.run(t, second)
+		if r.xdp && (byTC || r.byTC) {
+			t.Errorf("%s: a fragment handed to the tc program, want both forwarded by XDP", vip)
+		}
 		a, b := readTuple(out1), tuple{}
 		if len(out2) >= 34 {
 			b.src = netip.AddrPortFrom(netip.AddrFrom4([4]byte(out2[26:30])), 0)

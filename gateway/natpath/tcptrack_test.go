@@ -53,7 +53,9 @@ func flowSide(t *testing.T, r *runner, src, dst netip.AddrPort) tcpSide {
 // flow (which would put it in the established table, where nothing evicts it). The ACKs carry a
 // window of 0xffff scaled by 14 (2^30): were it the tolerance of the check, one of these five
 // acknowledgment numbers would always be within it.
-func TestBlindClientCannotConfirm(t *testing.T) {
+func TestBlindClientCannotConfirm(t *testing.T) { eachProg(t, testBlindClientCannotConfirm) }
+
+func testBlindClientCannotConfirm(t *testing.T) {
 	r := newRunner(t).with(t, Config{})
 	ap := netip.MustParseAddrPort
 	vip, backend := ap("203.0.113.50:80"), ap("10.244.1.11:8080")
@@ -100,7 +102,9 @@ func establish(t *testing.T, r *runner, client, vip, a netip.AddrPort) {
 // A blind attacker who knows only a connection's 4-tuple cannot walk the client's sequence
 // number to a value it knows with many far-apart segments (each moving it a long way), and then
 // reset the connection with a RST at that value (RFC 5961's check bypassed).
-func TestBlindSeqWalkCannotReset(t *testing.T) {
+func TestBlindSeqWalkCannotReset(t *testing.T) { eachProg(t, testBlindSeqWalkCannotReset) }
+
+func testBlindSeqWalkCannotReset(t *testing.T) {
 	r := newRunner(t).with(t, Config{})
 	ap := netip.MustParseAddrPort
 	client, vip, a := ap("198.51.100.10:43111"), ap("203.0.113.50:80"), ap("10.244.1.11:8080")
@@ -126,6 +130,10 @@ func TestBlindSeqWalkCannotReset(t *testing.T) {
 // One blind segment with the client's tuple and the largest window must not become the window
 // that the server's RSTs are checked against.
 func TestBlindSegmentCannotInflateWindow(t *testing.T) {
+	eachProg(t, testBlindSegmentCannotInflateWindow)
+}
+
+func testBlindSegmentCannotInflateWindow(t *testing.T) {
 	r := newRunner(t).with(t, Config{})
 	ap := netip.MustParseAddrPort
 	client, vip, a := ap("198.51.100.10:43112"), ap("203.0.113.50:80"), ap("10.244.1.11:8080")
@@ -152,6 +160,10 @@ func TestBlindSegmentCannotInflateWindow(t *testing.T) {
 // (by someone who never saw the client's SYN, so its ack is a guess) must not reset the server's
 // side: the real handshake then would never confirm the flow, which stays evictable for good.
 func TestBlindSynAckCannotStallHandshake(t *testing.T) {
+	eachProg(t, testBlindSynAckCannotStallHandshake)
+}
+
+func testBlindSynAckCannotStallHandshake(t *testing.T) {
 	r := newRunner(t).with(t, Config{})
 	ap := netip.MustParseAddrPort
 	client, vip, a := ap("198.51.100.10:43113"), ap("203.0.113.50:80"), ap("10.244.1.11:8080")
@@ -168,6 +180,10 @@ func TestBlindSynAckCannotStallHandshake(t *testing.T) {
 // the option, answering a SYN without, must not scale the server's windows, which the client's
 // RSTs are checked against.
 func TestServerWindowUnscaledWithoutClientOption(t *testing.T) {
+	eachProg(t, testServerWindowUnscaledWithoutClientOption)
+}
+
+func testServerWindowUnscaledWithoutClientOption(t *testing.T) {
 	r := newRunner(t).with(t, Config{})
 	ap := netip.MustParseAddrPort
 	client, vip, a := ap("198.51.100.10:43114"), ap("203.0.113.50:80"), ap("10.244.1.11:8080")

@@ -8,6 +8,18 @@
 // same way. Whatever it does not take goes on unchanged (PASS: to the next tc program, then the
 // stack), and the family's table forwards it as before, so the table stays complete on its own.
 //
+// The same source is also built with -DNATPATH_XDP into natpath_xdp_bpfel.o: the program as an XDP
+// program, run before the kernel allocates an skb, on devices with native XDP (natpath.go's
+// attach modes). The context macros below are the difference: direct packet access for the skb
+// helpers' loads, checksums by hand, a redirect with the MAC addresses bpf_fib_lookup gave. What
+// the XDP program cannot finish itself — a next hop whose neighbour is not resolved, an egress
+// device that takes no XDP frames, a frame not to the device's MAC, a route that is not usable
+// (MTU, unreachable: tc counts those) — it hands to the tc program, attached behind it on the same
+// device, untouched and before it changed any state (TC_TAKES: XDP_PASS without a mark), so the tc
+// program decides it exactly as it would alone. What it leaves to the stack (PASS) it marks in the
+// packet's metadata (the random xdp_mark of vg_config), and the tc program passes a marked packet
+// on without looking again: nothing is processed twice.
+//
 // Built by `make bpf` (clang -target bpf) into natpath_bpfel.o, which natpath.go embeds; the Go
 // side (natpath.go) owns every map but the flow tables' entries and vg_state, which only this
 // program writes (and the Go side deletes: stale flows, and established flows that ended).
@@ -39,21 +51,44 @@ static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FU
 static long (*bpf_map_update_elem)(void *map, const void *key, const void *value, __u64 flags) = (void *)BPF_FUNC_map_update_elem;
 static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_delete_elem;
 static long (*bpf_loop)(__u32 nr_loops, void *callback_fn, void *callback_ctx, __u64 flags) = (void *)BPF_FUNC_loop;
-static long (*bpf_skb_load_bytes)(const struct __sk_buff *skb, __u32 offset, void *to, __u32 len) = (void *)BPF_FUNC_skb_load_bytes;
 static __u64 (*bpf_ktime_get_coarse_ns)(void) = (void *)BPF_FUNC_ktime_get_coarse_ns;
 static __u32 (*bpf_get_prandom_u32)(void) = (void *)BPF_FUNC_get_prandom_u32;
-static long (*bpf_l4_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 from, __u64 to, __u64 flags) = (void *)BPF_FUNC_l4_csum_replace;
 static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)BPF_FUNC_redirect;
-static long (*bpf_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params, int plen, __u64 flags) = (void *)BPF_FUNC_redirect_neigh;
 static long (*bpf_fib_lookup)(void *ctx, struct bpf_fib_lookup *params, int plen, __u32 flags) = (void *)BPF_FUNC_fib_lookup;
+#ifdef NATPATH_XDP
+static long (*bpf_xdp_load_bytes)(struct xdp_md *xdp, __u32 offset, void *buf, __u32 len) = (void *)BPF_FUNC_xdp_load_bytes;
+static long (*bpf_xdp_adjust_meta)(struct xdp_md *xdp, int delta) = (void *)BPF_FUNC_xdp_adjust_meta;
+#else
+static long (*bpf_skb_load_bytes)(const struct __sk_buff *skb, __u32 offset, void *to, __u32 len) = (void *)BPF_FUNC_skb_load_bytes;
+static long (*bpf_l4_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 from, __u64 to, __u64 flags) = (void *)BPF_FUNC_l4_csum_replace;
+static long (*bpf_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params, int plen, __u64 flags) = (void *)BPF_FUNC_redirect_neigh;
 static long (*bpf_skb_pull_data)(struct __sk_buff *skb, __u32 len) = (void *)BPF_FUNC_skb_pull_data;
 static __s64 (*bpf_csum_update)(struct __sk_buff *skb, __u32 csum) = (void *)BPF_FUNC_csum_update;
+#endif
 
 #define AF_INET 2
 #define AF_INET6 10
-// The verdict for what the program leaves: the next tcx program, then the stack (TC_ACT_OK would
-// end the tcx chain and skip the clsact filters of a CNI attached after it).
+
+// The attach point. ctx is the program's context; CTX_LEN its frame's length; PASS the verdict
+// for what the program leaves to the stack, DROP for what it drops; TC_TAKES (XDP only) hands a
+// packet to the tc program behind it, untouched.
+#ifdef NATPATH_XDP
+#define ctx_t struct xdp_md
+#define CTX_LEN(c) ((__u32)((long)(c)->data_end - (long)(c)->data))
+// PASS is turned into XDP_PASS with the mark (vipgate_natxdp): the tc program leaves it alone.
+#define PASS 0x7ffe
+#define TC_TAKES XDP_PASS
+#define DROP XDP_DROP
+#define load_bytes bpf_xdp_load_bytes
+#else
+#define ctx_t struct __sk_buff
+#define CTX_LEN(c) ((c)->len)
+// The next tcx program, then the stack (TC_ACT_OK would end the tcx chain and skip the clsact
+// filters of a CNI attached after it).
 #define PASS TC_ACT_UNSPEC
+#define DROP TC_ACT_SHOT
+#define load_bytes bpf_skb_load_bytes
+#endif
 
 #define IPPROTO_TCP_ 6
 #define IPPROTO_UDP_ 17
@@ -108,6 +143,7 @@ struct flow_key {
 #define FLOW_SNAT 2    // the flow is masqueraded: the reply's destination goes back to the client too
 #define FLOW_CLOSING 4 // a FIN or RST passed (TCP): a SYN now opens a new connection
 #define FLOW_REPLIED 8 // forward entry: a reply passed; reply entry: its forward entry knows it
+#define FLOW_REMAP 16  // not masqueraded, but the client's port was taken: another one, as conntrack's NAT does
 
 // WSCALE_UNKNOWN: the sender's SYN has not been seen (a reply entry before the SYN-ACK).
 #define WSCALE_UNKNOWN 0xff
@@ -141,7 +177,7 @@ struct config {
 	__u32 snat_port_min; // the masquerade ports, host order
 	__u32 snat_ports;    // how many
 	__u32 hash_seed;     // the flow hash's seed (the nftables rules' jhash seed: the gateways' shared one)
-	__u32 pad;
+	__u32 xdp_mark;      // the XDP program's mark on what it left to the stack (random, not 0)
 };
 
 // state is what the program itself keeps between packets (one element).
@@ -161,7 +197,7 @@ enum {
 	CNT_SNAT_FULL,   // no free masquerade port after SNAT_TRIES tries: left to the stack
 	CNT_NEIGH,       // forwarded through the neighbour layer (next hop not resolved yet)
 	CNT_NO_SYN,      // a VIP port's TCP packet of no flow it holds that opens no connection: left
-	CNT_CLASH,       // a new flow whose reply tuple a live flow holds: left to the stack
+	CNT_CLASH,       // a new flow whose reply tuple a live flow holds: another client port (snat_full if none)
 	CNT_ICMP,        // ICMP errors about the program's flows, translated and forwarded
 	CNT_FRAG,        // later fragments of a datagram whose first fragment a flow took
 	CNT_MARTIAN,     // a new flow from a source no client can have (loopback, multicast, pods...): dropped
@@ -263,6 +299,30 @@ struct {
 	__type(key, __u32);
 	__type(value, struct state);
 } vg_state SEC(".maps");
+
+#ifdef NATPATH_XDP
+// xdp_dev is a device the NAT fast path is attached to (xdp.go writes it; all zero: none): its
+// MAC address (a frame to another is not the host's: the tc program decides, as pkt_type tells
+// it) and whether it takes redirected XDP frames (NETDEV_XDP_ACT_NDO_XMIT; a veth only while its
+// peer has an XDP program or GRO on). A frame whose next hop is a device not here, or not taking
+// them, goes to the tc program (an XDP redirect to such a device would drop it).
+struct xdp_dev {
+	__u8 mac[6];
+	__u8 xmit;
+	__u8 pad;
+};
+
+// By ifindex (an array: looked up twice a packet, inlined); a device of a higher index is not
+// here, so the tc program has its packets.
+#define XDP_DEVS 65536
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, XDP_DEVS);
+	__type(key, __u32);
+	__type(value, struct xdp_dev);
+} vg_xdp_devs SEC(".maps");
+#endif
 
 // scratch is new_flow's room for the two entries it writes (per CPU: a program runs on one CPU
 // to its end), which its stack frame, under the callers', has not.
@@ -402,17 +462,21 @@ struct parsed {
 // pull_l4 makes the headers up to a transport header at l4off readable in place (a TCP header's
 // worth if the packet has it, else a UDP header's): the stack may hold a packet's headers in
 // fragments of its buffer.
-static always_inline int pull_l4(struct __sk_buff *skb, __u32 l4off)
+static always_inline int pull_l4(ctx_t *skb, __u32 l4off)
 {
 	if ((long)skb->data + l4off + TCP_HLEN <= (long)skb->data_end)
 		return 0;
+#ifdef NATPATH_XDP
+	return 0; // an XDP frame is all in place: what it lacks, it lacks (parse's checks say so)
+#else
 	if (bpf_skb_pull_data(skb, l4off + TCP_HLEN) < 0 && bpf_skb_pull_data(skb, l4off + UDP_HLEN) < 0)
 		return -1;
 	return 0;
+#endif
 }
 
 // parse reads skb's tuple into p; 0 when the program may take the packet.
-static always_inline int parse(struct __sk_buff *skb, struct parsed *p)
+static always_inline int parse(ctx_t *skb, struct parsed *p)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
@@ -430,7 +494,7 @@ static always_inline int parse(struct __sk_buff *skb, struct parsed *p)
 		// What IP input checks before it would forward (version, a length the frame holds), no
 		// options, no fragment (MF or an offset), a TTL that survives this hop.
 		__u32 tot = __builtin_bswap16(ip->tot_len);
-		if (ip->version != 4 || ip->ihl != 5 || tot > skb->len - ETH_HLEN || ip->ttl <= 1)
+		if (ip->version != 4 || ip->ihl != 5 || tot > CTX_LEN(skb) - ETH_HLEN || ip->ttl <= 1)
 			return -1;
 		// Fragments: a UDP datagram's first one (MF, offset 0: it has the ports) is the flow's,
 		// and says which later ones follow it (frag_follow); anything else fragmented, the
@@ -465,7 +529,7 @@ static always_inline int parse(struct __sk_buff *skb, struct parsed *p)
 		// TCP or UDP right after the fixed header: no extension header (fragments among them);
 		// a payload length the frame holds (0, a jumbogram's, is left to the stack).
 		__u32 plen = __builtin_bswap16(ip6->payload_len);
-		if (ip6->version != 6 || plen > skb->len - ETH_HLEN - 40 || ip6->hop_limit <= 1)
+		if (ip6->version != 6 || plen > CTX_LEN(skb) - ETH_HLEN - 40 || ip6->hop_limit <= 1)
 			return -1;
 		if (ip6->nexthdr == IPPROTO_TCP_) {
 			if (plen < TCP_HLEN || data + L4_OFF6 + TCP_HLEN > end)
@@ -509,14 +573,18 @@ static always_inline int parse(struct __sk_buff *skb, struct parsed *p)
 // route finds the next hop of a packet from src to dst (the packet's family) arriving on the
 // skb's device. With want_src it also asks for the source address the kernel would use from the
 // egress device (masquerade's), into src.
-static always_inline long route(struct __sk_buff *skb, struct bpf_fib_lookup *fib, struct parsed *p, __u8 *src, __u8 *dst, __be16 sport, __be16 dport, int want_src)
+static always_inline long route(ctx_t *skb, struct bpf_fib_lookup *fib, struct parsed *p, __u8 *src, __u8 *dst, __be16 sport, __be16 dport, int want_src)
 {
 	__builtin_memset(fib, 0, sizeof(*fib));
 	fib->ifindex = skb->ingress_ifindex;
 	// The packet's length, so that the lookup checks it against the route's MTU (a learned path
 	// MTU included) whatever its result; a GSO packet's is the device's check (tot_len 0).
+#ifdef NATPATH_XDP
+	fib->tot_len = CTX_LEN(skb) - ETH_HLEN;
+#else
 	if (skb->gso_segs <= 1)
 		fib->tot_len = skb->len - ETH_HLEN;
+#endif
 	fib->l4_protocol = p->k.proto;
 	fib->sport = sport;
 	fib->dport = dport;
@@ -541,8 +609,9 @@ static always_inline long route(struct __sk_buff *skb, struct bpf_fib_lookup *fi
 
 // send_to hands skb to the next hop fib found (rc: its result): with the MAC addresses it gave, or
 // through the neighbour layer while the next hop is not resolved yet.
-static always_inline int send_to(struct __sk_buff *skb, struct bpf_fib_lookup *fib, long rc)
+static always_inline int send_to(ctx_t *skb, struct bpf_fib_lookup *fib, long rc)
 {
+#ifndef NATPATH_XDP
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
 		struct bpf_redir_neigh nh = {};
 		if (fib->family == AF_INET) {
@@ -555,11 +624,13 @@ static always_inline int send_to(struct __sk_buff *skb, struct bpf_fib_lookup *f
 		count(CNT_NEIGH);
 		return bpf_redirect_neigh(fib->ifindex, &nh, sizeof(nh), 0);
 	}
+#endif
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end)
-		return TC_ACT_SHOT;
+		return DROP;
+	// XDP: XDP_REDIRECT, to a device of vg_xdp_devs that takes XDP frames (can_send).
 	__builtin_memcpy(eth->h_dest, fib->dmac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, fib->smac, ETH_ALEN);
 	return bpf_redirect(fib->ifindex, 0);
@@ -569,21 +640,40 @@ static always_inline int send_to(struct __sk_buff *skb, struct bpf_fib_lookup *f
 // sends it to the next hop fib found (rc: its result). The transport checksum is updated by the
 // kernel's helper (it knows whether the checksum is still to be computed, CHECKSUM_PARTIAL, and
 // keeps a CHECKSUM_COMPLETE sum right); everything else is written directly.
-static always_inline int transmit(struct __sk_buff *skb, struct parsed *p, struct flow_val *v, struct bpf_fib_lookup *fib, long rc)
+static always_inline int transmit(ctx_t *skb, struct parsed *p, struct flow_val *v, struct bpf_fib_lookup *fib, long rc)
 {
 	int v4 = p->k.family == 4;
 	__u64 addrs = addr_diff(addr_diff(0, p->k.saddr, v->saddr, v4), p->k.daddr, v->daddr, v4);
 	__u64 ports = csum_replace32(0, (__u32)p->k.sport | ((__u32)p->k.dport << 16), (__u32)v->sport | ((__u32)v->dport << 16));
+#ifdef NATPATH_XDP
+	{
+		// By hand, as the helper does it for a complete checksum (an XDP frame's is: no
+		// CHECKSUM_PARTIAL here), a zero UDP checksum (none) kept zero.
+		void *data = (void *)(long)skb->data;
+		void *end = (void *)(long)skb->data_end;
+		__u32 off = p->csum_off;
+		if (off > L4_OFF6 + TCP_CSUM_OFF)
+			return DROP;
+		__u16 *cs = data + off;
+		if ((void *)(cs + 1) > end)
+			return DROP;
+		if (!(p->mangled0 && *cs == 0)) {
+			__u16 c = ~fold16(csum_words(addrs + ports, (__u16)~*cs));
+			*cs = p->mangled0 && c == 0 ? 0xffff : c;
+		}
+	}
+#else
 	if (bpf_l4_csum_replace(skb, p->csum_off, 0, fold32(addrs), BPF_F_PSEUDO_HDR | p->mangled0) < 0 ||
 	    bpf_l4_csum_replace(skb, p->csum_off, 0, fold32(ports), p->mangled0) < 0)
-		return TC_ACT_SHOT;
+		return DROP;
+#endif
 	// The helpers may have moved the packet: look again.
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	__be16 *pp;
 	if (v4) {
 		if (data + L4_OFF4 + 4 > end)
-			return TC_ACT_SHOT;
+			return DROP;
 		pp = data + L4_OFF4;
 		struct iphdr *ip = data + ETH_HLEN;
 		__u16 *ttlw = (__u16 *)&ip->ttl; // TTL and protocol: one checksum word
@@ -596,7 +686,7 @@ static always_inline int transmit(struct __sk_buff *skb, struct parsed *p, struc
 		__builtin_memcpy(&ip->daddr, v->daddr, 4);
 	} else {
 		if (data + L4_OFF6 + 4 > end)
-			return TC_ACT_SHOT;
+			return DROP;
 		pp = data + L4_OFF6;
 		struct ipv6hdr *ip6 = data + ETH_HLEN;
 		// A CHECKSUM_COMPLETE sum covers the IPv6 header: the addresses changed by what the
@@ -606,11 +696,15 @@ static always_inline int transmit(struct __sk_buff *skb, struct parsed *p, struc
 		__u16 *hopw = (__u16 *)&ip6->payload_len + 1; // next header and hop limit: one word
 		__u16 oldw = *hopw;
 		ip6->hop_limit--;
+#ifdef NATPATH_XDP
+		(void)oldw; // an XDP frame has no sum to keep
+#else
 		bpf_csum_update(skb, fold32(addrs + (__u16)~oldw + *hopw));
+#endif
 		data = (void *)(long)skb->data;
 		end = (void *)(long)skb->data_end;
 		if (data + L4_OFF6 + 4 > end)
-			return TC_ACT_SHOT;
+			return DROP;
 		pp = data + L4_OFF6;
 		ip6 = data + ETH_HLEN;
 		__builtin_memcpy(&ip6->saddr, v->saddr, 16);
@@ -621,10 +715,32 @@ static always_inline int transmit(struct __sk_buff *skb, struct parsed *p, struc
 	return send_to(skb, fib, rc);
 }
 
-static always_inline int usable(long rc)
+// can_send says whether the program can send a packet to the next hop fib found (rc: its
+// result): tc with the next hop's MAC address or through the neighbour layer; XDP only with the
+// MAC address, to a device that takes XDP frames, the rest being the tc program's (UNSENDABLE),
+// which counts what it cannot use either.
+static always_inline int can_send(struct bpf_fib_lookup *fib, long rc)
 {
+#ifdef NATPATH_XDP
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS)
+		return 0;
+	__u32 i = fib->ifindex;
+	struct xdp_dev *d = bpf_map_lookup_elem(&vg_xdp_devs, &i);
+	return d && d->xmit;
+#else
 	return rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH;
+#endif
 }
+
+#ifdef NATPATH_XDP
+#define UNSENDABLE() return TC_TAKES
+#else
+#define UNSENDABLE()                                                                               \
+	do {                                                                                       \
+		count(CNT_FIB);                                                                    \
+		return PASS;                                                                       \
+	} while (0)
+#endif
 
 // remember_frag records, for the first fragment p of a datagram that a flow takes to v, what its
 // later fragments' addresses become.
@@ -756,6 +872,25 @@ static subprogram int claim_reply(struct flow_key *rk, struct flow_val *rv, stru
 	return bpf_map_update_elem(&vg_new, rk, rv, BPF_NOEXIST);
 }
 
+// claim_port claims the reply entry rv at rk with one of the masquerade ports as rk's destination
+// port, tried at SNAT_TRIES places from a random one (0: claimed, rk.dport the port).
+static subprogram int claim_port(struct flow_key *rk, struct flow_val *rv, struct config *cfg, __u64 now)
+{
+	if (cfg->snat_ports == 0)
+		return -1;
+	__u32 start = bpf_get_prandom_u32() % cfg->snat_ports;
+	// The stride between tries, a prime that does not divide the port count (no count of at
+	// most 65,535 is a multiple of both): else every try would be one port.
+	__u32 stride = cfg->snat_ports % 7919 ? 7919 : 7907;
+	for (int i = 0; i < SNAT_TRIES; i++) {
+		__u32 port = cfg->snat_port_min + (start + i * stride) % cfg->snat_ports;
+		rk->dport = __builtin_bswap16((__u16)port);
+		if (claim_reply(rk, rv, cfg, now) == 0)
+			return 0;
+	}
+	return -1;
+}
+
 #define E2BIG_ 7
 // FULL_HOLD_NS: after the established table refused a flow, new flows are left to the stack this
 // long (the sweep or ended flows make room meanwhile).
@@ -838,7 +973,7 @@ static subprogram long opt_step(__u32 n, void *ctx)
 
 // tcp_wscale reads the window scale option of a SYN whose options (optlen bytes) start at off:
 // the shift, or -1 without one.
-static subprogram int tcp_wscale(struct __sk_buff *skb, __u32 off, __u32 optlen)
+static subprogram int tcp_wscale(ctx_t *skb, __u32 off, __u32 optlen)
 {
 	struct opt_walk w = {};
 	w.ws = -1;
@@ -847,7 +982,7 @@ static subprogram int tcp_wscale(struct __sk_buff *skb, __u32 off, __u32 optlen)
 	// What the verifier can follow: a length of 1 to 64 for a buffer of 64.
 	__u32 n1 = optlen - 1;
 	asm volatile("%0 &= 0x3f" : "+r"(n1));
-	if (bpf_skb_load_bytes(skb, off, w.o, n1 + 1) < 0)
+	if (load_bytes(skb, off, w.o, n1 + 1) < 0)
 		return -1;
 	bpf_loop(TCP_OPT_MAX, opt_step, &w, 0);
 	return w.ws;
@@ -863,7 +998,7 @@ static subprogram int tcp_wscale(struct __sk_buff *skb, __u32 off, __u32 optlen)
 // flow's state only within the window the receiver would accept (RFC 5961: one a blind attacker
 // must guess), else it passes unnoticed; the client's ACK of the server's SYN confirms the flow. A
 // client's SYN on a closing flow is a new connection (REDEAL).
-static subprogram int tcp_track(struct __sk_buff *skb, struct parsed *p, struct flow_val *v)
+static subprogram int tcp_track(ctx_t *skb, struct parsed *p, struct flow_val *v)
 {
 	__u8 fl = p->tcp_flags;
 	int reply = v->flags & FLOW_REPLY;
@@ -980,7 +1115,7 @@ static always_inline int martian(struct parsed *p)
 
 // new_flow deals a flow to its Maglev slot's backend and writes its two entries (the client's
 // packets, the replies) among the unconfirmed flows, masquerading when the VIP port says so.
-static subprogram int new_flow(struct __sk_buff *skb, struct parsed *p, struct vip_val *vip, struct config *cfg, __u64 now)
+static subprogram int new_flow(ctx_t *skb, struct parsed *p, struct vip_val *vip, struct config *cfg, __u64 now)
 {
 	__u32 w[5];
 	__u32 n = 4;
@@ -1024,10 +1159,8 @@ static subprogram int new_flow(struct __sk_buff *skb, struct parsed *p, struct v
 	int snat = vip->flags & VIP_SNAT;
 	struct bpf_fib_lookup fib;
 	long rc = route(skb, &fib, p, fwd->saddr, fwd->daddr, fwd->sport, fwd->dport, snat);
-	if (!usable(rc)) {
-		count(CNT_FIB);
-		return PASS;
-	}
+	if (!can_send(&fib, rc))
+		UNSENDABLE();
 
 	struct flow_key rk = {};
 	__builtin_memcpy(rk.saddr, b->addr, 16);
@@ -1049,29 +1182,23 @@ static subprogram int new_flow(struct __sk_buff *skb, struct parsed *p, struct v
 		// agree between gateways; a port is this gateway's own (conntrack sync carries it).
 		rv->flags |= FLOW_SNAT;
 		fwd->flags |= FLOW_SNAT;
-		if (cfg->snat_ports == 0)
-			goto full;
-		__u32 start = bpf_get_prandom_u32() % cfg->snat_ports;
-		// The stride between tries, a prime that does not divide the port count (no count
-		// of at most 65,535 is a multiple of both): else every try would be one port.
-		__u32 stride = cfg->snat_ports % 7919 ? 7919 : 7907;
-		int i;
-		for (i = 0; i < SNAT_TRIES; i++) {
-			__u32 port = cfg->snat_port_min + (start + i * stride) % cfg->snat_ports;
-			rk.dport = __builtin_bswap16((__u16)port);
-			if (claim_reply(&rk, rv, cfg, now) == 0)
-				break;
-		}
-		if (i == SNAT_TRIES)
+		if (claim_port(&rk, rv, cfg, now) < 0)
 			goto full;
 		fwd->sport = rk.dport;
 	} else {
-		// The client's own tuple: held by a live flow of the same client port through another
-		// VIP port to the same backend, it is left to conntrack, which remaps the port.
+		// The client's own tuple, unless a live flow holds it: the same client port through
+		// another VIP port to the same backend (one connection, to the backend). Then, as
+		// conntrack's NAT does, the client's address with another port, one of the
+		// masquerade ports. Not the stack: conntrack never saw the live flow, would keep the
+		// port, and the backend's replies would go to the live flow.
 		rk.dport = p->k.sport;
 		if (claim_reply(&rk, rv, cfg, now) < 0) {
 			count(CNT_CLASH);
-			return PASS;
+			rv->flags |= FLOW_REMAP;
+			fwd->flags |= FLOW_REMAP;
+			if (claim_port(&rk, rv, cfg, now) < 0)
+				goto full;
+			fwd->sport = rk.dport;
 		}
 	}
 	if (bpf_map_update_elem(&vg_new, &p->k, fwd, BPF_ANY) < 0) {
@@ -1105,16 +1232,20 @@ full:
 // to the client or the masquerade address: the node's port unreachable) finds its reply entry.
 // Either way the entry's new source and destination, swapped, are the inner packet's original
 // addresses and ports. The inner transport checksum is left as it is (no receiver checks it).
-static subprogram int icmp_error(struct __sk_buff *skb, int v4)
+static subprogram int icmp_error(ctx_t *skb, int v4)
 {
 	__u32 need = v4 ? ICMP4_NEED : ICMP6_NEED;
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	if (data + need > end) {
+#ifdef NATPATH_XDP
+		return PASS;
+#else
 		if (bpf_skb_pull_data(skb, need) < 0)
 			return PASS;
 		data = (void *)(long)skb->data;
 		end = (void *)(long)skb->data_end;
+#endif
 	}
 	struct flow_key k = {};
 	struct parsed q = {};
@@ -1128,7 +1259,7 @@ static subprogram int icmp_error(struct __sk_buff *skb, int v4)
 		__be16 *inp = data + ETH_HLEN + 48;
 		__u32 tot = __builtin_bswap16(ip->tot_len);
 		if (ip->version != 4 || ip->ihl != 5 || (ip->frag_off & __constant_htons(0x3fff)) || ip->ttl <= 1 ||
-		    tot < ICMP4_NEED - ETH_HLEN || tot > skb->len - ETH_HLEN)
+		    tot < ICMP4_NEED - ETH_HLEN || tot > CTX_LEN(skb) - ETH_HLEN)
 			return PASS;
 		if (ic[0] != 3 && ic[0] != 11) // destination unreachable (fragmentation needed), time exceeded
 			return PASS;
@@ -1152,7 +1283,7 @@ static subprogram int icmp_error(struct __sk_buff *skb, int v4)
 		struct ipv6hdr *in = data + ETH_HLEN + 48;
 		__be16 *inp = data + ETH_HLEN + 88;
 		__u32 plen = __builtin_bswap16(ip6->payload_len);
-		if (ip6->version != 6 || ip6->hop_limit <= 1 || plen < ICMP6_NEED - ETH_HLEN - 40 || plen > skb->len - ETH_HLEN - 40)
+		if (ip6->version != 6 || ip6->hop_limit <= 1 || plen < ICMP6_NEED - ETH_HLEN - 40 || plen > CTX_LEN(skb) - ETH_HLEN - 40)
 			return PASS;
 		if (ic[0] != 1 && ic[0] != 2 && ic[0] != 3) // destination unreachable, packet too big, time exceeded
 			return PASS;
@@ -1183,15 +1314,13 @@ static subprogram int icmp_error(struct __sk_buff *skb, int v4)
 		__builtin_memcpy(nsrc, v.saddr, 16);
 	struct bpf_fib_lookup fib;
 	long rc = route(skb, &fib, &q, nsrc, ndst, 0, 0, 0);
-	if (!usable(rc)) {
-		count(CNT_FIB);
-		return PASS;
-	}
+	if (!can_send(&fib, rc))
+		UNSENDABLE();
 	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
 	if (v4) {
 		if (data + ICMP4_NEED > end)
-			return TC_ACT_SHOT;
+			return DROP;
 		struct iphdr *ip = data + ETH_HLEN;
 		__u16 *icsum = data + ETH_HLEN + 22;
 		struct iphdr *in = data + ETH_HLEN + 28;
@@ -1228,7 +1357,7 @@ static subprogram int icmp_error(struct __sk_buff *skb, int v4)
 		ip->daddr = nod;
 	} else {
 		if (data + ICMP6_NEED > end)
-			return TC_ACT_SHOT;
+			return DROP;
 		struct ipv6hdr *ip6 = data + ETH_HLEN;
 		__u16 *icsum = data + ETH_HLEN + 42;
 		struct ipv6hdr *in = data + ETH_HLEN + 48;
@@ -1249,7 +1378,11 @@ static subprogram int icmp_error(struct __sk_buff *skb, int v4)
 		__builtin_memcpy(&ip6->daddr, ndst, 16);
 		// A CHECKSUM_COMPLETE sum: every change but the hop limit's is absorbed by the ICMPv6
 		// checksum.
+#ifdef NATPATH_XDP
+		(void)oldw; // an XDP frame has no sum to keep
+#else
 		bpf_csum_update(skb, fold32((__u16)~oldw + *hopw));
+#endif
 	}
 	count(CNT_ICMP);
 	return send_to(skb, &fib, rc);
@@ -1257,7 +1390,7 @@ static subprogram int icmp_error(struct __sk_buff *skb, int v4)
 
 // frag_follow forwards a later fragment of an IPv4 datagram whose first fragment a flow took,
 // with the addresses the first got (it has no ports; the transport checksum is in the first).
-static subprogram int frag_follow(struct __sk_buff *skb)
+static subprogram int frag_follow(ctx_t *skb)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
@@ -1265,7 +1398,7 @@ static subprogram int frag_follow(struct __sk_buff *skb)
 		return PASS;
 	struct iphdr *ip = data + ETH_HLEN;
 	__u32 tot = __builtin_bswap16(ip->tot_len);
-	if (ip->version != 4 || ip->ihl != 5 || ip->ttl <= 1 || tot < 20 + 8 || tot > skb->len - ETH_HLEN)
+	if (ip->version != 4 || ip->ihl != 5 || ip->ttl <= 1 || tot < 20 + 8 || tot > CTX_LEN(skb) - ETH_HLEN)
 		return PASS;
 	struct frag_key fk = {};
 	__builtin_memcpy(fk.saddr, &ip->saddr, 4);
@@ -1283,14 +1416,12 @@ static subprogram int frag_follow(struct __sk_buff *skb)
 	q.k.family = 4;
 	struct bpf_fib_lookup fib;
 	long rc = route(skb, &fib, &q, nsrc, ndst, 0, 0, 0);
-	if (!usable(rc)) {
-		count(CNT_FIB);
-		return PASS;
-	}
+	if (!can_send(&fib, rc))
+		UNSENDABLE();
 	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
 	if (data + ETH_HLEN + 20 > end)
-		return TC_ACT_SHOT;
+		return DROP;
 	ip = data + ETH_HLEN;
 	__u32 os = ip->saddr, od = ip->daddr, ns, nd;
 	__builtin_memcpy(&ns, nsrc, 4);
@@ -1309,7 +1440,7 @@ static subprogram int frag_follow(struct __sk_buff *skb)
 
 // known_flow forwards a packet of a flow the tables hold (its entry v; est: in the established
 // table: p->est), or says it must be dealt again (REDEAL).
-static subprogram int known_flow(struct __sk_buff *skb, struct parsed *p, struct flow_val *v, struct config *cfg, __u64 now)
+static subprogram int known_flow(ctx_t *skb, struct parsed *p, struct flow_val *v, struct config *cfg, __u64 now)
 {
 	int reply = v->flags & FLOW_REPLY;
 	if (!flow_live(&p->k, v, cfg, now)) {
@@ -1318,13 +1449,30 @@ static subprogram int known_flow(struct __sk_buff *skb, struct parsed *p, struct
 		forget_flow(&p->k, v);
 		return reply ? PASS : REDEAL;
 	}
-	if (!p->est && (v->flags & FLOW_SNAT) && !find_partner(&p->k, v)) {
-		// Half a masqueraded flow: the LRU evicted its other entry, so its masquerade port
+	if (!p->est && (v->flags & (FLOW_SNAT | FLOW_REMAP)) && !find_partner(&p->k, v)) {
+		// Half a masqueraded (or remapped) flow: the LRU evicted its other entry, so its port
 		// is free for another flow to claim. Forwarding on from that port would mix two
 		// clients' flows; the half goes, and the packet is a new flow's (or the stack's).
 		forget_flow(&p->k, v);
 		return reply ? PASS : REDEAL;
 	}
+	if (reply && (v->flags & FLOW_CLOSING) && p->k.proto == IPPROTO_TCP_ && (p->tcp_flags & (TH_SYN | TH_ACK)) == (TH_SYN | TH_ACK)) {
+		// A SYN-ACK to a closed flow's client port: a connection the stack opened (through a
+		// VIP port the program does not take, from the same client port, to the same backend)
+		// whose replies are the stack's, not the closed flow's, which goes. (A client's SYN
+		// through the program's VIP ports would have been dealt again, or given another port.)
+		forget_flow(&p->k, v);
+		return PASS;
+	}
+	struct bpf_fib_lookup fib;
+	long rc;
+#ifdef NATPATH_XDP
+	// The next hop before the flow's state changes: what XDP cannot send, the tc program takes
+	// as it would alone (and follows the segment then).
+	rc = route(skb, &fib, p, v->saddr, v->daddr, v->sport, v->dport, 0);
+	if (!can_send(&fib, rc))
+		UNSENDABLE();
+#endif
 	int confirm = 0;
 	if (p->k.proto == IPPROTO_TCP_) {
 		int r = tcp_track(skb, p, v);
@@ -1352,24 +1500,43 @@ static subprogram int known_flow(struct __sk_buff *skb, struct parsed *p, struct
 	struct flow_val out = *v;
 	if (confirm && !p->est)
 		promote(&p->k, &out, now);
-	struct bpf_fib_lookup fib;
-	long rc = route(skb, &fib, p, out.saddr, out.daddr, out.sport, out.dport, 0);
-	if (!usable(rc)) {
-		count(CNT_FIB);
-		return PASS;
-	}
+#ifndef NATPATH_XDP
+	rc = route(skb, &fib, p, out.saddr, out.daddr, out.sport, out.dport, 0);
+	if (!can_send(&fib, rc))
+		UNSENDABLE();
+#endif
 	count(reply ? CNT_REPLY : CNT_FORWARD);
 	remember_frag(p, &out, now);
 	return transmit(skb, p, &out, &fib, rc);
 }
 
-SEC("tc")
-int vipgate_natpath(struct __sk_buff *skb)
+// natpath is the program, either attach point's.
+static always_inline int natpath(ctx_t *skb)
 {
+#ifdef NATPATH_XDP
+	{
+		// Broadcast and multicast frames: the stack's. A frame to another MAC address than
+		// the device's (PACKET_OTHERHOST), or from a device not in vg_xdp_devs: the tc
+		// program's, which has pkt_type. VLAN-tagged frames are in band here: not IP.
+		void *data = (void *)(long)skb->data;
+		void *end = (void *)(long)skb->data_end;
+		struct ethhdr *eth = data;
+		if ((void *)(eth + 1) > end)
+			return PASS;
+		if (eth->h_dest[0] & 1)
+			return PASS;
+		__u32 i = skb->ingress_ifindex;
+		struct xdp_dev *d = bpf_map_lookup_elem(&vg_xdp_devs, &i);
+		if (!d || d->mac[0] != eth->h_dest[0] || d->mac[1] != eth->h_dest[1] || d->mac[2] != eth->h_dest[2] ||
+		    d->mac[3] != eth->h_dest[3] || d->mac[4] != eth->h_dest[4] || d->mac[5] != eth->h_dest[5])
+			return TC_TAKES;
+	}
+#else
 	// Frames to another host, and VLAN-tagged ones (the tag is out of band here: routing them
 	// as if untagged would pick the wrong table): the stack's.
 	if (skb->pkt_type != PACKET_HOST || skb->vlan_present)
 		return PASS;
+#endif
 	{
 		void *data = (void *)(long)skb->data;
 		void *end = (void *)(long)skb->data_end;
@@ -1425,7 +1592,7 @@ int vipgate_natpath(struct __sk_buff *skb)
 	}
 	if (martian(&p)) {
 		count(CNT_MARTIAN);
-		return TC_ACT_SHOT;
+		return DROP;
 	}
 	struct state *st = bpf_map_lookup_elem(&vg_state, &zero);
 	if (st && now < st->full_until) {
@@ -1434,5 +1601,54 @@ int vipgate_natpath(struct __sk_buff *skb)
 	}
 	return new_flow(skb, &p, vip, cfg, now);
 }
+
+#ifdef NATPATH_XDP
+SEC("xdp")
+int vipgate_natxdp(struct xdp_md *ctx)
+{
+	int ret = natpath(ctx);
+	int metalen = (int)((long)ctx->data - (long)ctx->data_meta);
+	if (ret == TC_TAKES) {
+		// The tc program's: without metadata (a frame redirected here by another XDP program
+		// may carry some), so that nothing but this program's mark reaches it.
+		if (metalen > 0)
+			bpf_xdp_adjust_meta(ctx, metalen);
+		return XDP_PASS;
+	}
+	if (ret != PASS)
+		return ret;
+	// Left to the stack: marked (exactly 4 bytes of metadata, whatever came with the frame),
+	// so that the tc program behind passes it on without deciding again. Where the driver
+	// keeps no metadata the tc program decides again, the same way.
+	__u32 zero = 0;
+	struct config *cfg = bpf_map_lookup_elem(&vg_config, &zero);
+	if (!cfg)
+		return XDP_PASS;
+	if (bpf_xdp_adjust_meta(ctx, metalen - 4) < 0)
+		return XDP_PASS;
+	void *meta = (void *)(long)ctx->data_meta;
+	if (meta + 4 > (void *)(long)ctx->data)
+		return XDP_PASS;
+	*(__u32 *)meta = cfg->xdp_mark;
+	return XDP_PASS;
+}
+#else
+SEC("tc")
+int vipgate_natpath(struct __sk_buff *skb)
+{
+	// A packet the XDP program in front of this one left to the stack, marked with this load's
+	// random mark (a frame cannot carry metadata in from the wire; another XDP program's would
+	// have to guess it): decided already.
+	void *meta = (void *)(long)skb->data_meta;
+	void *data = (void *)(long)skb->data;
+	if (meta + 4 <= data && data - meta == 4) {
+		__u32 zero = 0;
+		struct config *cfg = bpf_map_lookup_elem(&vg_config, &zero);
+		if (cfg && cfg->xdp_mark != 0 && *(__u32 *)meta == cfg->xdp_mark)
+			return PASS;
+	}
+	return natpath(skb);
+}
+#endif
 
 char __license[] SEC("license") = "Dual MIT/GPL";
