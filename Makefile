@@ -4,7 +4,7 @@ GO      ?= go
 BIN     := bin
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
-APT_PKGS := nftables iproute2 ethtool clang-14 llvm-14 conntrack conntrackd iperf3 arping tcpdump bird2 frr etcd-server
+APT_PKGS := nftables iproute2 ethtool clang-14 llvm-14 conntrack conntrackd iperf3 arping tcpdump bird2 frr etcd-server haproxy nginx libnginx-mod-stream
 # Bounded fuzzing in `make test`, as a count of inputs per target (about 10 s each here). A count, not
 # a duration: with a duration, Go 1.26's fuzz coordinator can report a spurious "context deadline
 # exceeded" at the deadline (golang/go#75804, fixed in Go 1.27). Longer runs: FUZZ_FILE=60s etc.
@@ -99,17 +99,18 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzMembershipDatagram$$' -fuzztime 20000x ./membership/
 	$(GO) test -run '^$$' -fuzz '^FuzzRelayDatagram$$' -fuzztime 20000x ./gateway/ctsync/relay/
 	$(GO) test -run '^$$' -fuzz '^FuzzAuthSection$$' -fuzztime 100000x ./bgp/bfd/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseSolicitation$$' -fuzztime 100000x ./l2/
 
 # demo: a lab in network namespaces (two nodes running vipgate node, two running vipgate gateway, BIRD as
 # the router), a tour of the Service types and a gateway failover.
-	$(GO) test -run '^$$' -fuzz '^FuzzParseSolicitation$$' -fuzztime 100000x ./l2/
 demo: deps build
 	$(GO) run ./test/demo --vipgate $(CURDIR)/$(BIN)/vipgate --labserver $(CURDIR)/$(BIN)/labserver
 
 # bench: one table of dataplane figures (full and incremental syncs vs the real kube-proxy and nft -f,
 # both measured in the same run; rule counts, memory, churn of 1,000 endpoint changes/s for 60 s
 # (--churn-time to shorten; kube-proxy under the same churn), per-packet cost, throughput, control-plane latency,
-# the gateway's small-packet rate per forwarding mode vs plain routing), measured in throwaway network namespaces; appended to BENCH.md, the scaling curves drawn as
+# the gateway's small-packet rate per forwarding mode vs plain routing, its connection rate and latency vs HAProxy and nginx (run
+# in the lab's namespaces only, never as services), the flows it holds and their memory), measured in throwaway network namespaces; appended to BENCH.md, the scaling curves drawn as
 # SVG into docs/bench/. kube-proxy's nftables proxier v1.37.2 is measured by default (the driver
 # test/bench/kubeproxy, built into bin/ when its sources change); BENCH_KUBEPROXY=0 skips it,
 # BENCH_KUBEPROXY=v1.37.2,v1.36.3 adds v1.36.3. BENCH_ARGS goes to the bench as it is, e.g.

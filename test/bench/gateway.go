@@ -322,12 +322,18 @@ func (g *gwLab) loadNATRef(mode string) error {
 // startGateway runs `vipgate gateway` (bin; "": the lab's) in the gateway namespace and waits for
 // its first sync.
 func (g *gwLab) startGateway(forwarding, bin string) error {
+	return g.startGatewayConfig(forwarding, gwPPSConfig(forwarding), bin)
+}
+
+// startGatewayConfig runs `vipgate gateway` with the config text and waits for its first sync;
+// forwarding names its files and messages.
+func (g *gwLab) startGatewayConfig(forwarding, config, bin string) error {
 	g.stopGateway()
 	if bin == "" {
 		bin = g.vipgate
 	}
 	cfg := filepath.Join(g.dir, "gateway-"+forwarding+".yaml")
-	if err := os.WriteFile(cfg, []byte(gwPPSConfig(forwarding)), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
 		return err
 	}
 	g.lastCfg = cfg

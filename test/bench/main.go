@@ -21,7 +21,11 @@
 //  7. the gateway's small-packet rate (64-byte UDP) in each forwarding mode against the same hop
 //     plainly routed and, for nodePort and direct, against a hand-written NAT ruleset (gateway.go);
 //  8. the gateway's TCP throughput (one iperf3 stream) in route forwarding with and without its
-//     fast path against the same hop plainly routed (gateway_tcp.go).
+//     fast path against the same hop plainly routed (gateway_tcp.go);
+//  9. the gateway's new TCP connections per second and added latency, vipgate (NAT fast path and
+//     nftables only) against the plain hop, HAProxy and nginx, side by side (gateway_cps.go);
+//  10. the concurrent flows the gateway holds (100,000 and 1,000,000) and their memory, what new
+//     flows get while its table is full, and whether the held ones still answer (gateway_flows.go).
 //
 // Results are printed and appended to BENCH.md with the date and the machine; --plots draws the
 // scaling curves (full sync time and peak memory against the number of Services) as SVG. --quick
@@ -63,10 +67,12 @@ type options struct {
 	churnTime    time.Duration
 	gwPPS        gwPPSOptions
 	gwTCP        gwTCPOptions
+	gwCPS        gwCPSOptions
+	gwFlows      gwFlowsOptions
 	timeout      time.Duration
 }
 
-var allSections = []string{"sync", "incremental", "churn", "packets", "throughput", "controlplane", "gateway-pps", "gateway-tcp"}
+var allSections = []string{"sync", "incremental", "churn", "packets", "throughput", "controlplane", "gateway-pps", "gateway-tcp", "gateway-cps", "gateway-flows"}
 
 // extraSections are valid for --only but not run by default: parts of a default section.
 var extraSections = []string{"controlplane-kube"} // the kube-apiserver row of controlplane alone
@@ -104,6 +110,16 @@ func parseFlags(args []string) (*options, error) {
 	gwModes := fs.String("gw-modes", "route,nodePort,direct", "forwarding modes of `vipgate gateway` in the packet-rate row")
 	gwTCPRounds := fs.Int("gw-tcp-rounds", 4, "alternating rounds of the gateway TCP row (even: each path as often first as last)")
 	gwTCPTime := fs.Int("gw-tcp-time", 3, "seconds of one iperf3 run of the gateway TCP row")
+	gwCPSRounds := fs.Int("gw-cps-rounds", 3, "alternating rounds of the gateway connection-rate row")
+	gwCPSTime := fs.Duration("gw-cps-time", 2*time.Second, "duration of one gateway connection-rate sample")
+	gwCPSConc := fs.Int("gw-cps-concurrency", 64, "connections open at once in the gateway connection-rate row")
+	gwCPSLat := fs.Int("gw-cps-latency", 2000, "new connections (one at a time) and requests on one connection timed per path and round")
+	gwCPSModes := fs.String("gw-cps-modes", "nodePort,direct", "forwarding modes of `vipgate gateway` in the connection-rate row (each with its NAT fast path on and off)")
+	gwCPSProxies := fs.String("gw-cps-proxies", "haproxy,nginx", "proxies measured in the connection-rate row (haproxy, nginx; \"\": none)")
+	gwFlows := fs.String("gw-flows", "100000,1000000", "concurrent flows held in the gateway flow-table row, comma-separated")
+	gwFlowsPPS := fs.Int("gw-flows-pps", 100000, "datagrams per second at most of the flow-table row's generator")
+	gwFlowsOverflow := fs.Int("gw-flows-overflow", 10000, "flows opened while the gateway's flow table is full")
+	gwFlowsProbe := fs.Int("gw-flows-probe", 10000, "held flows asked again after the flow-table row's fill")
 	gwCompare := fs.String("gw-compare", "", "a second vipgate binary whose route+fastPath is measured in the same rounds of the gateway packet-rate row (before / after a change)")
 	cpCompare := fs.String("cp-compare", "", "a second vipgate binary measured in the kube-apiserver control-plane row of the same run, in ABBA turns (before / after a change)")
 	timeout := fs.Duration("timeout", 45*time.Minute, "give up (and clean up) after this long")
@@ -134,6 +150,10 @@ func parseFlags(args []string) (*options, error) {
 			"gw-time":            func() { *gwTime = time.Second },
 			"gw-tcp-rounds":      func() { *gwTCPRounds = 2 },
 			"gw-tcp-time":        func() { *gwTCPTime = 2 },
+			"gw-cps-rounds":      func() { *gwCPSRounds = 2 },
+			"gw-cps-time":        func() { *gwCPSTime = time.Second },
+			"gw-cps-latency":     func() { *gwCPSLat = 1000 },
+			"gw-flows":           func() { *gwFlows = "100000" },
 		}
 		for name, f := range quickDefaults {
 			if !set[name] {
@@ -142,6 +162,27 @@ func parseFlags(args []string) (*options, error) {
 		}
 	}
 	o.gwTCP = gwTCPOptions{rounds: *gwTCPRounds, seconds: *gwTCPTime}
+	o.gwCPS = gwCPSOptions{rounds: *gwCPSRounds, sampleTime: *gwCPSTime, concurrency: *gwCPSConc, latConns: *gwCPSLat, latRR: *gwCPSLat}
+	o.gwFlows = gwFlowsOptions{pps: *gwFlowsPPS, overflow: *gwFlowsOverflow, probe: *gwFlowsProbe}
+	for _, s := range strings.Split(*gwFlows, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1000 || n > 1_000_000 {
+			return nil, fmt.Errorf("--gw-flows: %q is not a count between 1000 and 1000000", s)
+		}
+		o.gwFlows.sizes = append(o.gwFlows.sizes, n)
+	}
+	for _, m := range strings.Split(*gwCPSModes, ",") {
+		if m = strings.TrimSpace(m); m != "nodePort" && m != "direct" {
+			return nil, fmt.Errorf("--gw-cps-modes: %q is not nodePort or direct", m)
+		}
+		o.gwCPS.modes = append(o.gwCPS.modes, m)
+	}
+	for _, p := range strings.FieldsFunc(*gwCPSProxies, func(r rune) bool { return r == ',' || r == ' ' }) {
+		if p != "haproxy" && p != "nginx" {
+			return nil, fmt.Errorf("--gw-cps-proxies: %q is not haproxy or nginx", p)
+		}
+		o.gwCPS.proxies = append(o.gwCPS.proxies, p)
+	}
 	o.gwPPS = gwPPSOptions{rounds: *gwRounds, sampleTime: *gwTime, maxCount: *gwCount, compare: *gwCompare}
 	if *gwCompare != "" {
 		if fi, err := os.Stat(*gwCompare); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
@@ -201,6 +242,21 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--churn-rate must be 1-100000")
 	case o.churnTime <= 0 || o.churnTime > 30*time.Minute:
 		return nil, fmt.Errorf("--churn-time must be positive and at most 30m")
+	case o.gwCPS.rounds < 1 || o.gwCPS.rounds > 20:
+		return nil, fmt.Errorf("--gw-cps-rounds must be 1-20")
+	case o.gwCPS.sampleTime <= 0 || o.gwCPS.sampleTime > maxGeneratorTime:
+		return nil, fmt.Errorf("--gw-cps-time must be positive and at most %s", maxGeneratorTime)
+	case o.gwCPS.concurrency < 1 || o.gwCPS.concurrency > 4096:
+		return nil, fmt.Errorf("--gw-cps-concurrency must be 1-4096")
+	case o.gwCPS.latConns < 10 || o.gwCPS.latConns > 100000:
+		return nil, fmt.Errorf("--gw-cps-latency must be 10-100000")
+	case o.gwFlows.pps < 1000 || o.gwFlows.pps > 1_000_000:
+		return nil, fmt.Errorf("--gw-flows-pps must be 1000-1000000")
+	case o.gwFlows.overflow < 1 || o.gwFlows.overflow > 20000:
+		// The flows after the largest size must still have a source port (16 x 64,512 flows).
+		return nil, fmt.Errorf("--gw-flows-overflow must be 1-20000")
+	case o.gwFlows.probe < 1 || o.gwFlows.probe > 100000:
+		return nil, fmt.Errorf("--gw-flows-probe must be 1-100000")
 	case o.gwTCP.rounds < 1 || o.gwTCP.rounds > 20:
 		return nil, fmt.Errorf("--gw-tcp-rounds must be 1-20")
 	case o.gwTCP.seconds < 1 || o.gwTCP.seconds > 60:
@@ -239,6 +295,14 @@ func main() {
 			os.Exit(udpSendMain(os.Args[2:]))
 		case "udpsink":
 			os.Exit(udpSinkMain(os.Args[2:]))
+		case "tcpgen":
+			os.Exit(tcpGenMain(os.Args[2:]))
+		case "tcpserve":
+			os.Exit(tcpServeMain(os.Args[2:]))
+		case "flowgen":
+			os.Exit(flowGenMain(os.Args[2:]))
+		case "udpecho":
+			os.Exit(udpEchoMain(os.Args[2:]))
 		}
 	}
 	o, err := parseFlags(os.Args[1:])
@@ -298,6 +362,12 @@ func run(o *options) int {
 	if o.sections["gateway-tcp"] {
 		gatewayTCP(t, o.vipgate, o.gwTCP)
 	}
+	if o.sections["gateway-cps"] {
+		gatewayCPS(t, o.vipgate, o.gwCPS)
+	}
+	if o.sections["gateway-flows"] {
+		gatewayFlows(t, o.vipgate, o.gwFlows)
+	}
 
 	md := t.markdown()
 	fmt.Println()
@@ -308,6 +378,14 @@ func run(o *options) int {
 		if plots, err = t.scaling.draw(o.plots, time.Now().UTC().Format("2006-01-02")); err != nil {
 			fmt.Fprintln(os.Stderr, "bench: drawing the plots:", err)
 			t.failed = true
+		}
+		if t.gwCPS != nil {
+			if p, err := t.gwCPS.draw(o.plots, time.Now().UTC().Format("2006-01-02")); err != nil {
+				fmt.Fprintln(os.Stderr, "bench: drawing the gateway plot:", err)
+				t.failed = true
+			} else if p != "" {
+				plots = append(plots, p)
+			}
 		}
 		for _, p := range plots {
 			fmt.Println("drew", p)

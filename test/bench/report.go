@@ -27,6 +27,10 @@ type table struct {
 	rows    []row
 	failed  bool
 	scaling scaling // the points of the scaling plots
+	// extra are markdown blocks printed after the table (the gateway rows' side-by-side tables).
+	extra []string
+	// gwCPS is the gateway connection-rate row's figures for its plot (nil: not measured).
+	gwCPS *gwCPSPlot
 }
 
 func (t *table) add(r row) {
@@ -74,6 +78,9 @@ func (t *table) markdown() string {
 			what = "↳ " + what
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", what, r.Vipgate, r.Ref, r.Ratio)
+	}
+	for _, e := range t.extra {
+		b.WriteString("\n" + e)
 	}
 	return b.String()
 }
