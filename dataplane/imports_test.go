@@ -94,8 +94,8 @@ var importRules = []importRule{
 		"a gateway leaf must not import the gateway package, which imports it, nor the dataplane"},
 	// explain traces a packet through the node's or the gateway's ruleset, read from the kernel or
 	// built for manifests with their own builders: it sits above both, and only cmd imports it.
-	{"explain", []string{"cluster", "dataplane", "dataplane/", "proxy", "proxy/", "gateway", "gateway/", "keyreload", "tablenames"},
-		"vipgate explain's trace and report, and the offline ruleset render prints: it uses the proxy's and the gateway's builders and the engine's Explain, never the speaker, membership or l2"},
+	{"explain", []string{"cluster", "dataplane", "dataplane/", "proxy", "proxy/", "gateway", "gateway/", "keyreload", "tablenames", "speaker", "bgp", "bgp/"},
+		"vipgate explain's trace and report, and the offline ruleset render prints: it uses the proxy's and the gateway's builders, the engine's Explain and the speaker's pure deciders (speaker.ExplainVIPs, explain --service; bgp comes with them), never membership or l2"},
 	// The desired-state model and its sources sit under everything that consumes them.
 	{"cluster", []string{"cluster"},
 		"cluster is the model every layer reads; it must not depend on any of them"},

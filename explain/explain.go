@@ -4,6 +4,8 @@
 // result in words (Report): the Service it is for, the endpoints it may go to, why its source is
 // masqueraded, why it is dropped, what a gateway's fast paths do with it, and what names the
 // destination but is not programmed. cmd/vipgate parses the flags and prints the Report.
+// ExplainService (service.go) joins both halves of a Service's VIPs: the speakers' decisions
+// (speaker.ExplainVIPs, offline or from the agent's /explain) and each VIP port's trace.
 //
 // It sits above the node's proxy and the gateway, the two rulesets it builds and traces; nothing
 // but cmd/vipgate imports it.
@@ -55,6 +57,9 @@ type Options struct {
 	FromHost bool
 	// Device is the interface the packet arrives on, for a gateway's fast path ("": any).
 	Device string
+
+	// off is Manifests already loaded (ExplainService traces many ports of one load).
+	off *Offline
 }
 
 // RejectedObject is an input object or entry that is not programmed, and why: as the node's
@@ -112,9 +117,11 @@ func Trace(o Options) (*Report, error) {
 			return nil, errors.New("--manifests needs --config (the node the ruleset is rendered for)")
 		}
 		source = "rendered"
-		off, err := LoadOffline(o.Config, o.Manifests, o.AllowWorldWritable, "")
-		if err != nil {
-			return nil, err
+		off := o.off
+		if off == nil {
+			if off, err = LoadOffline(o.Config, o.Manifests, o.AllowWorldWritable, ""); err != nil {
+				return nil, err
+			}
 		}
 		off.Table = table
 		rs, err := off.Build(fam)
@@ -206,7 +213,10 @@ func Trace(o Options) (*Report, error) {
 		rep.Others = append(rep.Others, string(o))
 	}
 	for _, c := range ex.Candidates {
-		ec := Candidate{Endpoint: c.Endpoint.String(), Masquerade: c.Masquerade, Choice: c.Branch}
+		ec := Candidate{Endpoint: c.Endpoint.String(), Masquerade: c.Masquerade, Choice: c.Branch, Probability: c.Probability}
+		if ec.Probability == 0 && c.SlotsOf > 0 {
+			ec.Probability = float64(c.Slots) / float64(c.SlotsOf)
+		}
 		if c.Masquerade {
 			ec.MasqueradeReason = masqueradeText(c)
 		}
@@ -229,6 +239,9 @@ type Candidate struct {
 	MasqueradeReason string `json:"masqueradeReason,omitempty"`
 	// Choice names the random choices that lead here.
 	Choice string `json:"choice,omitempty"`
+	// Probability is the share of new connections that take this endpoint (Maglev: of the slots
+	// that lead to it), 0 when the ruleset does not say.
+	Probability float64 `json:"probability,omitempty"`
 }
 
 // Report is what `vipgate explain` prints: as JSON, or in words (cmd/vipgate).

@@ -245,7 +245,7 @@ func (m *Members) computeGossipLocked(g *segment) View {
 	if len(g.sorted) == 2 {
 		other = g.sorted[1-g.selfIdx]
 	}
-	v.Ready = m.willing && settled && hasQuorum(m.self, v.Heard, v.Total, other)
+	v.Ready = m.willing && !m.withdrawn[g.key] && settled && hasQuorum(m.self, v.Heard, v.Total, other)
 	c.ready[c.self] = v.Ready
 	if v.Ready {
 		v.Candidates[m.self] = true

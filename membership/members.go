@@ -129,6 +129,10 @@ type Members struct {
 	// others it is not ready, so they keep its VIPs instead of handing them to a host that would not
 	// answer yet (a restarted node whose first sync is slow).
 	willing bool
+	// withdrawn are the segments (by key) this member must not announce in although it could (the
+	// speaker's link-aware ownership: the interface it would announce their VIPs on is down). It
+	// stays a voter there (alive, counted in majorities) but is not ready, and says so.
+	withdrawn map[uint64]bool
 	// view aggregates the segments' views (what View and the metrics show).
 	view     View
 	onChange func()
@@ -261,8 +265,9 @@ type View struct {
 	// Candidates are the members that may own VIPs: this one if Ready, and every ready member it
 	// hears directly or through a member it hears. The speaker picks owners among them (DecideL2).
 	Candidates map[string]bool
-	// Ready says this member may announce: it is willing (SetWilling), hears a strict majority of the
-	// members (or wins the two-member tie-break) and its start-up grace is over.
+	// Ready says this member may announce: it is willing (SetWilling), not withdrawn from the
+	// segment (SetWithdrawn), hears a strict majority of the members (or wins the two-member
+	// tie-break) and its start-up grace is over.
 	Ready bool
 	// Heard is how many members this one hears directly, itself included; Total is the member count.
 	Heard, Total int
@@ -602,6 +607,46 @@ func (m *Members) SetWilling(w bool) {
 	}
 	m.mu.Unlock()
 	m.evaluate(time.Now())
+}
+
+// SetWithdrawn names the segments (member lists, as SetSegments takes them) in which this member
+// must not announce, although it may vote: the speaker's link-aware ownership withdraws a node
+// from a segment while the interface it would announce the segment's VIPs on is down, and until
+// the link has been up for a hold-down. In those segments it is not Ready, so it is no candidate
+// of its own and, since its heartbeats carry that flag (authenticated like the rest: a LAN
+// attacker can neither forge nor replay it), of no other member either; it still counts in every
+// majority. A change is evaluated at once and, if a ready flag changed, heartbeats go out at once.
+// A list that matches none of this member's segments is kept, and applies if such a segment
+// appears (the speaker hands the new segments' withdrawals over before SetSegments).
+func (m *Members) SetWithdrawn(segments [][]string) {
+	next := make(map[uint64]bool, len(segments))
+	for _, l := range segments {
+		sorted := slices.Clone(l)
+		slices.Sort(sorted)
+		next[SegmentKey(slices.Compact(sorted))] = true
+	}
+	m.mu.Lock()
+	changed := len(next) != len(m.withdrawn)
+	for k := range next {
+		changed = changed || !m.withdrawn[k]
+	}
+	var logs []uint64
+	if changed {
+		for _, g := range m.segs {
+			if next[g.key] != m.withdrawn[g.key] {
+				logs = append(logs, g.key)
+			}
+		}
+		m.withdrawn = next
+		m.markAllLocked()
+	}
+	m.mu.Unlock()
+	for _, k := range logs {
+		m.log.Info("membership", "withdrawn", next[k], "segment", fmt.Sprintf("%016x", k))
+	}
+	if changed {
+		m.evaluate(time.Now())
+	}
 }
 
 // OnChange sets a function called (from a membership goroutine, without locks held) whenever the
@@ -1110,7 +1155,7 @@ func (m *Members) computeLocked(g *segment) View {
 	if len(g.sorted) == 2 {
 		other = g.sorted[1-g.selfIdx]
 	}
-	v.Ready = m.willing && settled && hasQuorum(m.self, v.Heard, v.Total, other)
+	v.Ready = m.willing && !m.withdrawn[g.key] && settled && hasQuorum(m.self, v.Heard, v.Total, other)
 	if v.Ready {
 		v.Candidates[m.self] = true
 	}

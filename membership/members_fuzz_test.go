@@ -33,6 +33,10 @@ func FuzzMembershipDatagram(f *testing.F) {
 		hb := heartbeat{name: "n1", ready: true, counter: 5, echo: m.boot, digest: m.segs[0].key, heard: newBitmap(3)}
 		b, _ := appendHeartbeat(nil, &hb)
 		f.Add(mac(testKeys[0], "n2", b, b), byte(1))
+		// n1 withdrawn from the segment (its announcing link is down: SetWithdrawn): not ready.
+		hb = heartbeat{name: "n1", counter: 6, echo: m.boot, digest: m.segs[0].key, heard: newBitmap(3)}
+		b, _ = appendHeartbeat(nil, &hb)
+		f.Add(mac(testKeys[0], "n2", b, b), byte(1))
 		gc := gossipChunk{name: "n3", ready: true, counter: 9, echo: m.boot, digest: m.segs[0].key, unit: 1500 * time.Microsecond,
 			total: 3, entries: []byte{gossipReady, 3, gossipUnknown}}
 		g, _ := appendGossip(nil, &gc)

@@ -53,7 +53,8 @@ func (o ObjectRef) String() string { return o.Kind + " " + o.Namespace + "/" + o
 // An advertisement with serviceSelectors (MetalLB v0.16) covers only the Services they select.
 // Prefixes are the IP with the advertisement's aggregationLength(V6) (default /32, /128);
 // advertisements of the same prefix are merged (highest localPref and asPathPrepend, union of
-// communities and peers).
+// communities and peers). With an advertisement annotated vipgate.io/weighted-ecmp, eTP=Local routes
+// carry the link bandwidth community in proportion to this node's ready endpoints (wecmp.go).
 // BGPPeer fields vipgate does not implement are reported as Problems (the peer is used without them,
 // or not at all when they replace its address or AS number), never silently ignored.
 func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecision, []Problem) {
@@ -154,7 +155,18 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 			problems = append(problems, Problem{Object: ObjectRef{"BGPAdvertisement", ad.Namespace, ad.Name}, Reason: reason + "; not advertising through it"})
 		}
 	}
+	// weighted ECMP (wecmp.go): the annotation of each advertisement, read once.
+	weighted := map[*metallbv1beta1.BGPAdvertisement]bool{}
+	for _, ad := range st.MetalLB.BGPAdvertisements {
+		on, reason := weightedECMP(ad)
+		weighted[ad] = on
+		if reason != "" {
+			problems = append(problems, Problem{Object: ObjectRef{"BGPAdvertisement", ad.Namespace, ad.Name}, Reason: reason, Accepted: true})
+		}
+	}
 	byPrefix := map[netip.Prefix]*bgp.Advertisement{}
+	linkBW := map[netip.Prefix]*linkBWVote{}
+	decPrefix := map[int]netip.Prefix{} // index in decisions -> the prefix it advertises
 	var decisions []VIPDecision
 	keys := make([]cluster.ServiceKey, 0, len(st.Services))
 	for k, svc := range st.Services {
@@ -225,6 +237,19 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 					for _, p := range ad.Spec.Peers {
 						a.Peers = append(a.Peers, peerName(pool.Namespace, p))
 					}
+					// Weighted ECMP (wecmp.go): what this advertisement says of the prefix's link
+					// bandwidth.
+					decPrefix[len(decisions)] = pfx
+					v := linkBW[pfx]
+					if v == nil {
+						v = &linkBWVote{}
+						linkBW[pfx] = v
+					}
+					v.want = v.want || weighted[ad]
+					v.off = v.off || !svc.ExternalPolicyLocal || bits != ip.BitLen()
+					if weighted[ad] && svc.ExternalPolicyLocal { // counted only when asked for
+						v.endpoints = max(v.endpoints, localEndpoints(st.EndpointSlices[k], in.Self, cluster.FamilyOf(ip)))
+					}
 					d.Owner = in.Self
 					d.Reason = "advertised by BGP"
 					if n := ad.Spec.AsPathPrepend; n > 0 {
@@ -235,8 +260,29 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 			}
 		}
 	}
+	// The AS in the link bandwidth community: this node's, as its first peer sees it (receivers
+	// read only the bandwidth).
+	var lbAS uint32
+	if len(peers) > 0 {
+		lbAS = peers[0].MyASN
+		if peers[0].LocalASN != 0 {
+			lbAS = peers[0].LocalASN
+		}
+	}
+	for i, pfx := range decPrefix {
+		if v := linkBW[pfx]; v != nil && v.want {
+			if v.off {
+				decisions[i].Reason += "; weighted ECMP off (externalTrafficPolicy Cluster or an aggregated prefix)"
+			} else {
+				decisions[i].Reason += fmt.Sprintf("; weighted ECMP: link bandwidth %d Mbit/s for %d ready local endpoints", min(v.endpoints, MaxWeightedEndpoints), v.endpoints)
+			}
+		}
+	}
 	ads := make([]bgp.Advertisement, 0, len(byPrefix))
-	for _, a := range byPrefix {
+	for pfx, a := range byPrefix {
+		if v := linkBW[pfx]; v != nil && v.want && !v.off {
+			a.LinkBandwidth = LinkBandwidthFor(v.endpoints, lbAS)
+		}
 		slices.Sort(a.Communities)
 		a.Communities = slices.Compact(a.Communities)
 		slices.Sort(a.LargeCommunities)

@@ -61,6 +61,10 @@ type Membership interface {
 	SetSegments(peers map[string][]netip.Addr, segments [][]string)
 	// SetWilling says this node can announce (it has a State): until then it is never a candidate.
 	SetWilling(w bool)
+	// SetWithdrawn names the segments (member lists) this node withdraws from while it stays a
+	// voter there: link-aware ownership (WithdrawnSegments). It is no candidate in them, in its own
+	// view at once and in the others' once its heartbeat says so.
+	SetWithdrawn(segments [][]string)
 	// View is the membership over all of this node's segments (Total alone is read: the "no
 	// other speakers known" warning).
 	View() View
@@ -120,6 +124,17 @@ type ControllerOptions struct {
 	// Resync is how often Run decides again without a change (default 5s), so that a failed
 	// interface is retried.
 	Resync time.Duration
+	// LinkStates lists this host's interfaces with their link state (l2.LinkStates), for
+	// link-aware ownership: nil turns it off. The caller calls LinkUpdate on every netlink link
+	// update; Run reads them again then and every Resync. Called outside the Controller's lock; a
+	// nil result (the links could not be listed) changes nothing.
+	LinkStates func() []LinkState
+	// LinkHoldDown is how long a link that was down must stay up before this node takes the VIPs
+	// announced on it back (0: DefaultLinkHoldDown).
+	LinkHoldDown time.Duration
+	// L2DrainOverlap is how long a draining node keeps answering the VIPs it owned after telling
+	// the other members it is not ready (0: DefaultL2DrainOverlap; drain.go).
+	L2DrainOverlap time.Duration
 }
 
 // DefaultResync is ControllerOptions.Resync's default.
@@ -161,6 +176,22 @@ type Controller struct {
 	bgpDecisions []VIPDecision
 	bgpProblems  map[string]string
 	bgpPeers     map[cluster.ServiceKey][]string
+
+	// linkMu orders the link updates (updateLinks), so that the membership gets its withdrawals in
+	// the order they were decided. Taken before mu.
+	linkMu sync.Mutex
+	// Under mu: hold is the links' hold-down, withdrawals the segments this node withdraws from,
+	// handed what the membership was last given (member lists by SegmentKey), linkTimer the wake-up
+	// at the end of the next hold-down.
+	hold        LinkHold
+	withdrawals []Withdrawal
+	handed      map[string][]string
+	linkTimer   *time.Timer
+	// linkKick wakes Run to read the links (LinkUpdate).
+	linkKick chan struct{}
+
+	// drain is the node's drain (drain.go), under mu.
+	drain drainState
 }
 
 // announcement is one LoadBalancer IP of one Service announced in one mode.
@@ -177,8 +208,12 @@ func NewController(opts ControllerOptions) *Controller {
 	if opts.Resync <= 0 {
 		opts.Resync = DefaultResync
 	}
+	if opts.LinkHoldDown <= 0 {
+		opts.LinkHoldDown = DefaultLinkHoldDown
+	}
 	return &Controller{opts: opts, log: opts.Log, owners: NewOwnerCache(), problems: map[string]string{},
-		announced: map[string]map[announcement]bool{}, bgpProblems: map[string]string{}}
+		announced: map[string]map[announcement]bool{}, bgpProblems: map[string]string{}, hold: LinkHold{HoldDown: opts.LinkHoldDown},
+		linkKick: make(chan struct{}, 1)}
 }
 
 // Run decides again every Resync until ctx ends.
@@ -189,7 +224,11 @@ func (c *Controller) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-c.linkKick:
+			c.updateLinks(false)
 		case <-t.C:
+			// The links again too: the safety net under the netlink updates.
+			c.updateLinks(false)
 			c.Recompute()
 		}
 	}
@@ -237,17 +276,121 @@ func (c *Controller) Update(st *cluster.State) {
 	c.st = st
 	c.segments = segs
 	c.switching = true
+	c.drain.node = NodeDrain(st.Nodes[c.opts.Self])
+	c.updateDrainLocked(time.Now())
+	willing := !c.drain.active
 	c.mu.Unlock()
 	if m := c.opts.Members; m != nil {
+		// The new segments' withdrawals before the segments themselves (on top of the old ones until
+		// they are gone), so that no segment is ready for an instant on a link that is down.
+		c.updateLinks(true)
 		m.SetSegments(peers, SegmentsOf(segs, c.opts.Self))
-		// Now this node can answer: tell the others (a no-op after the first State).
-		m.SetWilling(true)
+		// Now this node can answer, unless it drains (drain.go): tell the others (a no-op after the
+		// first State, until a drain starts or ends).
+		m.SetWilling(willing)
 	}
 	c.mu.Lock()
 	c.switching = false
 	c.mu.Unlock()
+	c.updateLinks(false)
 	c.Recompute()
 	c.updateBGP(st)
+}
+
+// LinksChanged reads the links now and withdraws from, or comes back to, the L2 segments whose
+// VIPs they carry (link-aware ownership): a down link withdraws at once, one that came up counts
+// after LinkHoldDown. The hold-down's timer calls it; netlink updates go through LinkUpdate.
+func (c *Controller) LinksChanged() { c.updateLinks(false) }
+
+// LinkUpdate takes one netlink link update (l2.WatchLinks; name "" = read every link again) and
+// has Run read the links again, at once; a burst of updates is read once. A down is recorded
+// here, so that a down and up too quick for a read in between still restarts the hold-down.
+func (c *Controller) LinkUpdate(name string, up bool) {
+	if name != "" && !up {
+		c.mu.Lock()
+		c.hold.Down(name)
+		c.mu.Unlock()
+	}
+	select {
+	case c.linkKick <- struct{}{}:
+	default:
+	}
+}
+
+// linkDown is LinkUpdate(name, false) read at once (tests).
+func (c *Controller) linkDown(name string) {
+	c.mu.Lock()
+	c.hold.Down(name)
+	c.mu.Unlock()
+	c.updateLinks(false)
+}
+
+// updateLinks decides the withdrawals from the links as read now and hands them to the
+// membership if they changed; union keeps the segments handed before as well (Update, before the
+// membership has the new segments). It arms a timer for the end of the next hold-down.
+func (c *Controller) updateLinks(union bool) {
+	if c.opts.LinkStates == nil || c.opts.Members == nil {
+		return
+	}
+	c.linkMu.Lock()
+	defer c.linkMu.Unlock()
+	states := c.opts.LinkStates()
+	if states == nil {
+		return // not listed this time: keep what was decided
+	}
+	now := time.Now()
+	c.mu.Lock()
+	if c.st == nil || c.stopped {
+		c.mu.Unlock()
+		return
+	}
+	links, why, next := c.hold.Observe(states, now)
+	ws := WithdrawnSegments(c.st, c.opts.Self, c.segments, links, why)
+	want := map[string][]string{}
+	for _, w := range ws {
+		want[w.Segment.Key] = w.Segment.Members
+	}
+	if union {
+		for k, v := range c.handed {
+			want[k] = v
+		}
+	}
+	for _, w := range ws {
+		if !slices.ContainsFunc(c.withdrawals, func(o Withdrawal) bool { return o.Segment.Key == w.Segment.Key }) {
+			c.log.Warn("withdrawing from an L2 segment: its VIPs go to the other members until the link is back",
+				"segment", strings.Join(w.Segment.Members, ","), "reason", w.Reason)
+		}
+	}
+	for _, o := range c.withdrawals {
+		if !slices.ContainsFunc(ws, func(w Withdrawal) bool { return o.Segment.Key == w.Segment.Key }) {
+			c.log.Info("back in an L2 segment: link up for the hold-down", "segment", strings.Join(o.Segment.Members, ","), "hold_down", c.opts.LinkHoldDown)
+		}
+	}
+	c.withdrawals = ws
+	if c.linkTimer != nil {
+		c.linkTimer.Stop()
+		c.linkTimer = nil
+	}
+	if !next.IsZero() {
+		c.linkTimer = time.AfterFunc(next.Sub(now), c.LinksChanged)
+	}
+	changed := len(want) != len(c.handed)
+	for k := range want {
+		_, had := c.handed[k]
+		changed = changed || !had
+	}
+	if !changed {
+		c.mu.Unlock()
+		return
+	}
+	c.handed = want
+	lists := make([][]string, 0, len(want))
+	for _, v := range want {
+		lists = append(lists, v)
+	}
+	c.mu.Unlock()
+	// Outside mu: the membership evaluates at once and calls Recompute.
+	c.opts.Members.SetWithdrawn(lists)
 }
 
 // Recompute decides L2 again and hands the result to the L2 announcer. It runs on every State,
@@ -299,6 +442,7 @@ func (c *Controller) Recompute() {
 			where[d.IP] = L2Where{Answer: ifs, Announce: d.Announce}
 		}
 	}
+	where = c.drainOwnedLocked(where, time.Now()) // a draining node's overlap (drain.go)
 	if err := c.opts.L2.SetOwned(where); err != nil {
 		if e := err.Error(); e != c.lastErr {
 			c.lastErr = e
@@ -363,6 +507,7 @@ func (c *Controller) updateBGP(st *cluster.State) {
 	if c.stopped {
 		return
 	}
+	ads, decisions = DrainBGP(c.drain.bgp, c.opts.Self, ads, decisions) // drain.go
 	c.bgpDecisions = decisions
 	defer c.publishStatus()
 	c.reportBGPProblems(problems)
@@ -425,7 +570,7 @@ func (c *Controller) startBGP() (BGPAnnouncer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting BGP: %w", err)
 	}
-	return b, nil
+	return newLinkBWHolder(b, 0, c.log), nil // weighted ECMP's weights changed at most every 5 s (wecmp.go)
 }
 
 // reportBGPProblems logs and records an Event for each BGP object problem when it appears or its
@@ -579,6 +724,10 @@ func (c *Controller) Warnings() []string {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	out = append(out, c.drainWarningsLocked()...)
+	for _, w := range c.withdrawals {
+		out = append(out, fmt.Sprintf("L2: withdrawn from the segment of %s (link-aware ownership): %s", strings.Join(w.Segment.Members, ", "), w.Reason))
+	}
 	if c.bgpErr != "" {
 		out = append(out, "BGP not peering: "+c.bgpErr)
 	}
@@ -597,6 +746,9 @@ func (c *Controller) Stop() {
 	c.mu.Lock()
 	c.stopped = true
 	b := c.bgp
+	if c.linkTimer != nil {
+		c.linkTimer.Stop()
+	}
 	c.mu.Unlock()
 	if err := c.opts.L2.Close(); err != nil {
 		c.log.Warn("closing the L2 announcer", "err", err)

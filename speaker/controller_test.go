@@ -129,6 +129,10 @@ func (f *fakeEvents) take() []string { return takeLines(&f.mu, &f.got) }
 type fakeNet struct {
 	mu    sync.Mutex
 	cands map[string]bool
+	// withdrawn: node -> the SegmentKeys it withdrew from (SetWithdrawn); onChange runs after a
+	// withdrawal changed, as the membership's OnChange does (Recompute on every node).
+	withdrawn map[string]map[string]bool
+	onChange  []func()
 }
 
 func (n *fakeNet) set(cands ...string) {
@@ -157,6 +161,23 @@ func (m *fakeMembers) SetSegments(_ map[string][]netip.Addr, segments [][]string
 }
 func (m *fakeMembers) SetWilling(w bool) { m.mu.Lock(); m.willing = w; m.mu.Unlock() }
 
+func (m *fakeMembers) SetWithdrawn(segments [][]string) {
+	m.net.mu.Lock()
+	if m.net.withdrawn == nil {
+		m.net.withdrawn = map[string]map[string]bool{}
+	}
+	keys := map[string]bool{}
+	for _, s := range segments {
+		keys[SegmentKey(s)] = true
+	}
+	m.net.withdrawn[m.self] = keys
+	hooks := slices.Clone(m.net.onChange)
+	m.net.mu.Unlock()
+	for _, f := range hooks {
+		f()
+	}
+}
+
 func (m *fakeMembers) view(members []string) View {
 	m.net.mu.Lock()
 	defer m.net.mu.Unlock()
@@ -164,7 +185,7 @@ func (m *fakeMembers) view(members []string) View {
 	defer m.mu.Unlock()
 	v := View{Candidates: map[string]bool{}, Total: len(members)}
 	for _, n := range members {
-		if m.net.cands[n] {
+		if m.net.cands[n] && !m.net.withdrawn[n][SegmentKey(members)] {
 			v.Candidates[n] = true
 		}
 	}

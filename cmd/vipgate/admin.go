@@ -22,7 +22,9 @@ import (
 )
 
 // The admin endpoint of `vipgate node`, on metricsBindAddress (127.0.0.1:10249 by default, as
-// kube-proxy's metrics): /metrics for Prometheus and /status, the JSON that `vipgate status` prints.
+// kube-proxy's metrics): /metrics for Prometheus, /status, the JSON that `vipgate status` prints, and
+// /explain, the speaker's decisions for one VIP that `vipgate explain --service/--vip` reads
+// (admin_explain.go).
 // /healthz and /livez stay on healthzBindAddress (healthcheck.ProxyHealthServer), where kubelet and
 // load balancers expect them. On a node it also answers what kube-proxy answers on its metrics port
 // for tools and tests that look there (setProxyMode): /proxyMode, the mode as plain text
@@ -157,6 +159,7 @@ func (a *adminServer) Start() error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
 	mux.HandleFunc("/status", a.serveStatus)
+	mux.HandleFunc(explain.ExplainPath, a.serveExplain) // admin_explain.go
 	mux.HandleFunc("/proxyMode", a.serveProxyMode)
 	mux.HandleFunc("/healthz", a.serveHealthzPing)
 	bound, err := a.endpoint.Start(a.addr.String(), mux, a.log, "admin endpoint")

@@ -19,6 +19,7 @@ import (
 // `vipgate explain`: the flags and the printing. The trace and the report are package explain's.
 
 const explainHelp = `Usage: vipgate explain --from SRC --to DST:PORT[/PROTO] [flags]
+       vipgate explain --service NAMESPACE/NAME | --vip ADDR [flags]
 
 Traces one packet (the first of a new connection) through vipgate's nftables table and says what
 happens to it: every rule it meets, the endpoints it may be DNATed to (all of them, where the choice
@@ -47,6 +48,19 @@ traced after it.
   vipgate explain --host --to 10.96.0.10:53/udp
   vipgate explain --from 2001:db8::5 --to [2001:db8:100::11]:443 --output json
 
+With --service NAMESPACE/NAME (or --vip ADDR) it explains the Service's LoadBalancer IPs whole, in
+one report: for each VIP, which node owns it by L2 and why every speaker is or is not a candidate
+(L2Advertisement nodeSelectors and serviceSelectors, externalTrafficPolicy Local and local
+endpoints, preferredNodeSelectors, membership, link state), which nodes advertise it by BGP and to
+which peers with which communities, localPref and AS path prepend, and for each port the trace of
+a new connection from a client (--from ADDR, default 203.0.113.254 or 2001:db8:ffff::fe): the rules
+it meets and the backends with their shares. Live, the speaker's decisions come from the agent's
+admin endpoint (/explain on metricsBindAddress, or --admin) and the traces read this host's table;
+with --manifests and --config, both are computed for the config's node, every speaker assumed alive.
+
+  vipgate explain --service demo/web
+  vipgate explain --vip 203.0.113.10 --config node1.yaml --manifests ./manifests --output json
+
 Flags:
 `
 
@@ -55,6 +69,9 @@ type explainFlags struct {
 	host, allowWorldWritable                   bool
 	// device is the interface the packet arrives on, for a gateway's fast path ("": any).
 	device string
+	// service and vip explain a Service's VIPs (or one VIP) whole: the speakers and every port's
+	// trace; admin is the agent's admin endpoint (live).
+	service, vip, admin string
 }
 
 func runExplain(args []string) error {
@@ -69,6 +86,9 @@ func runExplain(args []string) error {
 	fs.StringVar(&ef.manifests, "manifests", "", "manifest directory: trace what vipgate would program for it, not the kernel's table")
 	fs.BoolVar(&ef.allowWorldWritable, "allow-world-writable-manifests", false, "accept a manifest directory anyone can write to (unsafe)")
 	fs.StringVar(&ef.device, "device", "", "gateway fast path: the interface the packet arrives on (default: the first with an ingress chain)")
+	fs.StringVar(&ef.service, "service", "", "explain a Service's LoadBalancer IPs whole, NAMESPACE/NAME: who announces each and why, to which BGP peers, and every port's trace (--from: the client)")
+	fs.StringVar(&ef.vip, "vip", "", "as --service, for one VIP ADDR and the Services that use it")
+	fs.StringVar(&ef.admin, "admin", "", "with --service/--vip and no --manifests: the agent's admin endpoint (default: the config's metricsBindAddress, else 127.0.0.1:10249)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), explainHelp)
 		fs.PrintDefaults()
@@ -84,6 +104,19 @@ func runExplain(args []string) error {
 	}
 	if ef.output != "text" && ef.output != "json" {
 		return fmt.Errorf("--output %q: want text or json", ef.output)
+	}
+	if ef.service != "" || ef.vip != "" {
+		srep, err := explainServiceFor(ef)
+		if err != nil {
+			return err
+		}
+		if ef.output == "json" {
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(srep)
+		}
+		srep.WriteText(os.Stdout)
+		return nil
 	}
 	rep, err := explainFor(ef)
 	if err != nil {
@@ -152,6 +185,52 @@ func explainFor(ef *explainFlags) (*explain.Report, error) {
 		}
 	}
 	return explain.Trace(o)
+}
+
+// explainServiceFor explains --service or --vip: offline with --manifests and --config, else live
+// from the agent's admin endpoint and this host's kernel table.
+func explainServiceFor(ef *explainFlags) (*explain.ServiceReport, error) {
+	q, err := explain.ParseQuery(ef.service, ef.vip)
+	if err != nil {
+		return nil, err
+	}
+	if ef.to != "" || ef.host {
+		return nil, errors.New("--to and --host trace one packet; --service and --vip trace every VIP port themselves")
+	}
+	o := explain.ServiceOptions{Query: q, Manifests: ef.manifests, AllowWorldWritable: ef.allowWorldWritable, Table: ef.table}
+	if ef.config != "" {
+		if o.Config, err = cluster.LoadConfig(ef.config); err != nil {
+			return nil, err
+		}
+	}
+	if ef.manifests != "" && o.Config == nil {
+		return nil, errors.New("--manifests needs --config (the node whose view and ruleset are explained)")
+	}
+	if ef.from != "" {
+		a, err := netip.ParseAddr(ef.from)
+		if err != nil {
+			return nil, fmt.Errorf("--from %q: with --service/--vip, the client ADDR: %w", ef.from, err)
+		}
+		if a = a.Unmap(); a.Is4() {
+			o.Client4 = a
+		} else {
+			o.Client6 = a
+		}
+	}
+	admin := ef.admin
+	if admin == "" {
+		admin = cluster.DefaultMetricsBindAddress
+		switch c := o.Config.(type) {
+		case *cluster.NodeConfig:
+			admin = c.MetricsBindAddress.String()
+		case *cluster.GatewayConfig:
+			admin = c.MetricsBindAddress.String()
+		}
+	}
+	if o.Admin, err = netip.ParseAddrPort(admin); err != nil {
+		return nil, fmt.Errorf("--admin %q: want ADDR:PORT: %w", admin, err)
+	}
+	return explain.ExplainService(o)
 }
 
 // writeExplain prints the report in words.

@@ -58,6 +58,9 @@ type speakerFlags struct {
 	// community and local-pref 0 for this long, then withdraw them. 0 keeps them (a restart:
 	// routers with graceful restart keep forwarding until vipgate is back).
 	BGPDrain time.Duration
+	// LinkHoldDown is --l2-link-hold-down: how long an interface that lost its link must stay up
+	// again before this node takes back the L2 VIPs announced on it (0: speaker.DefaultLinkHoldDown).
+	LinkHoldDown time.Duration
 }
 
 // addFlags defines the speaker's flags on fs, into f.
@@ -66,6 +69,7 @@ func (f *speakerFlags) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&f.MemberPort, "member-port", f.MemberPort, "UDP port of the speakers' membership heartbeats, the same on every node (0: the config's speaker.memberPort, else 7473)")
 	fs.StringVar(&f.MemberKeyFile, "member-key-file", f.MemberKeyFile, "file of the keys that authenticate the membership heartbeats, one per line: the first signs, any verifies (over the config's speaker.memberKeyFile); without one L2 announcements are refused")
 	fs.BoolVar(&f.MemberInsecure, "member-insecure", f.MemberInsecure, "run the L2 membership without a key (labs only: anyone on the LAN can steer it)")
+	fs.DurationVar(&f.LinkHoldDown, "l2-link-hold-down", f.LinkHoldDown, "how long an interface whose link went down must be up again before this node takes back the L2 VIPs announced on it (0: 3s)")
 }
 
 // memberKeyReload is how often the key file is read again, so that a rotated Secret (the kubelet
@@ -75,6 +79,9 @@ const memberKeyReload = 10 * time.Second
 // speakerResync is how often the L2 side re-applies its decisions without a change, so that a
 // failed interface (missing, or its socket broken) is retried.
 const speakerResync = 5 * time.Second
+
+// speakerDrainTimeout bounds the L2 drain on Stop (speaker.DefaultL2DrainOverlap, and margin).
+const speakerDrainTimeout = 3 * time.Second
 
 // speakerOptions is everything newSpeakerWith needs.
 type speakerOptions struct {
@@ -137,8 +144,9 @@ func newSpeakerWith(ctx context.Context, o speakerOptions, log hclog.Logger) (*l
 		return nil, err
 	}
 	s := &l2Speaker{log: log, self: o.Name, podSelector: sc.PodSelector, watchPods: o.WatchPods, podNamespace: o.PodNamespace}
+	// Link-aware ownership: hostLinkStates on every netlink link update (watched below) and resync.
 	copts := speaker.ControllerOptions{Self: o.Name, Log: log, L2: l2Adapter{ann}, Links: hostLinks, BGPDrain: o.Flags.BGPDrain,
-		Resync: speakerResync}
+		Resync: speakerResync, LinkStates: hostLinkStates, LinkHoldDown: o.Flags.LinkHoldDown}
 	for _, ip := range o.IPs {
 		if ifname, err := l2.DefaultInterface(ip); err == nil {
 			copts.DefaultInterface = ifname
@@ -200,10 +208,17 @@ func newSpeakerWith(ctx context.Context, o speakerOptions, log hclog.Logger) (*l
 		s.fixedPeers = true
 	}
 	s.ctrl = speaker.NewController(copts)
-	ctx, cancel := context.WithCancel(ctx)
+	// Not ended by the caller's ctx (SIGTERM): the membership must keep sending heartbeats through
+	// the drain in Stop, until Stop ends it.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.ctx, s.cancel = ctx, cancel
 	if s.mem != nil {
 		s.mem.OnChange(s.ctrl.Recompute)
+		// Link updates from the kernel: an announcing interface that loses its link withdraws this
+		// node from its L2 segments at once (the resync reads the links too, should this fail).
+		if err := l2.WatchLinks(ctx, s.ctrl.LinkUpdate, func(msg string, err error) { log.Warn(msg, "err", err) }); err != nil {
+			log.Error("not watching link updates: link state is read every resync only", "err", err)
+		}
 		go s.mem.Run(ctx)
 		if keyFile != "" {
 			// The key file again every memberKeyReload: a rotated Secret takes effect without
@@ -329,8 +344,13 @@ func (s *l2Speaker) VIPs() []VIPStatus {
 // Warnings lists what /status should show about the speaker as a whole.
 func (s *l2Speaker) Warnings() []string { return s.ctrl.Warnings() }
 
-// Stop stops the membership, the ARP/NDP answers and BGP (draining with --bgp-shutdown-drain).
+// Stop drains L2 first (the other members take this node's VIPs over while it still answers them:
+// speaker.Controller.Drain), then stops the membership, the ARP/NDP answers and BGP (draining with
+// --bgp-shutdown-drain).
 func (s *l2Speaker) Stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), speakerDrainTimeout)
+	s.ctrl.Drain(ctx)
+	cancel()
 	s.cancel()
 	if s.mem != nil {
 		s.mem.Close()
@@ -357,4 +377,18 @@ func hostLinks() []speaker.Link {
 		links = append(links, speaker.Link{Name: i.Name, Prefixes: i.Prefixes, Master: i.Master, NoARP: i.NoARP})
 	}
 	return links
+}
+
+// hostLinkStates lists this host's interfaces with their link state (l2.LinkStates), for the
+// speaker's link-aware ownership; nil if they cannot be listed (nothing is withdrawn for it).
+func hostLinkStates() []speaker.LinkState {
+	ls, err := l2.LinkStates()
+	if err != nil {
+		return nil
+	}
+	out := make([]speaker.LinkState, 0, len(ls))
+	for _, l := range ls {
+		out = append(out, speaker.LinkState{Name: l.Name, Up: l.Up, Prefixes: l.Prefixes})
+	}
+	return out
 }

@@ -26,10 +26,10 @@ func TestSpeakerFlags(t *testing.T) {
 	fs := flag.NewFlagSet("node", flag.ContinueOnError)
 	var f speakerFlags
 	f.addFlags(fs)
-	if err := fs.Parse([]string{"--member-port=7999", "--member-insecure", "--bgp-shutdown-drain=30s"}); err != nil {
+	if err := fs.Parse([]string{"--member-port=7999", "--member-insecure", "--bgp-shutdown-drain=30s", "--l2-link-hold-down=5s"}); err != nil {
 		t.Fatal(err)
 	}
-	if f.MemberPort != 7999 || !f.MemberInsecure || f.BGPDrain != 30*time.Second || f.MemberKeyFile != "" {
+	if f.MemberPort != 7999 || !f.MemberInsecure || f.BGPDrain != 30*time.Second || f.MemberKeyFile != "" || f.LinkHoldDown != 5*time.Second {
 		t.Errorf("parsed %+v", f)
 	}
 	for _, c := range []struct {
