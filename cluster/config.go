@@ -110,6 +110,9 @@ type NodeConfig struct {
 	ServiceLimits ServiceLimits
 	// Speaker configures the L2 speakers' membership (speakerconfig.go).
 	Speaker SpeakerConfig
+	// SymmetricReturn routes replies back out of the interface their connection came in on
+	// (symreturn.go).
+	SymmetricReturn SymmetricReturn
 	// Logging is logLevel and logFormat.
 	Logging Logging
 }
@@ -179,6 +182,7 @@ type nodeConfigFile struct {
 	ExternalIPs          externalIPPolicyFile `json:"externalIPs"`
 	ServiceLimits        serviceLimitsFile    `json:"serviceLimits"`
 	Speaker              *speakerConfigFile   `json:"speaker"`
+	SymmetricReturn      *symmetricReturnFile `json:"symmetricReturn"`
 	LogLevel             string               `json:"logLevel"`
 	LogFormat            string               `json:"logFormat"`
 }
@@ -738,6 +742,9 @@ func ParseNodeConfig(data []byte) (*NodeConfig, error) {
 	if c.Speaker, err = parseSpeakerConfig(f.Speaker); err != nil {
 		return nil, err
 	}
+	if c.SymmetricReturn, err = parseSymmetricReturn(f.SymmetricReturn); err != nil {
+		return nil, err
+	}
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -792,6 +799,11 @@ func (c *NodeConfig) Validate() error {
 	}
 	if err := c.Speaker.validate(c.NodeName); err != nil {
 		return err
+	}
+	if c.SymmetricReturn.Enabled() {
+		if err := c.SymmetricReturn.validate(c.MasqueradeMark()); err != nil {
+			return err
+		}
 	}
 	if c.ServiceProxyName != "" {
 		// A label value, since it is matched against one.

@@ -16,6 +16,7 @@ import (
 	"github.com/vipgate/vipgate/gateway/ctsync"
 	"github.com/vipgate/vipgate/gateway/natpath"
 	"github.com/vipgate/vipgate/proxy"
+	"github.com/vipgate/vipgate/proxy/symreturn"
 )
 
 const nodeHelp = `Usage: vipgate node --config FILE (--manifests DIR | --kubeconfig FILE) [flags]
@@ -123,6 +124,10 @@ func runNode(args []string) error {
 	// comments back from the node's rules (proxy.DecodeOptions).
 	prog := &dataplane.NetlinkProgrammer{Decode: proxy.DecodeOptions()}
 	log, done, err := startCommand(nf, &cfg.Logging, cfg.TableName, prog)
+	if err == nil && done {
+		// --cleanup: the symmetric return's table, ip rules and routes too.
+		err = symreturn.Apply(symreturn.Kernel{}, symreturn.Plan{Table: symreturn.TableName(cfg.TableName)})
+	}
 	if err != nil || done {
 		return err
 	}
@@ -158,6 +163,14 @@ func runNode(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+
+	// Symmetric return (symmetricReturn): on, its table, ip rules and routes are kept in step with
+	// the main table; off, what an earlier config left is removed.
+	if srPlan := symreturn.NewPlan(cfg.SymmetricReturn, cfg.TableName); srPlan.Enabled() {
+		go symreturn.Run(ctx, log, symreturn.Kernel{}, srPlan, symreturn.DefaultPeriod)
+	} else if err := symreturn.Apply(symreturn.Kernel{}, srPlan); err != nil {
+		log.Warn("symmetric return: removing what an earlier config left", "err", err)
+	}
 
 	// The speaker (L2/BGP announcements) runs beside the dataplane and sees every snapshot.
 	spk, err := startSpeakerWith(ctx, cfg, nf.speaker, log)
