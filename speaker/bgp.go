@@ -199,6 +199,9 @@ func DecideBGP(in BGPInput) ([]bgp.PeerConfig, []bgp.Advertisement, []VIPDecisio
 					d.Reason = "BGPAdvertisement " + ad.Name + "'s serviceSelectors do not select this Service"
 				case !selects(ad.Spec.NodeSelectors, selfLabels):
 					d.Reason = "BGPAdvertisement " + ad.Name + " does not select this node"
+				case excludedFromLB(selfLabels):
+					// As MetalLB's BGP speaker (nodeLabeledExcludeBalancers).
+					d.Reason = "this node is labelled " + ExcludeFromLBLabel
 				case svc.ExternalPolicyLocal && !ready[in.Self]:
 					d.Reason = "externalTrafficPolicy Local and no ready endpoint on this node"
 				default:
@@ -479,4 +482,10 @@ func bfdProfile(p *metallbv1beta1.BFDProfile) *bgp.BFDProfile {
 		out.MinimumTTL = *p.Spec.MinimumTTL
 	}
 	return out
+}
+
+// excludedFromLB says whether a node with these labels carries ExcludeFromLBLabel (any value).
+func excludedFromLB(labels map[string]string) bool {
+	_, ok := labels[ExcludeFromLBLabel]
+	return ok
 }

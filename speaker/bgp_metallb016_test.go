@@ -219,3 +219,35 @@ func TestL2CandidatesFor(t *testing.T) {
 		t.Errorf("the pool's candidates were modified: %v", cands)
 	}
 }
+
+// TestBGPExcludeFromLB: a node labelled node.kubernetes.io/exclude-from-external-load-balancers
+// (any value) advertises nothing by BGP, as MetalLB's BGP speaker (nodeLabeledExcludeBalancers);
+// its sessions stay up. Without the label it advertises.
+func TestBGPExcludeFromLB(t *testing.T) {
+	peer := &metallbv1beta2.BGPPeer{ObjectMeta: metav1.ObjectMeta{Namespace: "metallb-system", Name: "tor"},
+		Spec: metallbv1beta2.BGPPeerSpec{MyASN: 64512, ASN: 64513, Address: "192.0.2.1"}}
+	for _, label := range []*string{nil, new(""), new("true")} {
+		st := metallb016State([]*metallbv1beta1.BGPAdvertisement{bgpAd("all", 0, nil, nil)}, peer)
+		if label != nil {
+			st.Nodes["n1"].Labels = map[string]string{ExcludeFromLBLabel: *label}
+		}
+		peers, ads, decisions, _ := DecideBGP(BGPInput{Self: "n1", State: st})
+		if len(peers) != 1 {
+			t.Errorf("label %v: %d peers, want the session kept", label, len(peers))
+		}
+		if label == nil {
+			if len(ads) != 2 {
+				t.Errorf("no label: %d advertisements, want 2", len(ads))
+			}
+			continue
+		}
+		if len(ads) != 0 {
+			t.Errorf("label %q: advertised %v, want nothing", *label, ads)
+		}
+		for _, d := range decisions {
+			if d.Owner != "" || d.Reason != "this node is labelled "+ExcludeFromLBLabel {
+				t.Errorf("label %q: decision %+v", *label, d)
+			}
+		}
+	}
+}
