@@ -81,22 +81,31 @@ type Interface struct {
 	NoARP bool
 }
 
-// Interfaces lists this host's interfaces that are up and not loopback (nothing is answered on
-// the others), with their prefixes, in the network namespace of the calling thread.
-func Interfaces() ([]Interface, error) {
+// linksAndAddrs lists this host's links and their addresses by link index: one dump of every
+// address, grouped by link (a dump per link would be one more chance per link to be interrupted by
+// pod churn).
+func linksAndAddrs() ([]netlink.Link, map[int][]netlink.Addr, error) {
 	links, err := dumpRetry(netlink.LinkList)
 	if err != nil {
-		return nil, fmt.Errorf("listing interfaces: %w", err)
+		return nil, nil, fmt.Errorf("listing interfaces: %w", err)
 	}
-	// One dump of every address, grouped by link (a dump per link would be one more chance per link
-	// to be interrupted by pod churn).
 	all, err := dumpRetry(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_ALL) })
 	if err != nil {
-		return nil, fmt.Errorf("listing addresses: %w", err)
+		return nil, nil, fmt.Errorf("listing addresses: %w", err)
 	}
 	byLink := map[int][]netlink.Addr{}
 	for _, ad := range all {
 		byLink[ad.LinkIndex] = append(byLink[ad.LinkIndex], ad)
+	}
+	return links, byLink, nil
+}
+
+// Interfaces lists this host's interfaces that are up and not loopback (nothing is answered on
+// the others), with their prefixes, in the network namespace of the calling thread.
+func Interfaces() ([]Interface, error) {
+	links, byLink, err := linksAndAddrs()
+	if err != nil {
+		return nil, err
 	}
 	names := make(map[int]string, len(links))
 	for _, l := range links {

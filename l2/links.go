@@ -33,17 +33,9 @@ func linkUp(a *netlink.LinkAttrs) bool {
 // LinkStates lists this host's interfaces but loopback, up or not, with their prefixes, in the
 // network namespace of the calling thread.
 func LinkStates() ([]LinkState, error) {
-	links, err := dumpRetry(netlink.LinkList)
+	links, byLink, err := linksAndAddrs()
 	if err != nil {
-		return nil, fmt.Errorf("listing interfaces: %w", err)
-	}
-	all, err := dumpRetry(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_ALL) })
-	if err != nil {
-		return nil, fmt.Errorf("listing addresses: %w", err)
-	}
-	byLink := map[int][]netlink.Addr{}
-	for _, ad := range all {
-		byLink[ad.LinkIndex] = append(byLink[ad.LinkIndex], ad)
+		return nil, err
 	}
 	out := make([]LinkState, 0, len(links))
 	for _, l := range links {
