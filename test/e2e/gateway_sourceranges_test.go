@@ -153,6 +153,15 @@ func TestGatewaySourceRanges(t *testing.T) {
 	if gw, err = l.Start(lab.RoleLANClient, filepath.Join(dir, "gateway-nodeport.log"), bin, "gateway", "--config", cfg, "--manifests", manifests); err != nil {
 		t.Fatal(err)
 	}
+	// The previous run's program stays attached with its VIP ports (this one was on it) until
+	// this run's first sync: probes before that would be its flows, not conntrack's.
+	deadline = time.Now().Add(30 * time.Second)
+	for natTaken() {
+		if time.Now().After(deadline) {
+			t.Fatalf("with ranges, the VIP port is still on the NAT fast path after the restart")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	// The client's own ports in that range: masquerade keeps a client's port when it may, so
 	// conntrack must move every one of these flows.
 	gwSh(t, l, lab.RoleClient, "sysctl", "-qw", "net.ipv4.ip_local_port_range=61000 65535")
