@@ -514,21 +514,28 @@ func (g *gwLab) sample(dst netip.AddrPort, counterNS, counterDev string, o gwPPS
 
 // startSink runs the receiver in the node namespace for at most maxTime.
 func (g *gwLab) startSink(maxTime time.Duration) (func(), error) {
-	cmd := exec.Command("ip", "netns", "exec", g.node.name, g.self, "udpsink", "--port", strconv.Itoa(gwPPSPort), "--max-time", maxTime.String())
+	_, stop, err := startReady(exec.Command("ip", "netns", "exec", g.node.name, g.self, "udpsink", "--port", strconv.Itoa(gwPPSPort), "--max-time", maxTime.String()), "udpsink")
+	return stop, err
+}
+
+// startReady starts cmd (one of the bench's own subcommands, named name) and waits up to 10 s for
+// the "ready" line it prints first; the rest of its output is discarded. It returns the process's
+// PID and its stop function.
+func startReady(cmd *exec.Cmd, name string) (int, func(), error) {
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	stop := atExit(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	ready := make(chan error, 1)
 	go func() {
 		line, err := bufio.NewReader(out).ReadString('\n')
 		if err == nil && !strings.HasPrefix(line, "ready") {
-			err = fmt.Errorf("udpsink said %q", line)
+			err = fmt.Errorf("%s said %q", name, line)
 		}
 		ready <- err
 		_, _ = io.Copy(io.Discard, out)
@@ -537,13 +544,13 @@ func (g *gwLab) startSink(maxTime time.Duration) (func(), error) {
 	case err := <-ready:
 		if err != nil {
 			stop()
-			return nil, err
+			return 0, nil, err
 		}
 	case <-time.After(10 * time.Second):
 		stop()
-		return nil, fmt.Errorf("udpsink did not start")
+		return 0, nil, fmt.Errorf("%s did not start", name)
 	}
-	return stop, nil
+	return cmd.Process.Pid, stop, nil
 }
 
 // gatewayPPS is the row.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -221,37 +220,8 @@ func (g *gwLab) startProxy(kind string) (*gwProxy, error) {
 // startTCPServer runs `bench tcpserve` in the node namespace for at most maxTime; it returns its
 // PID (for its CPU time) and its stop function.
 func (g *gwLab) startTCPServer(maxTime time.Duration) (int, func(), error) {
-	cmd := exec.Command("ip", "netns", "exec", g.node.name, g.self, "tcpserve", "--port", strconv.Itoa(gwPPSPort),
-		"--threads", "2", "--max-time", maxTime.String())
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return 0, nil, err
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		return 0, nil, err
-	}
-	stop := atExit(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	ready := make(chan error, 1)
-	go func() {
-		line, err := bufio.NewReader(out).ReadString('\n')
-		if err == nil && !strings.HasPrefix(line, "ready") {
-			err = fmt.Errorf("tcpserve said %q", line)
-		}
-		ready <- err
-		_, _ = io.Copy(io.Discard, out)
-	}()
-	select {
-	case err := <-ready:
-		if err != nil {
-			stop()
-			return 0, nil, err
-		}
-	case <-time.After(10 * time.Second):
-		stop()
-		return 0, nil, fmt.Errorf("tcpserve did not start")
-	}
-	return cmd.Process.Pid, stop, nil
+	return startReady(exec.Command("ip", "netns", "exec", g.node.name, g.self, "tcpserve", "--port", strconv.Itoa(gwPPSPort),
+		"--threads", "2", "--max-time", maxTime.String()), "tcpserve")
 }
 
 // tcpgen runs the generator in the sender namespace.
