@@ -138,25 +138,7 @@ var in = lab.InNetns
 // load loads the program in the gateway's namespace and attaches it to both its devices.
 func (l *testLab) load(t testing.TB, cfg Config) *Path {
 	t.Helper()
-	var p *Path
-	err := in(l.gw, func() error {
-		var err error
-		if p, err = Load(cfg); err != nil {
-			return err
-		}
-		var idx []int
-		for _, d := range []string{"s0", "n0"} {
-			ifi, err := net.InterfaceByName(d)
-			if err != nil {
-				return err
-			}
-			idx = append(idx, ifi.Index)
-		}
-		return p.Attach(idx)
-	})
-	if err != nil {
-		t.Fatalf("loading the NAT fast path: %v", err)
-	}
+	p := l.loadQuiet(t, cfg)
 	t.Cleanup(func() { _ = in(l.gw, p.Detach); p.Close() })
 	return p
 }
@@ -462,20 +444,7 @@ func TestTCPChecksums(t *testing.T) {
 		if _, from, err := udpAsk(l.client, 0, dst, "sum"); err != nil || from != dst {
 			t.Errorf("UDP %s: answer from %s, %v", dst, from, err)
 		}
-		c := dialTCP(t, l.client, dst)
-		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-		go func() { _, _ = c.Write(payload); _ = c.CloseWrite() }()
-		got, err := readAll(c)
-		c.Close()
-		if err != nil {
-			t.Errorf("TCP %s: %v", dst, err)
-			continue
-		}
-		peer, rest, _ := strings.Cut(string(got), "\n")
-		if rest != string(payload) {
-			t.Errorf("TCP %s: %d bytes back of %d, or not the same", dst, len(rest), len(payload))
-		}
-		t.Logf("TCP %s: the backend saw %s", dst, peer)
+		tcpRoundTrip(t, l.client, dst, payload)
 	}
 	if after := csumErrors(t, l.backend); fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Errorf("checksum errors at the backend: %v, before %v", after, before)
@@ -876,4 +845,24 @@ func TestUDPFragments(t *testing.T) {
 	if cnt.Frag < 4 {
 		t.Errorf("counters %+v: want the later fragments of each request and answer followed", cnt)
 	}
+}
+
+// tcpRoundTrip sends payload to dst over TCP from namespace ns and checks that the backend's echo
+// server sends it back whole (after its line naming the peer it saw, which is logged).
+func tcpRoundTrip(t *testing.T, ns string, dst netip.AddrPort, payload []byte) {
+	t.Helper()
+	c := dialTCP(t, ns, dst)
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	go func() { _, _ = c.Write(payload); _ = c.CloseWrite() }()
+	got, err := readAll(c)
+	c.Close()
+	if err != nil {
+		t.Errorf("TCP %s: %v", dst, err)
+		return
+	}
+	peer, rest, _ := strings.Cut(string(got), "\n")
+	if rest != string(payload) {
+		t.Errorf("TCP %s: %d bytes back of %d, or not the same", dst, len(rest), len(payload))
+	}
+	t.Logf("TCP %s: the backend saw %s", dst, peer)
 }

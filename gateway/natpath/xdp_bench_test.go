@@ -327,7 +327,7 @@ func xdpProgram(b *testing.B, insns asm.Instructions) *ebpf.Program {
 }
 
 // loadQuiet is load without the cleanup's Detach and Close (the benchmark does them per mode).
-func (l *testLab) loadQuiet(b *testing.B, cfg Config) *Path {
+func (l *testLab) loadQuiet(b testing.TB, cfg Config) *Path {
 	b.Helper()
 	var p *Path
 	err := in(l.gw, func() error {

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/vishvananda/netlink"
 )
@@ -104,20 +103,7 @@ func TestXDPOnVeth(t *testing.T) {
 				t.Errorf("UDP %s: answer %q from %s, %v", dst, got, from, err)
 			}
 		}
-		c := dialTCP(t, l.client, dst)
-		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-		go func() { _, _ = c.Write(payload); _ = c.CloseWrite() }()
-		got, err := readAll(c)
-		c.Close()
-		if err != nil {
-			t.Errorf("TCP %s: %v", dst, err)
-			continue
-		}
-		peer, rest, _ := strings.Cut(string(got), "\n")
-		if rest != string(payload) {
-			t.Errorf("TCP %s: %d bytes back of %d, or not the same", dst, len(rest), len(payload))
-		}
-		t.Logf("TCP %s: the backend saw %s", dst, peer)
+		tcpRoundTrip(t, l.client, dst, payload)
 	}
 	if after := csumErrors(t, l.backend); fmt.Sprint(after) != fmt.Sprint(csumBefore) {
 		t.Errorf("checksum errors at the backend: %v, before %v", after, csumBefore)
